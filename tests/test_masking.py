@@ -1,0 +1,124 @@
+"""Statistics and semantics of the standard and trajectory forward processes (pure tensors)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trims_hf.masking import (
+    CosineSchedule,
+    LinearSchedule,
+    noise_batch,
+    select_fixed_subset,
+    select_per_draw,
+)
+
+MASK = 999
+
+
+def binomial_tolerance(p: float, n: int, sigmas: float = 5.0) -> float:
+    return sigmas * math.sqrt(p * (1 - p) / n)
+
+
+def batch(batch_size=512, length=64, prompt=16, num_buckets=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 500, (batch_size, length), generator=g)
+    maskable = torch.zeros(batch_size, length, dtype=torch.bool)
+    maskable[:, prompt:] = True
+    buckets = torch.randint(0, num_buckets, (batch_size, length), generator=g)
+    buckets[:, :prompt] = -1
+    return ids, maskable, buckets
+
+
+def test_prompt_never_masked_and_mask_token_placed():
+    ids, maskable, buckets = batch()
+    for trajectory in (True, False):
+        out = noise_batch(ids, maskable, buckets, torch.full((len(ids),), trajectory), mask_token_id=MASK, num_buckets=8,
+                          generator=torch.Generator().manual_seed(1))
+        assert not out.masked[~maskable].any()
+        assert torch.equal(out.input_ids[out.masked], torch.full((int(out.masked.sum()),), MASK))
+        assert torch.equal(out.input_ids[~out.masked], ids[~out.masked])
+
+
+def test_standard_mask_ratio_follows_t():
+    ids, maskable, buckets = batch(batch_size=2048)
+    out = noise_batch(ids, maskable, buckets, torch.zeros(len(ids), dtype=torch.bool), mask_token_id=MASK, num_buckets=8,
+                      generator=torch.Generator().manual_seed(2))
+    ratio = out.masked.sum(1).float() / maskable.sum(1)
+    # E[ratio] = E[t] ~= 0.5 for t ~ U(1e-3, 1); per-sample ratio tracks t.
+    assert abs(ratio.mean().item() - 0.5) < 0.02
+    assert torch.corrcoef(torch.stack([ratio, out.t]))[0, 1] > 0.95
+    assert torch.all((out.t >= 1e-3) & (out.t <= 1))
+    assert torch.allclose(out.loss_weights, 1 / out.t)
+    assert torch.all(out.bucket_threshold == -1)
+
+
+def test_trajectory_context_and_future_rates():
+    ids, maskable, buckets = batch(batch_size=2048)
+    out = noise_batch(ids, maskable, buckets, torch.ones(len(ids), dtype=torch.bool), mask_token_id=MASK, num_buckets=8,
+                      p_context=0.05, p_future=0.95, generator=torch.Generator().manual_seed(3))
+    k = out.bucket_threshold.unsqueeze(1)
+    context = maskable & (buckets <= k)
+    future = maskable & (buckets > k)
+    rate_context = out.masked[context].float().mean().item()
+    rate_future = out.masked[future].float().mean().item()
+    assert abs(rate_context - 0.05) < binomial_tolerance(0.05, int(context.sum()))
+    assert abs(rate_future - 0.95) < binomial_tolerance(0.95, int(future.sum()))
+    # k ~ U{0..K-1}
+    counts = torch.bincount(out.bucket_threshold, minlength=8).float() / len(ids)
+    assert torch.all((counts - 1 / 8).abs() < binomial_tolerance(1 / 8, len(ids)))
+    # default weight: the sampled t's ELBO weight, although the pattern ignores t
+    assert torch.allclose(out.loss_weights, 1 / out.t)
+
+
+def test_trajectory_weight_options():
+    ids, maskable, buckets = batch(batch_size=64)
+    flags = torch.ones(len(ids), dtype=torch.bool)
+    ratio_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK, num_buckets=8,
+                            trajectory_loss_weight="inverse_mask_ratio", generator=torch.Generator().manual_seed(4))
+    actual = ratio_out.masked.sum(1).float() / maskable.sum(1)
+    assert torch.allclose(ratio_out.loss_weights, 1 / actual)
+    none_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK, num_buckets=8,
+                           trajectory_loss_weight="none", generator=torch.Generator().manual_seed(4))
+    assert torch.all(none_out.loss_weights == 1)
+    # nothing masked -> weight 0 under inverse_mask_ratio (no inf)
+    empty = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK, num_buckets=8, p_context=0.0, p_future=0.0,
+                        trajectory_loss_weight="inverse_mask_ratio", generator=torch.Generator().manual_seed(4))
+    assert not empty.masked.any() and torch.all(empty.loss_weights == 0)
+
+
+def test_same_seed_same_masks_and_ratio_zero_equals_standard():
+    ids, maskable, buckets = batch(batch_size=32)
+    standard = torch.zeros(32, dtype=torch.bool)
+    a = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, num_buckets=8, generator=torch.Generator().manual_seed(5))
+    b = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, num_buckets=8, generator=torch.Generator().manual_seed(5))
+    c = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, num_buckets=8, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(a.masked, b.masked) and torch.equal(a.t, b.t)
+    assert not torch.equal(a.masked, c.masked)
+    # mixing in trajectory samples leaves the standard samples' masks unchanged (one shared random stream)
+    mixed = standard.clone()
+    mixed[::4] = True
+    d = noise_batch(ids, maskable, buckets, mixed, mask_token_id=MASK, num_buckets=8, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(d.masked[~mixed], a.masked[~mixed])
+
+
+def test_selection_rules():
+    draws = torch.stack([select_per_draw(1000, 0.1, torch.Generator().manual_seed(s)) for s in range(20)])
+    share = draws.float().mean().item()
+    assert abs(share - 0.1) < binomial_tolerance(0.1, draws.numel())
+    assert not torch.equal(draws[0], draws[1])  # fresh draw each time
+    ids = torch.arange(20000)
+    fixed = select_fixed_subset(ids, 0.1, seed=0)
+    assert abs(fixed.float().mean().item() - 0.1) < binomial_tolerance(0.1, len(ids))
+    assert torch.equal(fixed, select_fixed_subset(ids.flip(0), 0.1, seed=0).flip(0))  # order-independent
+    assert not torch.equal(fixed, select_fixed_subset(ids, 0.1, seed=1))
+
+
+@pytest.mark.parametrize("schedule", [LinearSchedule(), CosineSchedule()])
+def test_schedule_weight_is_elbo_weight(schedule):
+    t = torch.linspace(0.05, 0.95, 19, dtype=torch.float64).requires_grad_()
+    alpha = schedule.alpha(t)
+    (derivative,) = torch.autograd.grad(alpha.sum(), t)
+    assert torch.allclose(schedule.weight(t.detach()), -derivative / (1 - alpha.detach()))

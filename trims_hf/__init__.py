@@ -1,0 +1,12 @@
+"""trims_hf: TRIMS (Trajectory-Ranked Instruction Masked Supervision) on the Hugging Face stack."""
+
+__version__ = "0.1.0"
+
+from .students import StudentSpec, load_student, mask_token_id, prepare_student, student_logits, student_spec
+from .buckets import equal_mass_buckets, project_buckets, project_scores
+from .collator import TrimsDataCollator
+from .config import MDLMConfig
+from .masking import noise_batch
+from .preparation import StudentFormat, prepare_dataset
+from .trainer import MDLMTrainer
+from .lora import lora_config

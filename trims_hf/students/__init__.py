@@ -1,0 +1,142 @@
+"""Masked-diffusion students: loading, the per-family spec, and aligned logits.
+
+Three families: LLaDA (Llama blocks, no logit shift), Dream (Qwen2 blocks, logits shifted right by
+one) and any ``AutoModelForMaskedLM`` (e.g. ModernBERT). LLaDA and Dream run on transformers' own
+Llama/Qwen2 code made bidirectional, so no Hub remote code is executed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig
+
+from .base import StudentSpec, make_bidirectional
+from .dream import qwen2_config_from_dream
+from .llada import KEY_MAPPING as LLADA_KEY_MAPPING
+from .llada import llama_config_from_llada
+
+_DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+STUDENTS: dict[str, StudentSpec] = {
+    "llada": StudentSpec(kind="llada", shift_logits=False, lora_target_modules=_DECODER_LORA_TARGETS),
+    "dream": StudentSpec(kind="dream", shift_logits=True, lora_target_modules=_DECODER_LORA_TARGETS),
+    "masked_lm": StudentSpec(kind="masked_lm", shift_logits=False, lora_target_modules="all-linear"),
+}
+
+
+def _config_of(model: nn.Module) -> PreTrainedConfig:
+    config = getattr(model, "config", None)
+    if config is None and hasattr(model, "module"):  # DDP / DeepSpeed wrappers
+        config = model.module.config
+    if config is None:
+        raise TypeError(f"{type(model).__name__} has no transformers config; it is not a student model.")
+    return config
+
+
+def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = None) -> nn.Module:
+    """Mark ``model`` as a student of ``kind`` and make its attention bidirectional, in place.
+
+    Use this on models you build yourself (e.g. a tiny ``LlamaForCausalLM`` in a test); models from
+    :func:`load_student` are already prepared.
+    """
+    if kind not in STUDENTS:
+        raise ValueError(f"Unknown student kind {kind!r}; choose one of {sorted(STUDENTS)}.")
+    config = _config_of(model)
+    mask_token_id = mask_token_id if mask_token_id is not None else getattr(config, "mask_token_id", None)
+    if mask_token_id is None:
+        raise ValueError(f"Student of kind {kind!r} needs a mask_token_id (none on its config).")
+    if not 0 <= int(mask_token_id) < config.get_text_config().vocab_size:
+        raise ValueError(f"mask_token_id={mask_token_id} is outside the vocabulary of size {config.vocab_size}.")
+    config.trims_student = kind
+    config.mask_token_id = int(mask_token_id)
+    if kind != "masked_lm":
+        make_bidirectional(model)
+    return model
+
+
+def student_spec(model: nn.Module) -> StudentSpec:
+    """The :class:`StudentSpec` of a prepared student (works through PEFT/DDP wrappers)."""
+    kind = getattr(_config_of(model), "trims_student", None)
+    if kind is None:
+        raise ValueError(
+            "This model is not marked as a masked-diffusion student. Load it with trims_hf.load_student(...) "
+            "or call trims_hf.prepare_student(model, kind=...) first."
+        )
+    return STUDENTS[kind]
+
+
+def mask_token_id(model: nn.Module) -> int:
+    """The student's mask token id (stored on its config by :func:`prepare_student`)."""
+    student_spec(model)
+    return int(_config_of(model).mask_token_id)
+
+
+def student_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any
+) -> torch.Tensor:
+    """Run the student and return logits aligned so that ``[:, i]`` predicts token ``i``."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
+    return student_spec(model).align_logits(logits)
+
+
+def detect_student_kind(config_dict: dict[str, Any]) -> str:
+    """Guess the student family from a ``config.json`` dict."""
+    if config_dict.get("trims_student"):
+        return config_dict["trims_student"]
+    model_type = str(config_dict.get("model_type", "")).lower()
+    if model_type in ("llada", "dream"):
+        return model_type
+    return "masked_lm"
+
+
+def load_student(
+    name_or_path: str,
+    kind: str | None = None,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    mask_token_id: int | None = None,
+    **from_pretrained_kwargs: Any,
+) -> nn.Module:
+    """Load a LLaDA, Dream or masked-LM student from the Hub or a folder, ready for training or decoding.
+
+    LLaDA and Dream checkpoints load into transformers' native Llama/Qwen2 classes (weights renamed for
+    LLaDA), so ``trust_remote_code`` is never needed. Extra keyword arguments (``dtype``,
+    ``device_map``, ``attn_implementation``...) go to ``from_pretrained``.
+    """
+    hub_kwargs = {"revision": revision, "token": token}
+    config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **hub_kwargs)
+    kind = kind or detect_student_kind(config_dict)
+    native_model_type = str(config_dict.get("model_type", "")).lower()
+    if kind == "llada":
+        # Also for checkpoints we saved: transformers writes weights back under the checkpoint's original names.
+        config = llama_config_from_llada(config_dict) if native_model_type == "llada" else None
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, config=config, key_mapping=LLADA_KEY_MAPPING, **hub_kwargs, **from_pretrained_kwargs
+        )
+    elif kind == "dream":
+        config = qwen2_config_from_dream(config_dict) if native_model_type == "dream" else None
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, **hub_kwargs, **from_pretrained_kwargs)
+    else:
+        model = AutoModelForMaskedLM.from_pretrained(name_or_path, **hub_kwargs, **from_pretrained_kwargs)
+        if mask_token_id is None and getattr(model.config, "mask_token_id", None) is None:
+            from transformers import AutoTokenizer
+
+            mask_token_id = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs).mask_token_id
+    return prepare_student(model, kind, mask_token_id)
+
+
+__all__ = [
+    "STUDENTS",
+    "StudentSpec",
+    "detect_student_kind",
+    "load_student",
+    "make_bidirectional",
+    "mask_token_id",
+    "prepare_student",
+    "student_logits",
+    "student_spec",
+]

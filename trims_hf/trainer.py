@@ -1,0 +1,163 @@
+"""MDLMTrainer: the masked-diffusion ELBO loss (standard MDLM or TRIMS) on top of transformers' Trainer.
+
+It knows the loss and the student spec, nothing of how buckets were made. The loss is
+
+    sum_b w_b * sum_{i masked in b} CE(logits_b[src(i)], x_b[i])  /  N
+
+where ``w_b`` is the per-sample weight from the collator (1/t, or the trajectory option), ``src`` the
+student's logit alignment (Dream reads position i - 1), and ``N`` the number of response tokens in the
+whole accumulated batch over all devices ("token"), or the number of sequences with each sequence's
+sum divided by its own response length ("sequence"). Because ``N`` covers every micro-batch and
+device, per-device batch 8 x GA 4 gives the same loss and gradients as batch 32 x GA 1.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import Trainer, TrainingArguments
+
+from .collator import INPUT_COLUMNS, TrimsDataCollator
+from .config import MDLMConfig
+from .students import mask_token_id, student_spec
+
+_BATCH_ONLY_KEYS = ("labels", "response_mask", "loss_weights", "t", "is_trajectory")
+
+
+class MDLMTrainer(Trainer):
+    """Trainer for masked diffusion LMs with TRIMS trajectory masking.
+
+    Pass a :class:`TrimsDataCollator` or let the trainer build one from ``args`` (an :class:`MDLMConfig`)
+    and ``processing_class``. Works with plain ``TrainingArguments`` too (token normalisation).
+    """
+
+    loss_is_scaled_for_ga = True
+    _tag_names = ["trims", "mdlm", "masked-diffusion"]
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: TrainingArguments | None = None,
+        data_collator: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        args = args if args is not None else MDLMConfig(output_dir="trims-output")
+        self.student = student_spec(model)
+        if data_collator is None:
+            if processing_class is None:
+                raise ValueError("MDLMTrainer needs a data_collator or a processing_class (the student tokenizer).")
+            collator_kwargs = args.collator_kwargs() if isinstance(args, MDLMConfig) else {"seed": args.seed}
+            data_collator = TrimsDataCollator(processing_class, mask_token_id=mask_token_id(model), **collator_kwargs)
+        self.loss_normalization = getattr(args, "loss_normalization", "token")
+        if self.loss_normalization not in ("token", "sequence"):
+            raise ValueError(f"loss_normalization must be 'token' or 'sequence', got {self.loss_normalization!r}.")
+        super().__init__(
+            model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, **kwargs,
+        )
+        self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
+
+    def _set_signature_columns_if_needed(self) -> None:
+        # The collator, not the model, reads the data set's columns: keep them all.
+        super()._set_signature_columns_if_needed()
+        self._signature_columns = list(dict.fromkeys([*self._signature_columns, *INPUT_COLUMNS]))
+
+    def _normaliser(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        mask = batch["response_mask"]
+        if self.loss_normalization == "token":
+            return mask.sum()
+        return torch.tensor(mask.shape[0], device=mask.device)
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
+        """Count the normaliser over all micro-batches of one optimizer step (and all devices)."""
+        if not batch_samples or "response_mask" not in batch_samples[0]:
+            return None
+        count = sum(self._normaliser(batch) for batch in batch_samples).to(device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            count = self.accelerator.gather(count).sum()
+        return count
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        batch = {key: inputs[key] for key in _BATCH_ONLY_KEYS}
+        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
+        per_sample = self.per_sample_loss(outputs.logits, batch)
+        if self.loss_normalization == "sequence":
+            per_sample = per_sample / batch["response_mask"].sum(1).clamp(min=1)
+        scaled_across_devices = num_items_in_batch is not None and self.args.average_tokens_across_devices
+        if num_items_in_batch is None:
+            num_items_in_batch = self._normaliser(batch)
+        loss = per_sample.sum() / num_items_in_batch
+        if scaled_across_devices and self.args.world_size > 1:
+            loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
+        self._record_metrics(per_sample.detach(), batch)
+        return (loss, outputs) if return_outputs else loss
+
+    def per_sample_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Weighted cross-entropy summed over the masked tokens of each sample. Override to change the objective."""
+        labels = batch["labels"]
+        rows, cols = (labels != -100).nonzero(as_tuple=True)
+        token_logits = logits[rows, self.student.source_positions(cols)].float()
+        token_loss = F.cross_entropy(token_logits, labels[rows, cols], reduction="none")
+        summed = torch.zeros(labels.shape[0], device=logits.device, dtype=token_loss.dtype).index_add_(0, rows, token_loss)
+        return summed * batch["loss_weights"].to(summed.dtype)
+
+    @torch.no_grad()
+    def _record_metrics(self, per_sample: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        response = batch["response_mask"].sum(1).float()
+        masked = (batch["labels"] != -100).sum(1).float()
+        trajectory = batch["is_trajectory"].float()
+        stats = torch.stack([
+            (masked / response.clamp(min=1)).sum(),
+            torch.tensor(float(len(response)), device=response.device),
+            trajectory.sum(),
+            (per_sample * trajectory).sum(),
+            (response * trajectory).sum(),
+            (per_sample * (1 - trajectory)).sum(),
+            (response * (1 - trajectory)).sum(),
+        ])
+        if self.accelerator.num_processes > 1:
+            stats = self.accelerator.reduce(stats, reduction="sum")
+        sums = self._metric_sums["train" if self.model.training else "eval"]
+        names = ("mask_ratio", "samples", "trajectory", "loss_traj", "tokens_traj", "loss_std", "tokens_std")
+        for name, value in zip(names, stats.tolist()):
+            sums[name] += value
+
+    def _pop_metrics(self, mode: str) -> dict[str, float]:
+        sums = self._metric_sums[mode]
+        if not sums.get("samples"):
+            return {}
+        metrics = {
+            "mask_ratio": sums["mask_ratio"] / sums["samples"],
+            "trajectory_share": sums["trajectory"] / sums["samples"],
+        }
+        if sums["tokens_traj"]:
+            metrics["loss_trajectory"] = sums["loss_traj"] / sums["tokens_traj"]
+        if sums["tokens_std"]:
+            metrics["loss_standard"] = sums["loss_std"] / sums["tokens_std"]
+        sums.clear()
+        return metrics
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add the training statistics (mask ratio, trajectory share, per-kind losses) to the Trainer's logs."""
+        metrics = self._pop_metrics("train") if self.model.training else {}
+        super().log({**logs, **metrics}, start_time)
+
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> Any:
+        """Evaluate as the Trainer does and add the same statistics, prefixed, to the returned metrics."""
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        output.metrics.update({f"{metric_key_prefix}_{name}": value for name, value in self._pop_metrics("eval").items()})
+        return output
