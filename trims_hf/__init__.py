@@ -10,3 +10,22 @@ from .masking import noise_batch
 from .preparation import StudentFormat, prepare_dataset
 from .trainer import MDLMTrainer
 from .lora import lora_config
+from .metrics import available_metrics, metric_path
+from .tasks import (
+    BOXED_INSTRUCTION,
+    CodeExecutionDisabled,
+    CodeTask,
+    Example,
+    Grade,
+    GSM8KTask,
+    HumanEvalTask,
+    Math500Task,
+    MBPPTask,
+    SandboxLimits,
+    SandboxResult,
+    Task,
+    TaskDataError,
+    get_task,
+    registry,
+    run_program,
+)

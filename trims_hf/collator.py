@@ -96,6 +96,8 @@ class TrimsDataCollator:
     def _prepared(self, row: Mapping[str, Any], index: int) -> dict[str, Any]:
         where = row.get(schema.EXAMPLE_ID, index)
         if row.get(schema.INPUT_IDS) is not None:
+            if self.needs_buckets and row.get(schema.BUCKET_IDS) is not None:
+                row = {**row, schema.BUCKET_IDS: np.asarray(row[schema.BUCKET_IDS], dtype=np.int64)}
             schema.validate_prepared(row, where, self.num_buckets if self.needs_buckets else None)
             return row
         if self.needs_buckets:

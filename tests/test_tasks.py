@@ -1,0 +1,303 @@
+"""Benchmark tasks: loading the offline copies, prompts, answer extraction and grading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trims_hf.tasks import (
+    BOXED_INSTRUCTION,
+    CodeExecutionDisabled,
+    GSM8KTask,
+    HumanEvalTask,
+    Math500Task,
+    MBPPTask,
+    SandboxLimits,
+    TaskDataError,
+    get_task,
+    registry,
+)
+from trims_hf.tasks.extraction import code_block, last_boxed
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+GSM8K_FILE = str(DATA / "gsm8k" / "test.jsonl")
+MATH_FILE = str(DATA / "math500" / "test.jsonl")
+MBPP_FILE = str(DATA / "mbpp" / "mbpp.jsonl")
+LIMITS = SandboxLimits(timeout_s=5.0)
+
+
+class ChatTokenizer:
+    """Stands in for a tokenizer with a chat template; records how it was called."""
+
+    chat_template = "{{ messages }}"
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
+        self.kwargs = kwargs
+        return "<chat>" + "|".join(f"{m['role']}:{m['content']}" for m in messages)
+
+
+class PlainTokenizer:
+    chat_template = None
+
+
+def test_registry_names_and_unknown_task() -> None:
+    assert sorted(registry) == ["gsm8k", "humaneval", "math500", "mbpp"]
+    assert isinstance(get_task("mbpp", style="3shot"), MBPPTask)
+    with pytest.raises(KeyError, match="known tasks: gsm8k, humaneval, math500, mbpp"):
+        get_task("gsm9k")
+
+
+def test_default_loading_asks_the_hub_for_the_right_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hub is unreachable here: check the ids, configs and splits that would be requested."""
+    calls = []
+    rows = {
+        "openai/gsm8k": [{"question": "1+1?", "answer": "#### 2"}],
+        "HuggingFaceH4/MATH-500": [{"problem": "p", "answer": "1", "unique_id": "test/x/1.json"}],
+        "google-research-datasets/mbpp": [
+            {"task_id": i, "text": "t", "code": "c", "test_list": ["assert True"]} for i in (2, 3, 4, 11, 510)
+        ],
+    }
+
+    def fake_load_dataset(path: str, name: str | None = None, split: str | None = None) -> list[dict]:
+        calls.append((path, name, split))
+        return rows[path]
+
+    monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
+    assert [e.id for e in GSM8KTask().load()] == ["0"]
+    assert [e.id for e in Math500Task().load()] == ["test/x/1.json"]
+    assert [e.id for e in MBPPTask(style="3shot").load()] == ["11", "510"]
+    assert calls == [
+        ("openai/gsm8k", "main", "test"),
+        ("HuggingFaceH4/MATH-500", None, "test"),
+        ("google-research-datasets/mbpp", "full", "prompt"),
+        ("google-research-datasets/mbpp", "full", "test"),
+    ]
+
+
+# -- extraction helpers ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("first \\boxed{1}, finally \\boxed{2}", "2"),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),
+        ("\\fbox{x^{2}}", "x^{2}"),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+        ("\\boxed{7} and then \\boxed{8", "7"),  # the last box was cut off
+        ("so \\boxed 5$.", "5"),
+        ("no box here", None),
+    ],
+)
+def test_last_boxed(text: str, expected: str | None) -> None:
+    assert last_boxed(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Here:\n```\nx = 0\n```\n```python\ndef f():\n    return 1\n```\n", "def f():\n    return 1"),
+        ("```py\ny = 2\n```", "y = 2"),
+        ("Sure!\n```\nz = 3\n```", "z = 3"),
+        ("[BEGIN]\ndef g():\n    pass\n[DONE] trailing", "def g():\n    pass"),
+        ("def h():\n    pass\n[DONE]", "def h():\n    pass"),
+        ("```python\ndef cut():\n    return", "def cut():\n    return"),
+    ],
+    ids=["python-first", "py", "bare-fence", "begin-done", "done-only", "unclosed"],
+)
+def test_code_block(text: str, expected: str) -> None:
+    assert code_block(text) == expected
+
+
+# -- GSM8K ----------------------------------------------------------------------------------------
+def test_gsm8k_loads_the_test_split_and_its_references() -> None:
+    task = GSM8KTask()
+    examples = task.load(GSM8K_FILE)
+    assert len(examples) == 1319
+    assert [e.id for e in task.load(GSM8K_FILE, limit=3)] == ["0", "1", "2"]
+    assert task.reference(examples[0]) == "18"
+    assert all(task.grade(e, e.fields["answer"])["correct"] for e in examples)
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("First \\boxed{12}. Correction: \\boxed{18}", "18"),
+        ("The answer is\n#### 1,234", "1234"),
+        ("She makes $18.00.", "18"),
+        ("\\boxed{\\$18.00}", "18"),
+        ("\\boxed{1{,}234}", "1234"),
+        ("The temperature drops to -7 degrees.", "-7"),
+        ("\\boxed{-3}", "-3"),
+        ("\\boxed{18 \\text{ dollars}}", "18"),
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("\\boxed{3/4}", "0.75"),
+        ("We compute 10-4=6 so 6 apples.", "6"),
+        ("I do not know.", None),
+    ],
+)
+def test_gsm8k_extraction(completion: str, expected: str | None) -> None:
+    assert GSM8KTask().extract(completion) == expected
+
+
+def test_gsm8k_grading_is_numeric() -> None:
+    task = GSM8KTask()
+    assert task.grade_answer("\\boxed{18.0}", "#### 18")["correct"]
+    assert task.grade_answer("so $1,234", "1234")["correct"]
+    wrong = task.grade_answer("\\boxed{17}", "18")
+    assert not wrong["correct"] and wrong["extracted"] == "17" and "18" in wrong["error"]
+    assert task.grade_answer("nothing", "18") == {"correct": False, "extracted": None, "error": "no number found in the completion"}
+
+
+def test_gsm8k_prompt_is_zero_shot_cot_with_boxed_instruction() -> None:
+    task = GSM8KTask()
+    example = task.load(GSM8K_FILE, limit=1)[0]
+    messages = task.build_prompt(example)
+    assert messages == [{"role": "user", "content": f"{example.fields['question']}\n{BOXED_INSTRUCTION}"}]
+    tokenizer = ChatTokenizer()
+    text = task.build_prompt(example, tokenizer)
+    assert text.startswith("<chat>user:Janet") and tokenizer.kwargs == {"tokenize": False, "add_generation_prompt": True}
+    assert task.build_prompt(example, PlainTokenizer()).endswith("\\boxed{}.\n")
+    fmt = task.prompt_format(tokenizer)
+    assert fmt["template"] == "chat_template" and fmt["shots"] == 0 and fmt["boxed_instruction"] == BOXED_INSTRUCTION
+
+
+def test_bad_rows_are_reported_with_file_row_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n" + json.dumps({"question": "q"}) + "\n")
+    with pytest.raises(TaskDataError, match=r"bad.jsonl: row 1 has no field 'answer'"):
+        GSM8KTask().load(str(bad))
+    bad.write_text("{not json}\n")
+    with pytest.raises(TaskDataError, match=r"line 1 is not valid JSON"):
+        GSM8KTask().load(str(bad))
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        GSM8KTask().load(str(tmp_path / "missing.jsonl"))
+
+
+# -- MATH-500 -------------------------------------------------------------------------------------
+def test_math500_loads_and_grades_every_reference_solution() -> None:
+    task = Math500Task()
+    examples = task.load(MATH_FILE)
+    assert len(examples) == 500 and len({e.id for e in examples}) == 500
+    assert examples[0].id == "test/precalculus/807.json"
+    failures = [e.id for e in examples if not task.grade(e, e.fields["solution"])["correct"]]
+    assert failures == []
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "correct"),
+    [
+        ("so \\boxed{0.5}", "\\frac{1}{2}", True),
+        ("\\boxed{\\frac12}", "\\frac{1}{2}", True),
+        ("\\boxed{1} no wait \\boxed{\\frac{1}{3}}", "\\frac{1}{2}", False),
+        ("\\boxed{(3,\\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+        ("\\fbox{x^2+1}", "1+x^2", True),
+        ("Final Answer: The final answer is $-4$. I hope it is correct.", "-4", True),
+        ("\\boxed{\\text{(C)}}", "\\text{(C)}", True),
+        ("\\boxed{3}", "-3", False),
+    ],
+)
+def test_math500_grading_uses_math_verify(completion: str, reference: str, correct: bool) -> None:
+    assert Math500Task().grade_answer(completion, reference)["correct"] is correct
+
+
+def test_math500_prompt_is_minerva_style() -> None:
+    task = Math500Task()
+    example = task.load(MATH_FILE, limit=1)[0]
+    content = task.build_prompt(example)[0]["content"]
+    assert content.startswith("Problem:\nConvert the point") and content.endswith(BOXED_INSTRUCTION)
+    assert task.build_prompt(example, PlainTokenizer()).endswith("Solution:")
+    assert task.prompt_format()["template"] == "messages"
+    assert Math500Task().grade_answer("no answer", "1")["error"] == "no \\boxed{} answer in the completion"
+
+
+# -- HumanEval ------------------------------------------------------------------------------------
+def test_humaneval_loads_from_the_package() -> None:
+    examples = HumanEvalTask().load()
+    assert len(examples) == 164 and examples[0].id == "HumanEval/0"
+    with pytest.raises(ValueError, match="only a 'test' split"):
+        HumanEvalTask().load(split="train")
+
+
+def test_humaneval_prompt_asks_for_a_python_block() -> None:
+    task = HumanEvalTask()
+    example = task.load(limit=1)[0]
+    content = task.build_prompt(example)[0]["content"]
+    assert "```python\nfrom typing import List" in content and "def has_close_elements(" in content
+    assert "code block" in content
+
+
+def test_humaneval_canonical_solutions_pass_as_body_and_as_full_function() -> None:
+    task = HumanEvalTask(limits=LIMITS)
+    for example in task.load(limit=5):
+        body = example.fields["canonical_solution"]
+        full = f"Here you go:\n```python\n{example.fields['prompt']}{body}```\nDone."
+        assert task.grade(example, body, execute_code=True)["correct"], example.id
+        assert task.grade(example, full, execute_code=True)["correct"], example.id
+
+
+def test_humaneval_full_def_without_the_stub_imports_still_runs() -> None:
+    task = HumanEvalTask(limits=LIMITS)
+    example = task.load(limit=1)[0]
+    # The model repeats only the def: List comes from the stub's imports.
+    completion = (
+        "```python\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n```"
+    )
+    assert task.grade(example, completion, execute_code=True)["correct"]
+
+
+def test_humaneval_wrong_solution_fails_and_execution_needs_opt_in() -> None:
+    task = HumanEvalTask(limits=LIMITS)
+    example = task.load(limit=1)[0]
+    grade = task.grade(example, "```python\ndef has_close_elements(numbers, threshold):\n    return True\n```", execute_code=True)
+    assert not grade["correct"] and "AssertionError" in grade["error"]
+    with pytest.raises(CodeExecutionDisabled, match="execute_code=True"):
+        task.grade(example, "return True")
+
+
+# -- MBPP -----------------------------------------------------------------------------------------
+def test_mbpp_test_split_is_task_ids_11_to_510() -> None:
+    examples = MBPPTask().load(MBPP_FILE)
+    assert [int(e.id) for e in examples] == list(range(11, 511))
+    assert len(MBPPTask().load(MBPP_FILE, split="validation")) == 90
+    with pytest.raises(ValueError, match="mbpp split must be one of"):
+        MBPPTask().load(MBPP_FILE, split="dev")
+
+
+def test_mbpp_instruct_prompt_holds_the_task_and_its_asserts() -> None:
+    task = MBPPTask()
+    example = task.load(MBPP_FILE, limit=1)[0]
+    content = task.build_prompt(example)[0]["content"]
+    assert example.fields["text"] in content
+    assert all(test in content for test in example.fields["test_list"])
+    assert "```python" in content and task.stop_strings == ()
+    assert task.prompt_format()["shots"] == 0
+
+
+def test_mbpp_three_shot_prompt_uses_tasks_2_3_4_and_begin_done() -> None:
+    task = MBPPTask(style="3shot")
+    example = task.load(MBPP_FILE, limit=1)[0]
+    assert [s.id for s in task.shots] == ["2", "3", "4"]
+    messages = task.build_prompt(example)
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 3 + ["user"]
+    assert messages[1]["content"].startswith("[BEGIN]\n") and messages[1]["content"].endswith("\n[DONE]")
+    plain = task.build_prompt(example, PlainTokenizer())
+    assert plain.startswith("You are an expert Python programmer, and here is your task:")
+    assert plain.endswith(example.fields["test_list"][-1] + "\n[BEGIN]\n") and plain.count("[DONE]") == 3
+    assert task.stop_strings == ("[DONE]",)
+    assert task.prompt_format()["shot_task_ids"] == [2, 3, 4]
+    with pytest.raises(RuntimeError, match="call load"):
+        MBPPTask(style="3shot").build_prompt(example)
+
+
+def test_mbpp_reference_code_passes_and_wrong_code_fails() -> None:
+    task = MBPPTask(limits=LIMITS)
+    examples = {e.id: e for e in task.load(MBPP_FILE)}
+    for task_id in ("11", "12", "367"):  # 367 needs its test_setup_code after the solution
+        example = examples[task_id]
+        assert task.grade(example, f"```python\n{example.fields['code']}\n```", execute_code=True)["correct"], task_id
+    assert task.grade(examples["13"], f"{examples['13'].fields['code']}\n[DONE]", execute_code=True)["correct"]
+    wrong = task.grade(examples["11"], "```python\ndef remove_Occ(s, ch):\n    return s\n```", execute_code=True)
+    assert not wrong["correct"] and wrong["error"].startswith("failed:")

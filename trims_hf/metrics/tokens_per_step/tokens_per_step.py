@@ -1,0 +1,53 @@
+"""Tokens per step (the paper's "TPS"; d3LLM's tokens per forward): decoding parallelism.
+
+tokens_per_step = sum of generated tokens / sum of forward passes over all samples: a ratio of
+totals, not a mean of per-sample ratios (that mean is reported separately, for reference only).
+Generated tokens exclude the prompt, EOS/padding and anything after the task's stop strings; every
+model call counts as one forward.
+"""
+
+import datasets
+import evaluate
+
+_DESCRIPTION = "Generated tokens per forward pass, as a ratio of totals over all samples."
+
+_KWARGS_DESCRIPTION = """
+Args:
+    generated_tokens: per sample, the number of generated tokens (no prompt, no EOS/padding, nothing
+        after a stop string).
+    forwards: per sample, the number of model forward passes spent on it (>= 1).
+Returns:
+    tokens_per_step: sum(generated_tokens) / sum(forwards).
+    mean_per_sample_tokens_per_step: mean over samples of generated_tokens / forwards (reference).
+    total_generated_tokens, total_forwards, num_samples.
+"""
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class TokensPerStep(evaluate.Metric):
+    """Named tokens_per_step, never "tps", which elsewhere means tokens per second."""
+
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation="",
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features({"generated_tokens": datasets.Value("int64"), "forwards": datasets.Value("int64")}),
+        )
+
+    def _compute(self, generated_tokens: list[int], forwards: list[int]) -> dict:
+        for i, (tokens, steps) in enumerate(zip(generated_tokens, forwards)):
+            if tokens < 0:
+                raise ValueError(f"tokens_per_step: generated_tokens[{i}] = {tokens} is negative")
+            if steps < 1:
+                raise ValueError(f"tokens_per_step: forwards[{i}] = {steps}; every sample needs at least one forward")
+        if not forwards:
+            raise ValueError("tokens_per_step: no samples")
+        total_tokens, total_forwards = sum(generated_tokens), sum(forwards)
+        return {
+            "tokens_per_step": total_tokens / total_forwards,
+            "mean_per_sample_tokens_per_step": sum(t / f for t, f in zip(generated_tokens, forwards)) / len(forwards),
+            "total_generated_tokens": total_tokens,
+            "total_forwards": total_forwards,
+            "num_samples": len(forwards),
+        }

@@ -1,0 +1,181 @@
+"""What every benchmark task provides: examples, prompts, stop strings, extraction and grading.
+
+A task knows nothing about decoding: the decoder receives ``build_prompt(...)`` and
+``stop_strings`` and hands back completion text, which ``grade`` judges.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+import datasets
+
+from .extraction import code_block
+from .sandbox import SandboxLimits, run_program
+
+Messages = list[dict[str, str]]
+
+# The zero-shot chain-of-thought instruction of the paper's baselines (Fast-dLLM, dParallel, d3LLM).
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+class TaskDataError(ValueError):
+    """A data row lacks a field or has the wrong type; the message names the file, row and field."""
+
+
+class CodeExecutionDisabled(PermissionError):
+    """Grading a code task needs the explicit opt-in ``execute_code=True``."""
+
+
+class Grade(TypedDict):
+    """Result of grading one completion."""
+
+    correct: bool
+    extracted: Any  # the answer or program that was judged (None when nothing was found)
+    error: str | None  # why it is wrong or could not be judged (None when correct)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One benchmark item. ``fields`` keeps the source row so tasks can reach every column."""
+
+    id: str
+    fields: Mapping[str, Any] = field(repr=False)
+
+
+class Task(ABC):
+    """Base class; subclasses set the class attributes and implement the abstract methods."""
+
+    name: str
+    hub_id: str
+    hub_config: str | None = None
+    default_split: str = "test"
+    stop_strings: tuple[str, ...] = ()
+
+    # -- data ---------------------------------------------------------------------------------
+    def load(self, data_file: str | None = None, limit: int | None = None, split: str | None = None) -> list[Example]:
+        """Examples from ``data_file`` (a local JSON/JSONL copy) or, by default, from the Hub."""
+        split = split or self.default_split
+        if data_file is not None:
+            rows: Iterable[Mapping[str, Any]] = self._read_file(data_file)
+            source = data_file
+        else:
+            rows = self._hub_rows(split)
+            source = f"{self.hub_id} ({split})"
+        examples = self._select([self._to_example(row, i, source) for i, row in enumerate(rows)], split)
+        return examples if limit is None else examples[:limit]
+
+    def _read_file(self, data_file: str) -> Iterable[Mapping[str, Any]]:
+        return read_json_rows(data_file)
+
+    def _hub_rows(self, split: str) -> Iterable[Mapping[str, Any]]:
+        return datasets.load_dataset(self.hub_id, self.hub_config, split=split)
+
+    def _select(self, examples: list[Example], split: str) -> list[Example]:
+        """Keep the examples of ``split``; only needed where a file holds several splits (MBPP)."""
+        return examples
+
+    @abstractmethod
+    def _to_example(self, row: Mapping[str, Any], index: int, source: str) -> Example:
+        """Validate one source row and wrap it."""
+
+    # -- prompting ----------------------------------------------------------------------------
+    @abstractmethod
+    def messages(self, example: Example) -> Messages:
+        """The prompt as chat messages (the last one from the user)."""
+
+    @abstractmethod
+    def prompt_format(self, tokenizer: Any = None) -> dict[str, Any]:
+        """What shaped the prompt (template, shots, instruction): store it with every result."""
+
+    def build_prompt(self, example: Example, tokenizer: Any = None) -> Messages | str:
+        """Chat messages without a tokenizer; with one, the text to tokenise.
+
+        A tokenizer with a chat template renders the messages (with the generation prompt); one
+        without gets the plain-text form.
+        """
+        messages = self.messages(example)
+        if tokenizer is None:
+            return messages
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.plain_text(messages)
+
+    def plain_text(self, messages: Messages) -> str:
+        """Messages joined for a model without a chat template."""
+        return "\n\n".join(m["content"] for m in messages) + "\n"
+
+    def template_name(self, tokenizer: Any) -> str:
+        if tokenizer is None:
+            return "messages"
+        return "chat_template" if getattr(tokenizer, "chat_template", None) else "plain"
+
+    # -- judging ------------------------------------------------------------------------------
+    @abstractmethod
+    def extract(self, completion_text: str) -> Any:
+        """The answer (or program) in a completion; None when there is none."""
+
+    @abstractmethod
+    def grade(self, example: Example, completion_text: str, execute_code: bool = False) -> Grade:
+        """Judge one completion against ``example``."""
+
+
+class CodeTask(Task):
+    """A task whose answers are programs, judged by running the task's tests in the sandbox."""
+
+    def __init__(self, limits: SandboxLimits | None = None) -> None:
+        self.limits = limits or SandboxLimits()
+
+    @abstractmethod
+    def test_program(self, example: Example, completion_text: str) -> str:
+        """The full program to run: the extracted solution followed by the example's tests."""
+
+    def extract(self, completion_text: str) -> str:
+        return code_block(completion_text)
+
+    def grade(self, example: Example, completion_text: str, execute_code: bool = False) -> Grade:
+        """Run the solution against the tests; refuses unless ``execute_code`` is True."""
+        if not execute_code:
+            raise CodeExecutionDisabled(
+                f"{self.name}: grading runs model-written code; pass execute_code=True to run it in the sandbox"
+            )
+        result = run_program(self.test_program(example, completion_text), self.limits)
+        error = None if result.passed else f"{result.status}: {result.reason}"
+        return Grade(correct=result.passed, extracted=self.extract(completion_text), error=error)
+
+
+def read_json_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file, or of a JSON file holding one array of objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise TaskDataError(f"{path}: line {number} is not valid JSON ({e.msg})") from e
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise TaskDataError(f"{path}: row {i} is a {type(row).__name__}, expected a JSON object")
+    return rows
+
+
+def require(row: Mapping[str, Any], key: str, kind: type | tuple[type, ...], index: int, source: str) -> Any:
+    """``row[key]`` after checking it exists and has type ``kind``."""
+    if key not in row:
+        raise TaskDataError(f"{source}: row {index} has no field {key!r} (fields: {sorted(row)})")
+    value = row[key]
+    if not isinstance(value, kind):
+        raise TaskDataError(f"{source}: row {index} field {key!r} is {type(value).__name__}, expected {kind}")
+    return value

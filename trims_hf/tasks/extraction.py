@@ -1,0 +1,56 @@
+"""Pulling the answer span out of free-form model output: ``\\boxed{...}`` and code blocks."""
+
+from __future__ import annotations
+
+import re
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\b")
+_FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_BEGIN, _DONE = "[BEGIN]", "[DONE]"
+
+
+def _braced(text: str, start: int) -> str | None:
+    """Content of the brace group opening at ``text[start]``; None if it never closes."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{" and text[i - 1] != "\\":
+            depth += 1
+        elif text[i] == "}" and text[i - 1] != "\\":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i]
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces kept).
+
+    ``\\boxed 5`` (no braces) yields ``5``. A box cut off by the generation length is skipped in
+    favour of the previous complete one.
+    """
+    for match in reversed(list(_BOXED.finditer(text))):
+        rest = text[match.end() :]
+        stripped = rest.lstrip()
+        if stripped.startswith("{"):
+            content = _braced(text, match.end() + len(rest) - len(stripped))
+            if content is not None:
+                return content.strip()
+        elif rest[:1].isspace() and stripped:
+            return re.split(r"[\s$]", stripped, maxsplit=1)[0]
+    return None
+
+
+def code_block(text: str) -> str:
+    """The program in a completion: the first ```python block, else the first ``` block, else the
+    text between ``[BEGIN]`` and ``[DONE]``, else the whole text. An unclosed fence (generation
+    cut off) runs to the end of the text."""
+    blocks = _FENCE.findall(text)
+    for language, body in blocks:
+        if language.lower() in ("python", "py", "python3"):
+            return body.rstrip()
+    if blocks:
+        return blocks[0][1].rstrip()
+    begin = text.find(_BEGIN)
+    start = begin + len(_BEGIN) if begin >= 0 else 0
+    end = text.find(_DONE, start)
+    return text[start : end if end >= 0 else len(text)].strip("\n").rstrip()
