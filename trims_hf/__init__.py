@@ -29,3 +29,16 @@ from .tasks import (
     registry,
     run_program,
 )
+from .generation import (
+    ConfidenceFactor,
+    ConfidenceThreshold,
+    DecodingConfig,
+    EntropyThreshold,
+    FixedSteps,
+    GenerationOutput,
+    TokensPerStepRecorder,
+    TrajectoryRecorder,
+    generate,
+    generate_text,
+    teacher_nll_per_step,
+)

@@ -1,0 +1,395 @@
+"""Decoder semantics on scripted students, KV-cache plumbing on real tiny models, hooks and plots."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import tiny_student
+from torch import nn
+from transformers import PreTrainedConfig
+
+from trims_hf import prepare_student, student_logits, student_spec
+from trims_hf.generation import (
+    ConfidenceFactor,
+    DecodeHook,
+    DecodingConfig,
+    EntropyThreshold,
+    FixedSteps,
+    StepRecord,
+    StudentForward,
+    TokensPerStepRecorder,
+    TrajectoryRecorder,
+    generate,
+    generate_text,
+    teacher_nll_per_step,
+)
+from trims_hf.generation.plots import plot_decode_order, plot_teacher_nll
+
+VOCAB, EOS, EOT, MASK = 16, 14, 13, 15
+Script = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class ScriptedStudent(nn.Module):
+    """A fake student: ``script(input_ids, position_ids) -> (tokens, confidences)`` per raw output position.
+
+    Logits give the scripted token exactly the scripted softmax probability, the rest spread evenly.
+    Window inputs (KV-cached calls) are handled because the script sees absolute positions.
+    """
+
+    def __init__(self, script: Script, kind: str = "llada") -> None:
+        super().__init__()
+        self.config = PreTrainedConfig(vocab_size=VOCAB, eos_token_id=EOS, num_hidden_layers=1)
+        self.script = script
+        self.inputs: list[torch.Tensor] = []
+        prepare_student(self, kind, MASK)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0, **kwargs):
+        self.inputs.append(input_ids.clone())
+        tokens, confidence = self.script(input_ids, position_ids)
+        confidence = confidence.double()[..., None]
+        logits = torch.log((1 - confidence) / (VOCAB - 1)).expand(*tokens.shape, VOCAB).clone()
+        logits.scatter_(-1, tokens[..., None], torch.log(confidence))
+        return SimpleNamespace(logits=logits.float()[:, logits_to_keep])
+
+
+def by_position(tokens: list[int], confidences: list[float], prompt_length: int) -> Script:
+    """Script whose output at response position j is ``tokens[j]`` with ``confidences[j]`` (prompt: filler)."""
+    table_tokens = torch.tensor([0] * prompt_length + tokens)
+    table_conf = torch.tensor([0.5] * prompt_length + confidences, dtype=torch.float64)
+    return lambda ids, positions: (table_tokens[positions], table_conf[positions])
+
+
+class Commits(DecodeHook):
+    """Collects (block, committed response positions, filled positions) per step for sample 0."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, list[int], list[int]]] = []
+
+    def on_step(self, record: StepRecord) -> None:
+        filled = record.filled[0].nonzero().squeeze(-1).tolist()
+        self.steps.append((record.block, record.commits(0)[0].tolist(), filled))
+
+
+PROMPT = torch.tensor([[1, 2]])
+
+
+def run(script: Script, config: DecodingConfig, kind: str = "llada", prompt: torch.Tensor = PROMPT):
+    model, hook = ScriptedStudent(script, kind), Commits()
+    return generate(model, prompt, config=config, hooks=[hook]), hook, model
+
+
+# --- strategies and the main loop -------------------------------------------------------------------
+
+
+def test_threshold_commits_at_least_one_and_block_order():
+    confidences = [0.95, 0.5, 0.92, 0.3] + [0.99] * 4  # block 1 is confident but must wait for block 0
+    output, hook, _ = run(
+        by_position([3, 4, 5, 6, 7, 8, 9, 10], confidences, 2),
+        DecodingConfig(gen_length=8, block_length=4, threshold=0.9, early_stop=False),
+    )
+    assert [(block, positions) for block, positions, _ in hook.steps] == [
+        (0, [0, 2]),
+        (0, [1]),
+        (0, [3]),
+        (1, [4, 5, 6, 7]),
+    ]
+    assert output.nfe == 4 and output.sample_nfe.tolist() == [4]
+    assert output.responses.tolist() == [[3, 4, 5, 6, 7, 8, 9, 10]]
+
+
+def test_fixed_steps_quotas_and_nfe():
+    config = DecodingConfig(strategy="fixed_steps", steps=6, gen_length=8, block_length=4, early_stop=False)
+    output, hook, _ = run(by_position(list(range(3, 11)), [0.9, 0.8, 0.7, 0.6, 0.6, 0.7, 0.8, 0.9], 2), config)
+    # 3 steps per block, 4 masks: quotas 2, 1, 1, most confident first.
+    assert [positions for _, positions, _ in hook.steps] == [[0, 1], [2], [3], [6, 7], [5], [4]]
+    assert output.nfe == 6
+
+
+def test_factor_and_entropy_rules_select_directly():
+    candidates = torch.tensor([[True, True, True, True, False]])
+    confidences = torch.tensor([[0.7, 0.99, 0.8, 0.95, 1.0]], dtype=torch.float64)
+    # (n+1)(1-c(n)): 0.02, 0.15, 0.8, 1.5 -> n = 3 for f = 1; the non-candidate (1.0) is never taken.
+    assert ConfidenceFactor(1.0).select(confidences, candidates, 0, None).tolist() == [[False, True, True, True, False]]
+    assert ConfidenceFactor(0.0).select(confidences, candidates, 0, None).tolist() == [
+        [False, True, False, False, False]
+    ]
+    entropies = torch.tensor([[0.4, 2.0, 0.1, 3.0, 0.0]], dtype=torch.float64)
+    assert EntropyThreshold(0.5).select(entropies, candidates, 0, None).tolist() == [[True, False, True, False, False]]
+    assert EntropyThreshold(0.05).select(entropies, candidates, 0, None).tolist() == [
+        [False, False, True, False, False]
+    ]
+    # LLaDA quotas: m=5 over 3 steps -> 2, 2, 1.
+    initial = torch.tensor([5])
+    quotas = [int(FixedSteps(3).select(confidences, candidates, s, initial).sum()) for s in range(3)]
+    assert quotas == [2, 2, 1]
+
+
+def test_entropy_strategy_end_to_end():
+    config = DecodingConfig(strategy="entropy", entropy_threshold=0.5, gen_length=4, block_length=4, early_stop=False)
+    output, hook, _ = run(by_position([3, 4, 5, 6], [0.999, 0.3, 0.999, 0.3], 2), config)
+    assert [positions for _, positions, _ in hook.steps] == [[0, 2], [1], [3]]
+    assert output.nfe == 3
+
+
+def test_mask_token_is_never_proposed():
+    def script(ids, positions):
+        return torch.full_like(ids, MASK), torch.full(ids.shape, 0.9, dtype=torch.float64)
+
+    output, _, _ = run(script, DecodingConfig(gen_length=4, block_length=4, early_stop=False))
+    assert (output.responses != MASK).all()
+
+
+def test_early_stop_fills_eos_and_skips_blocks():
+    tokens = [3, EOS, 5, 6] + [7] * 8
+    confidences = [0.5, 0.99, 0.5, 0.5] + [0.99] * 8
+    config = DecodingConfig(gen_length=12, block_length=4)
+    output, hook, model = run(by_position(tokens, confidences, 2), config)
+    assert hook.steps == [(0, [1], list(range(2, 12))), (0, [0], [])]
+    assert output.nfe == len(model.inputs) == 2
+    assert output.responses.tolist() == [[3] + [EOS] * 11]
+    off, _, _ = run(
+        by_position(tokens, confidences, 2), DecodingConfig(gen_length=12, block_length=4, early_stop=False)
+    )
+    assert off.nfe == 6 and off.responses.tolist() == [[3, EOS, 5, 6] + [7] * 8]
+
+
+def test_stop_token_other_than_eos_fills_with_eos():
+    tokens, confidences = [3, EOT, 5, 6], [0.99] * 4
+    config = DecodingConfig(gen_length=4, block_length=4, stop_token_ids=(EOS, EOT))
+    output, hook, _ = run(by_position(tokens, confidences, 2), config)
+    assert output.responses.tolist() == [[3, EOT, EOS, EOS]]
+    assert hook.steps == [(0, [0, 1, 2, 3], [2, 3])]
+
+
+def test_dream_shift_reads_previous_position():
+    def script(ids, positions):  # the raw output at absolute position p proposes token p
+        return positions % 13, torch.full(ids.shape, 0.99, dtype=torch.float64)
+
+    config = DecodingConfig(gen_length=4, block_length=4, early_stop=False)
+    llada, _, _ = run(script, config, kind="llada")
+    dream, _, _ = run(script, config, kind="dream")
+    assert llada.responses.tolist() == [[2, 3, 4, 5]]
+    assert dream.responses.tolist() == [[1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("mode, lengths", [("prefix", [10, 8, 8, 10, 4, 4]), ("dual", [10, 4, 4, 10, 4, 4])])
+def test_cache_windows_nfe_and_dream_block_head(mode, lengths):
+    """Refresh = full forward at block start; cached steps recompute only the mode's window. Dream commits
+    each block head at the refresh although the head is the least confident position."""
+
+    def script(ids, positions):  # raw positions 1 and 5 predict the block heads (absolute 2 and 6)
+        confidence = torch.where((positions == 1) | (positions == 5), 0.1, 0.5).double()
+        return positions % 13, confidence
+
+    config = DecodingConfig(gen_length=8, block_length=4, threshold=0.9, cache=mode, early_stop=False)
+    output, hook, model = run(script, config, kind="dream")
+    assert [ids.shape[1] for ids in model.inputs] == lengths
+    assert [positions for _, positions, _ in hook.steps] == [[0, 1], [2], [3], [4, 5], [6], [7]]
+    assert output.nfe == 6 and output.responses.tolist() == [[1, 2, 3, 4, 5, 6, 7, 8]]
+
+
+# --- real tiny models: padding, batching, caches ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tokenizer):
+    return tiny_student(tokenizer, "llada", seed=0, hidden=64)
+
+
+@pytest.fixture(scope="module")
+def qwen(tokenizer):
+    return tiny_student(tokenizer, "dream", seed=1, hidden=64)
+
+
+def _left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    return ids, (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+
+
+PROMPTS = [[5, 40, 77, 90, 120, 31, 8], [300, 12], [17, 250, 66, 9]]
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_windowed_forward_matches_full_forward_with_padding(request, kind, cache):
+    model = request.getfixturevalue("llama" if kind == "llada" else "qwen")
+    ids, mask = _left_pad(PROMPTS, 1)
+    x = torch.cat([ids, torch.randint(3, 300, (3, 16), generator=torch.Generator().manual_seed(0))], dim=1)
+    mask = torch.cat([mask, torch.ones(3, 16, dtype=torch.long)], dim=1)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    full = student_logits(model, x, mask, position_ids=positions)
+    forward = StudentForward(model, student_spec(model), cache, mask, positions)
+    start = ids.shape[1] + 8
+    torch.testing.assert_close(forward(x, start, start + 8, True), full[:, start : start + 8], atol=1e-5, rtol=1e-5)
+    cached = forward(x, start, start + 8, False)  # nothing changed, so reuse is exact (row 0 of Dream unused)
+    torch.testing.assert_close(cached[:, 1:], full[:, start + 1 : start + 8], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_batched_equals_unbatched_with_left_padding(request, tokenizer, kind, cache):
+    model = request.getfixturevalue("llama" if kind == "llada" else "qwen")
+    config = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, cache=cache, early_stop=False)
+    ids, mask = _left_pad(PROMPTS, tokenizer.pad_token_id)
+    batched = generate(model, ids, mask, config)
+    for row, prompt in enumerate(PROMPTS):
+        alone = generate(model, torch.tensor([prompt]), config=config)
+        assert batched.responses[row].tolist() == alone.responses[0].tolist()
+        assert int(batched.sample_nfe[row]) == alone.nfe
+    assert batched.nfe >= int(batched.sample_nfe.max())
+
+
+def _blind_llama(tokenizer) -> nn.Module:
+    """A real Llama whose attention output is zeroed: each position sees only itself, so KV reuse is exact."""
+    model = tiny_student(tokenizer, "llada", seed=2, hidden=64)
+    for layer in model.model.layers:
+        nn.init.zeros_(layer.self_attn.o_proj.weight)
+    return model
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cache_equals_no_cache_when_context_is_ignored(tokenizer, cache):
+    model = _blind_llama(tokenizer)
+    ids, mask = _left_pad(PROMPTS, tokenizer.pad_token_id)
+    config = DecodingConfig(gen_length=32, block_length=8, threshold=0.3, early_stop=False)
+    reference = generate(model, ids, mask, config)
+    cached = generate(model, ids, mask, DecodingConfig(**{**config.__dict__, "cache": cache}))
+    assert torch.equal(cached.sequences, reference.sequences)
+    assert cached.nfe == reference.nfe and torch.equal(cached.sample_nfe, reference.sample_nfe)
+
+
+def cache_agreement(model: nn.Module, prompts: list[list[int]], config: DecodingConfig) -> dict[str, float]:
+    """Fraction of samples identical to the no-cache output, and of identical tokens, per cache mode."""
+    reference = [generate(model, torch.tensor([p]), config=config).responses[0] for p in prompts]
+    result = {}
+    for mode in ("prefix", "dual"):
+        cached = [
+            generate(model, torch.tensor([p]), config=DecodingConfig(**{**config.__dict__, "cache": mode})).responses[0]
+            for p in prompts
+        ]
+        result[f"{mode}_identical_samples"] = sum(torch.equal(a, b) for a, b in zip(cached, reference)) / len(prompts)
+        result[f"{mode}_identical_tokens"] = float(
+            torch.cat([a == b for a, b in zip(cached, reference)]).double().mean()
+        )
+    return result
+
+
+def test_cache_drift_on_the_fixture():
+    """Threshold 0 decides each block at its full forward, so caches must be exact there; at tau 0.9 the
+    stale keys/values make outputs drift (the numbers are printed and reported, the bound is a canary)."""
+    from test_decode_parity import FIXTURES, TRACES
+
+    from trims_hf import load_student
+
+    model = load_student(str(FIXTURES / "llada_tiny"))
+    prompts = [run["prompt_ids"] for run in TRACES["runs"][:: len(TRACES["runs"]) // 2]]
+    prompts += torch.randint(0, 250, (6, 9), generator=torch.Generator().manual_seed(3)).tolist()
+    exact = cache_agreement(
+        model, prompts, DecodingConfig(gen_length=32, block_length=8, threshold=0.0, early_stop=False)
+    )
+    assert exact == {
+        "prefix_identical_samples": 1.0,
+        "prefix_identical_tokens": 1.0,
+        "dual_identical_samples": 1.0,
+        "dual_identical_tokens": 1.0,
+    }
+    drift = cache_agreement(model, prompts, DecodingConfig(gen_length=32, block_length=8, early_stop=False))
+    print("cache agreement with no cache on llada_tiny, tau 0.9:", drift)
+    assert drift["prefix_identical_tokens"] > 0.25 and drift["dual_identical_tokens"] > 0.25
+
+
+# --- sampling ---------------------------------------------------------------------------------------
+
+
+def test_temperature_sampling_is_seeded(llama):
+    config = {"gen_length": 16, "block_length": 8, "temperature": 1.0, "early_stop": False}
+    prompt = torch.tensor([PROMPTS[0]])
+    first = generate(llama, prompt, config=DecodingConfig(seed=7, **config)).responses
+    again = generate(llama, prompt, config=DecodingConfig(seed=7, **config)).responses
+    other = generate(llama, prompt, config=DecodingConfig(seed=8, **config)).responses
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+# --- hooks ------------------------------------------------------------------------------------------
+
+
+def _two_samples() -> Script:
+    """Row with prompt token 1: three words then EOS, all confident (1 forward). Row with prompt token 2:
+    8 unconfident tokens (8 forwards)."""
+
+    def script(ids, positions):
+        fast = (ids[:, :1] == 1).expand_as(ids)
+        response = positions - 2
+        tokens = torch.where(fast & (response == 3), EOS, 5)
+        return tokens, torch.where(fast, 0.99, 0.5).double()
+
+    return script
+
+
+def test_tokens_per_step_is_a_ratio_of_totals():
+    recorder = TokensPerStepRecorder()
+    model = ScriptedStudent(_two_samples())
+    prompts = torch.tensor([[1, 0], [2, 0]])
+    output = generate(
+        model, prompts, config=DecodingConfig(gen_length=8, block_length=4), hooks=[recorder], sample_ids=["a", "b"]
+    )
+    assert output.nfe == 8 and output.sample_nfe.tolist() == [1, 8]
+    summary = recorder.summary()
+    assert summary["tokens_per_step"] == pytest.approx(11 / 9)  # the mean of per-sample ratios would be 2.0
+    assert summary["nfe"] == 9 and summary["model_forwards"] == 8 and summary["generated_tokens"] == 11
+    assert summary["tokens_per_second"] > 0 and summary["early_stop"] is True and "tps" not in summary
+    assert recorder.per_sample()["a"] == {"tokens": 3, "nfe": 1, "tokens_per_step": 3.0}
+    recorder.finalize("b", 6)  # a task cut sample b at a stop string
+    assert recorder.summary()["tokens_per_step"] == pytest.approx(9 / 9)
+
+
+def test_tokens_per_step_counts_across_calls_and_with_a_callback():
+    recorder = TokensPerStepRecorder(count_tokens=lambda ids: int((ids == 5).sum()))
+    config = DecodingConfig(gen_length=8, block_length=4)
+    for prompt in ([[1, 0]], [[2, 0]]):
+        generate(ScriptedStudent(_two_samples()), torch.tensor(prompt), config=config, hooks=[recorder])
+    assert list(recorder.samples) == [0, 1]
+    assert recorder.summary()["tokens_per_step"] == pytest.approx(11 / 9)
+    assert recorder.summary()["model_forwards"] == 9
+
+
+def test_trajectory_decode_order_and_teacher_nll(tmp_path):
+    recorder = TrajectoryRecorder()
+    config = DecodingConfig(gen_length=8, block_length=4, threshold=0.9)
+    tokens = [3, 4, 5, EOS] + [7] * 4
+    confidences = [0.95, 0.5, 0.92, 0.3] + [0.99] * 4
+    generate(ScriptedStudent(by_position(tokens, confidences, 2)), PROMPT, config=config, hooks=[recorder])
+    trajectory = recorder.trajectories[0]
+    assert trajectory.commit_step.tolist() == [0, 1, 0, 2, 2, 2, 2, 2]
+    assert (trajectory.fill_step >= 0).tolist() == [False] * 4 + [True] * 4
+    assert trajectory.partial_response(0).tolist() == [3, 5]
+    assert trajectory.partial_response(2).tolist() == [3, 4, 5]
+
+    def score(ids: torch.Tensor) -> torch.Tensor:  # a "teacher" whose NLL of token t is t
+        return ids.double()
+
+    assert teacher_nll_per_step(trajectory, score).tolist() == [4.0, 4.0, 4.0]
+    order, filled = recorder.decode_order()
+    assert order.shape == (1, 8) and filled.sum() == 4
+    plot_decode_order(order, filled, path=tmp_path / "order.png")
+    plot_teacher_nll({"a": [teacher_nll_per_step(trajectory, score)]}, path=tmp_path / "nll.png")
+    assert (tmp_path / "order.png").stat().st_size > 0 and (tmp_path / "nll.png").stat().st_size > 0
+
+
+def test_generate_text_left_pads_and_strips_eos(tokenizer, llama):
+    recorder = TokensPerStepRecorder()
+    answers = generate_text(
+        llama,
+        tokenizer,
+        ["How many apples?", [{"role": "user", "content": "Hi"}]],
+        DecodingConfig(gen_length=16, block_length=8, threshold=0.2),
+        hooks=[recorder],
+    )
+    assert len(answers) == 2 and all(isinstance(a, str) and "<eos>" not in a for a in answers)
+    assert recorder.summary()["samples"] == 2
+    assert math.isfinite(recorder.summary()["tokens_per_step"])

@@ -1,0 +1,335 @@
+"""Parallel block decoding for masked-diffusion students (LLaDA fixed steps, Fast-dLLM rules).
+
+The response starts as masks after the prompt and is decoded block by block, left to right. Each step is
+one model call: every masked position of the current block gets a proposal (argmax, or a tempered sample)
+and a score (the model probability of the proposal, in float64, or the entropy of its distribution); a
+:class:`Strategy` picks which candidates to commit, and the decoder always commits at least the best one
+so every step makes progress. Committed tokens are never remasked.
+
+Early stop (default on): once a stop token is committed in a sample, every later position becomes EOS,
+so blocks made only of EOS cost no forward; a batch skips a block only when all its samples are done.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Literal
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from ..students import mask_token_id, student_spec
+from .cache import CACHE_MODES, CacheMode, StudentForward
+from .hooks import DecodeHook, GenerationStart, StepRecord, tokens_before_stop
+
+
+def _ranks(priority: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Rank of every candidate in its row by descending priority (0 = best); non-candidates rank last."""
+    keyed = priority.masked_fill(~candidates, float("-inf"))
+    order = keyed.argsort(dim=1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    return ranks.masked_fill(~candidates, order.shape[1])
+
+
+class Strategy(ABC):
+    """Chooses which masked positions of the current block to commit at a step.
+
+    ``scores`` are ``[B, L]`` float64 over the block (confidences or entropies, see ``score``),
+    ``candidates`` the still-masked positions, ``step`` the step index inside the block and ``initial``
+    the number of masks each row had when the block started. :meth:`select` adds the best candidate of
+    every row to whatever the rule picked.
+    """
+
+    score: ClassVar[Literal["confidence", "entropy"]] = "confidence"
+
+    @abstractmethod
+    def choose(self, scores: torch.Tensor, candidates: torch.Tensor, step: int, initial: torch.Tensor) -> torch.Tensor:
+        """The rule itself: a bool ``[B, L]`` commit mask (may be empty)."""
+
+    def priority(self, scores: torch.Tensor) -> torch.Tensor:
+        """Higher is committed first."""
+        return -scores if self.score == "entropy" else scores
+
+    def select(self, scores: torch.Tensor, candidates: torch.Tensor, step: int, initial: torch.Tensor) -> torch.Tensor:
+        best = _ranks(self.priority(scores), candidates) == 0
+        return candidates & (self.choose(scores, candidates, step, initial) | best)
+
+
+@dataclass(frozen=True)
+class ConfidenceThreshold(Strategy):
+    """Fast-dLLM: commit every candidate whose confidence is >= ``tau``."""
+
+    tau: float = 0.9
+
+    def choose(self, scores, candidates, step, initial):
+        return scores >= self.tau
+
+
+@dataclass(frozen=True)
+class ConfidenceFactor(Strategy):
+    """Fast-dLLM factor rule: with confidences sorted descending, commit the largest ``n`` such that
+    ``(n + 1) * (1 - c(n)) <= factor``."""
+
+    factor: float = 1.0
+
+    def choose(self, scores, candidates, step, initial):
+        ranks = _ranks(scores, candidates)
+        ordered = scores.masked_fill(~candidates, 0.0).sort(dim=1, descending=True).values
+        n = torch.arange(1, scores.shape[1] + 1, device=scores.device, dtype=scores.dtype)
+        holds = ((n + 1) * (1 - ordered) <= self.factor).long().cumprod(dim=1)
+        return ranks < holds.sum(dim=1, keepdim=True)
+
+
+@dataclass(frozen=True)
+class EntropyThreshold(Strategy):
+    """dParallel / d3LLM: commit every candidate whose predictive entropy (nats) is <= ``threshold``."""
+
+    threshold: float = 0.5
+    score: ClassVar[Literal["confidence", "entropy"]] = "entropy"
+
+    def choose(self, scores, candidates, step, initial):
+        return scores <= self.threshold
+
+
+@dataclass(frozen=True)
+class FixedSteps(Strategy):
+    """LLaDA low-confidence remasking: ``steps_per_block`` steps share a block's masks as evenly as
+    possible (``m // s`` each, one more for the first ``m % s`` steps); each commits its most confident."""
+
+    steps_per_block: int
+
+    def choose(self, scores, candidates, step, initial):
+        quota = initial // self.steps_per_block + (step < initial % self.steps_per_block).long()
+        return _ranks(scores, candidates) < quota[:, None]
+
+
+@dataclass
+class DecodingConfig:
+    """Settings of :func:`generate`; defaults are the paper's evaluation decoder (Fast-dLLM threshold)."""
+
+    strategy: Literal["threshold", "fixed_steps", "entropy", "factor"] = field(
+        default="threshold", metadata={"help": "Commit rule: threshold | fixed_steps | entropy | factor."}
+    )
+    gen_length: int = field(default=256, metadata={"help": "Number of generated (masked) positions."})
+    block_length: int = field(default=32, metadata={"help": "Positions per block; blocks are decoded left to right."})
+    threshold: float = field(default=0.9, metadata={"help": "Confidence threshold tau of the threshold strategy."})
+    steps: int | None = field(
+        default=None, metadata={"help": "Total steps of fixed_steps (split evenly over blocks); default gen_length."}
+    )
+    entropy_threshold: float = field(
+        default=0.5, metadata={"help": "Entropy (nats) threshold of the entropy strategy."}
+    )
+    factor: float = field(
+        default=1.0, metadata={"help": "f of the factor strategy: largest n with (n+1)(1-c(n)) <= f."}
+    )
+    temperature: float = field(
+        default=0.0, metadata={"help": "0 = argmax; > 0 samples proposals from softmax(logits/T)."}
+    )
+    seed: int | None = field(default=None, metadata={"help": "Seed of the sampling generator (temperature > 0)."})
+    cache: CacheMode = field(default="none", metadata={"help": "KV reuse: none | prefix | dual (Fast-dLLM)."})
+    early_stop: bool = field(
+        default=True, metadata={"help": "After a committed stop token, fill the rest with EOS and skip its forwards."}
+    )
+    stop_token_ids: tuple[int, ...] | None = field(
+        default=None, metadata={"help": "Tokens ending a response (e.g. LLaDA's <|eot_id|>); default: the EOS ids."}
+    )
+    eos_token_id: int | None = field(
+        default=None, metadata={"help": "Token written after a stop; default: the model config's (first) EOS id."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.gen_length % self.block_length:
+            raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}.")
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"cache={self.cache!r}; choose one of {CACHE_MODES}.")
+        steps = self.steps if self.steps is not None else self.gen_length
+        if self.strategy == "fixed_steps" and steps % self.num_blocks:
+            raise ValueError(f"steps={steps} must be a multiple of the number of blocks ({self.num_blocks}).")
+        self.build_strategy()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    def build_strategy(self) -> Strategy:
+        """The :class:`Strategy` object these settings describe."""
+        if self.strategy == "threshold":
+            return ConfidenceThreshold(self.threshold)
+        if self.strategy == "factor":
+            return ConfidenceFactor(self.factor)
+        if self.strategy == "entropy":
+            return EntropyThreshold(self.entropy_threshold)
+        if self.strategy == "fixed_steps":
+            return FixedSteps((self.steps if self.steps is not None else self.gen_length) // self.num_blocks)
+        raise ValueError(f"Unknown strategy {self.strategy!r}.")
+
+
+@dataclass
+class GenerationOutput:
+    """Result of :func:`generate`."""
+
+    sequences: torch.Tensor
+    """``[B, P + G]``: (left-padded) prompt followed by the response."""
+    prompt_length: int
+    nfe: int
+    """Model calls made for the whole batch."""
+    sample_nfe: torch.Tensor
+    """``[B]``: forwards charged to each sample (calls in which its current block had masks)."""
+    early_stop: bool
+
+    @property
+    def responses(self) -> torch.Tensor:
+        return self.sequences[:, self.prompt_length :]
+
+
+def _propose(
+    logits: torch.Tensor, mask_id: int, temperature: float, generator: torch.Generator | None, score: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Proposed tokens, their model probability (float64) and the strategy's score, per position.
+
+    The mask token is never proposed; the probability is under the full softmax (mask included), as in the
+    reference decoders, so decisions match them whenever the mask id is not the argmax.
+    """
+    log_probs = torch.log_softmax(logits.double(), dim=-1)
+    allowed = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
+    if temperature > 0:
+        uniform = torch.rand(allowed.shape, generator=generator, device=allowed.device, dtype=torch.float64)
+        allowed = allowed.double() / temperature - torch.log(-torch.log(uniform.clamp_min(1e-300)))
+    tokens = allowed.argmax(dim=-1)
+    confidence = log_probs.gather(-1, tokens[..., None]).squeeze(-1).exp()
+    if score == "entropy":
+        return tokens, confidence, -(log_probs.exp() * log_probs).sum(dim=-1)
+    return tokens, confidence, confidence
+
+
+def _eos_ids(model: nn.Module) -> list[int]:
+    eos = getattr(model.config.get_text_config(), "eos_token_id", None)
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
+def _early_stop_fill(response: torch.Tensor, stops: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Positions after each row's first committed stop token that are not EOS yet (to be filled)."""
+    is_stop = torch.isin(response, stops)
+    first = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), response.shape[1])
+    after = torch.arange(response.shape[1], device=response.device)[None] > first[:, None]
+    return after & (response != eos_id)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    config: DecodingConfig | None = None,
+    hooks: Sequence[DecodeHook] = (),
+    sample_ids: Sequence[Hashable] | None = None,
+) -> GenerationOutput:
+    """Decode ``config.gen_length`` tokens after each (LEFT-padded) prompt with a prepared student.
+
+    ``attention_mask`` marks real prompt tokens (1) and left padding (0); positions are counted from each
+    sample's first real token, so a padded sample decodes exactly as it would alone. ``sample_ids`` name
+    the rows for the hooks (default: consecutive integers per recorder).
+    """
+    config = config or DecodingConfig()
+    spec, mask_id = student_spec(model), mask_token_id(model)
+    strategy = config.build_strategy()
+    batch, prompt_length = input_ids.shape
+    device = input_ids.device
+    x = torch.cat([input_ids, input_ids.new_full((batch, config.gen_length), mask_id)], dim=1)
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, config.gen_length)], dim=1)
+        position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    else:
+        position_ids = torch.arange(x.shape[1], device=device).expand(batch, -1)
+    forward = StudentForward(model, spec, config.cache, attention_mask, position_ids)
+
+    eos_ids = _eos_ids(model)
+    eos_id = config.eos_token_id if config.eos_token_id is not None else (eos_ids[0] if eos_ids else None)
+    stop_ids = tuple(config.stop_token_ids if config.stop_token_ids is not None else eos_ids)
+    if config.early_stop and (eos_id is None or not stop_ids):
+        raise ValueError("early_stop needs an EOS id and stop ids; set DecodingConfig.eos_token_id / stop_token_ids.")
+    stops = torch.tensor(stop_ids, dtype=x.dtype, device=device)
+    generator = torch.Generator(device=device).manual_seed(config.seed) if config.seed is not None else None
+
+    start = GenerationStart(
+        batch, prompt_length, config, stop_ids, eos_id, tuple(sample_ids) if sample_ids is not None else None
+    )
+    for hook in hooks:
+        hook.on_start(start)
+    nfe, sample_nfe = 0, torch.zeros(batch, dtype=torch.long, device=device)
+    response = x[:, prompt_length:]  # a view: writes go to x
+    for block in range(config.num_blocks):
+        begin = block * config.block_length
+        end = begin + config.block_length
+        masked = response[:, begin:end] == mask_id
+        initial = masked.sum(dim=1)
+        step_in_block = 0
+        while masked.any():
+            logits = forward(x, prompt_length + begin, prompt_length + end, refresh=step_in_block == 0)
+            charged = masked.any(dim=1)
+            nfe, sample_nfe = nfe + 1, sample_nfe + charged
+            tokens, confidence, scores = _propose(logits, mask_id, config.temperature, generator, strategy.score)
+            commit = strategy.select(scores, masked, step_in_block, initial)
+            if step_in_block == 0 and forward.commits_block_head_at_refresh:
+                commit[:, 0] |= masked[:, 0]
+            response[:, begin:end] = torch.where(commit, tokens, response[:, begin:end])
+            filled = torch.zeros_like(response, dtype=torch.bool)
+            if config.early_stop:
+                filled = _early_stop_fill(response, stops, eos_id)
+                response.masked_fill_(filled, eos_id)
+            if hooks:
+                committed = torch.zeros_like(response, dtype=torch.bool)
+                committed[:, begin:end] = commit
+                confidences = torch.full(response.shape, float("nan"), dtype=torch.float64, device=device)
+                confidences[:, begin:end] = torch.where(commit, confidence, confidences[:, begin:end])
+                record = StepRecord(
+                    nfe - 1, block, charged, sample_nfe.clone(), committed, confidences, filled, response.clone()
+                )
+                for hook in hooks:
+                    hook.on_step(record)
+            masked = response[:, begin:end] == mask_id
+            step_in_block += 1
+    output = GenerationOutput(x, prompt_length, nfe, sample_nfe, config.early_stop)
+    for hook in hooks:
+        hook.on_end(output)
+    return output
+
+
+def generate_text(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str | list[dict[str, str]]],
+    config: DecodingConfig | None = None,
+    hooks: Sequence[DecodeHook] = (),
+    sample_ids: Sequence[Hashable] | None = None,
+) -> list[str]:
+    """Chat-format, left-pad and decode ``prompts`` (strings become one user message); returns the answers
+    cut before their first stop token. Stop ids default to the model's and the tokenizer's EOS ids."""
+    config = config or DecodingConfig()
+    if tokenizer.chat_template is not None:
+        conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
+        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+    elif all(isinstance(p, str) for p in prompts):
+        texts = list(prompts)
+    else:
+        raise ValueError("Chat messages need a tokenizer with a chat template.")
+    batch = tokenizer(texts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
+    eos_ids = dict.fromkeys(_eos_ids(model) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []))
+    config = replace(
+        config,
+        stop_token_ids=config.stop_token_ids if config.stop_token_ids is not None else tuple(eos_ids),
+        eos_token_id=config.eos_token_id if config.eos_token_id is not None else next(iter(eos_ids), None),
+    )
+    device = next(model.parameters()).device
+    output = generate(
+        model, batch["input_ids"].to(device), batch["attention_mask"].to(device), config, hooks, sample_ids
+    )
+    lengths = tokens_before_stop(output.responses, config.stop_token_ids).tolist()
+    return [
+        tokenizer.decode(row[:length], skip_special_tokens=True)
+        for row, length in zip(output.responses.tolist(), lengths)
+    ]

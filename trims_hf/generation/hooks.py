@@ -1,0 +1,227 @@
+"""Decoder hooks: what the decoder reports each step, and the recorders built on it.
+
+The decoder knows nothing of tasks; measurements that need task knowledge (where a stop string ends an
+answer, what the teacher says about a partial answer) enter through callables given to the recorders.
+
+NFE accounting (one rule everywhere): the batch's model-call count is ``model_forwards``; a sample is
+*charged* one forward for every call in which its current block still had masked positions. A sample
+that waits while others finish the block is not charged, so per-sample NFE does not depend on the batch
+it ran in and equals its batch-size-1 NFE. Tokens per step is the ratio of totals
+``sum(counted tokens) / sum(charged forwards)`` over the evaluation, not a mean of per-sample ratios.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .decoding import DecodingConfig, GenerationOutput
+
+
+@dataclass(frozen=True)
+class GenerationStart:
+    """What hooks learn before the first step of one :func:`generate` call."""
+
+    batch_size: int
+    prompt_length: int
+    """Padded prompt length; response position ``j`` is sequence position ``prompt_length + j``."""
+    config: DecodingConfig
+    stop_token_ids: tuple[int, ...]
+    eos_token_id: int | None
+    sample_ids: tuple[Hashable, ...] | None
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One decoding step (= one model call) of a batch. Tensors are over response positions ``[B, G]``."""
+
+    step: int
+    """Model-call index within this generate call."""
+    block: int
+    charged: torch.Tensor
+    """bool ``[B]``: samples charged for this forward (their block still had masks)."""
+    sample_steps: torch.Tensor
+    """long ``[B]``: each sample's charged forwards so far, this one included."""
+    committed: torch.Tensor
+    """bool ``[B, G]``: positions the strategy committed at this step."""
+    confidences: torch.Tensor
+    """float64 ``[B, G]``: model probability of each committed token (NaN elsewhere)."""
+    filled: torch.Tensor
+    """bool ``[B, G]``: positions early stop set to EOS at this step (after a committed stop token)."""
+    tokens: torch.Tensor
+    """long ``[B, G]``: the response after this step (mask id where still masked)."""
+
+    def commits(self, sample: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Response positions, tokens and confidences committed for ``sample`` at this step."""
+        positions = self.committed[sample].nonzero().squeeze(-1)
+        return positions, self.tokens[sample, positions], self.confidences[sample, positions]
+
+
+class DecodeHook:
+    """Base class for decoder hooks; override any of the three callbacks."""
+
+    def on_start(self, start: GenerationStart) -> None:
+        """Called once per :func:`generate` call, before the first forward."""
+
+    def on_step(self, record: StepRecord) -> None:
+        """Called after every model call, once the step's commits are applied."""
+
+    def on_end(self, output: GenerationOutput) -> None:
+        """Called with the finished batch."""
+
+
+def tokens_before_stop(responses: torch.Tensor, stop_token_ids: Sequence[int]) -> torch.Tensor:
+    """Per row, the number of tokens before the first stop token (the whole row if there is none)."""
+    is_stop = torch.isin(responses, torch.tensor(list(stop_token_ids), dtype=responses.dtype, device=responses.device))
+    first = is_stop.int().argmax(dim=1)
+    return torch.where(is_stop.any(dim=1), first, torch.full_like(first, responses.shape[1]))
+
+
+class TokensPerStepRecorder(DecodeHook):
+    """Tokens per step (the paper's "TPS"), tokens per second and NFE over a whole evaluation.
+
+    Counted tokens of a sample default to the tokens before its first stop token (EOS tail excluded).
+    Tasks that cut answers at stop strings pass ``count_tokens`` (response ids -> counted tokens) or call
+    :meth:`finalize` afterwards with the sample's counted length.
+    """
+
+    def __init__(self, count_tokens: Callable[[torch.Tensor], int] | None = None) -> None:
+        self.count_tokens = count_tokens
+        self.samples: dict[Hashable, dict[str, int]] = {}
+        self.model_forwards = 0
+        self.wall_time_s = 0.0
+        self.early_stop: bool | None = None
+        self._start: GenerationStart | None = None
+        self._clock = 0.0
+
+    def on_start(self, start: GenerationStart) -> None:
+        self._start = start
+        self.early_stop = start.config.early_stop
+        self._clock = time.perf_counter()
+
+    def on_end(self, output: GenerationOutput) -> None:
+        self.wall_time_s += time.perf_counter() - self._clock
+        self.model_forwards += output.nfe
+        start = self._start
+        ids = start.sample_ids or tuple(range(len(self.samples), len(self.samples) + start.batch_size))
+        if self.count_tokens is None:
+            counted = tokens_before_stop(output.responses, start.stop_token_ids).tolist()
+        else:
+            counted = [int(self.count_tokens(row)) for row in output.responses]
+        for sample_id, tokens, nfe in zip(ids, counted, output.sample_nfe.tolist()):
+            if sample_id in self.samples:
+                raise ValueError(f"Sample id {sample_id!r} was recorded twice.")
+            self.samples[sample_id] = {"tokens": int(tokens), "nfe": int(nfe)}
+
+    def finalize(self, sample_id: Hashable, counted_tokens: int) -> None:
+        """Override a sample's counted tokens (e.g. the task cut its answer at a stop string)."""
+        self.samples[sample_id]["tokens"] = int(counted_tokens)
+
+    def per_sample(self) -> dict[Hashable, dict[str, float]]:
+        """Counted tokens, charged NFE and their ratio for every sample (diagnostics only)."""
+        return {
+            key: {**value, "tokens_per_step": value["tokens"] / value["nfe"] if value["nfe"] else 0.0}
+            for key, value in self.samples.items()
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """Evaluation totals; ``tokens_per_step`` is the ratio of totals over samples."""
+        tokens = sum(value["tokens"] for value in self.samples.values())
+        nfe = sum(value["nfe"] for value in self.samples.values())
+        return {
+            "tokens_per_step": tokens / nfe if nfe else 0.0,
+            "tokens_per_second": tokens / self.wall_time_s if self.wall_time_s else 0.0,
+            "nfe": nfe,
+            "model_forwards": self.model_forwards,
+            "generated_tokens": tokens,
+            "samples": len(self.samples),
+            "wall_time_s": self.wall_time_s,
+            "early_stop": self.early_stop,
+        }
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """How one sample's response was decoded; step indices are the sample's own charged forwards (0-based)."""
+
+    sample_id: Hashable
+    commit_step: torch.Tensor
+    """long ``[G]``: step at which each position first received a token (strategy or EOS fill)."""
+    commit_token: torch.Tensor
+    """long ``[G]``: the token given at that step."""
+    fill_step: torch.Tensor
+    """long ``[G]``: step at which early stop set the position to EOS, -1 if never."""
+    stop_token_ids: tuple[int, ...]
+
+    def partial_response(self, step: int) -> torch.Tensor:
+        """Tokens visible after ``step``, in position order, masks dropped, cut before the first stop token."""
+        visible = (self.commit_step <= step) & ~((self.fill_step >= 0) & (self.fill_step <= step))
+        tokens = self.commit_token[visible]
+        return tokens[: int(tokens_before_stop(tokens[None], self.stop_token_ids)[0])]
+
+
+class TrajectoryRecorder(DecodeHook):
+    """Records the decode order of every generated position (for heatmaps and Figure 7 analyses)."""
+
+    def __init__(self) -> None:
+        self.trajectories: list[Trajectory] = []
+        self._start: GenerationStart | None = None
+        self._step: torch.Tensor | None = None
+        self._token: torch.Tensor | None = None
+        self._fill: torch.Tensor | None = None
+
+    def on_start(self, start: GenerationStart) -> None:
+        self._start = start
+        shape = (start.batch_size, start.config.gen_length)
+        self._step = torch.full(shape, -1, dtype=torch.long)
+        self._token = torch.full(shape, -1, dtype=torch.long)
+        self._fill = torch.full(shape, -1, dtype=torch.long)
+
+    def on_step(self, record: StepRecord) -> None:
+        step = (record.sample_steps - 1).cpu()[:, None].expand_as(self._step)
+        committed, filled = record.committed.cpu(), record.filled.cpu()
+        first = (committed | filled) & (self._step < 0)
+        self._step = torch.where(first, step, self._step)
+        self._token = torch.where(first, record.tokens.cpu(), self._token)
+        self._fill = torch.where(filled, step, self._fill)
+
+    def on_end(self, output: GenerationOutput) -> None:
+        start = self._start
+        ids = start.sample_ids or tuple(range(len(self.trajectories), len(self.trajectories) + start.batch_size))
+        for row, sample_id in enumerate(ids):
+            self.trajectories.append(
+                Trajectory(sample_id, self._step[row], self._token[row], self._fill[row], start.stop_token_ids)
+            )
+
+    def decode_order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[N, G]`` decode steps (-1 pads shorter generations) and the ``[N, G]`` EOS-fill mask."""
+        width = max(t.commit_step.numel() for t in self.trajectories)
+        steps = torch.full((len(self.trajectories), width), -1, dtype=torch.long)
+        filled = torch.zeros_like(steps, dtype=torch.bool)
+        for row, trajectory in enumerate(self.trajectories):
+            steps[row, : trajectory.commit_step.numel()] = trajectory.commit_step
+            filled[row, : trajectory.fill_step.numel()] = trajectory.fill_step >= 0
+        return steps, filled
+
+
+def teacher_nll_per_step(trajectory: Trajectory, score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Teacher NLL of the partially decoded response after every step (the paper's Figure 7).
+
+    Definition: after step ``s`` the partial response is the tokens committed so far, in position order,
+    with still-masked positions dropped and everything from the first stop token on removed
+    (:meth:`Trajectory.partial_response`). ``score(ids)`` returns the teacher's per-token NLL of those ids
+    as an answer to the sample's prompt (teacher forcing; the caller binds the prompt and handles the
+    teacher's tokenizer). The value at step ``s`` is the mean per-token NLL, NaN while nothing is visible.
+    """
+    steps = int(trajectory.commit_step.max()) + 1
+    values = torch.full((steps,), float("nan"), dtype=torch.float64)
+    for step in range(steps):
+        partial = trajectory.partial_response(step)
+        if partial.numel():
+            values[step] = score(partial).double().mean()
+    return values
