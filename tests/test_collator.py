@@ -82,12 +82,17 @@ def test_ratio_zero_is_plain_mdlm_and_needs_no_scores(gsm8k_rows, scored, tokeni
 def test_reproducible_and_trajectory_share(scored, tokenizer):
     a = TrimsDataCollator(tokenizer, seed=11)
     b = TrimsDataCollator(tokenizer, seed=11)
-    first_a, first_b = a(scored[:8]), b(scored[:8])
-    assert torch.equal(first_a["input_ids"], first_b["input_ids"])
-    assert not torch.equal(a(scored[:8])["input_ids"], first_a["input_ids"])  # next draw differs
-    resumed = TrimsDataCollator(tokenizer, seed=11, draw_index=1)
-    assert torch.equal(resumed(scored[:8])["input_ids"], b(scored[:8])["input_ids"])
-    flags = torch.cat([a(scored[:32])["is_trajectory"] for _ in range(60)])
+    first = a(scored[:8])
+    assert torch.equal(first["input_ids"], b(scored[:8])["input_ids"])  # same seed, epoch and rows: same masks
+    assert not torch.equal(TrimsDataCollator(tokenizer, seed=12)(scored[:8])["input_ids"], first["input_ids"])
+    assert not torch.equal(a(scored[1:9])["input_ids"][:7], first["input_ids"][1:])  # other batch: fresh draw
+    b.epoch = 1
+    assert not torch.equal(b(scored[:8])["input_ids"], first["input_ids"])  # next epoch: fresh draw
+    flags = []
+    for epoch in range(60):
+        a.epoch = epoch
+        flags.append(a(scored[:32])["is_trajectory"])
+    flags = torch.cat(flags)
     assert abs(flags.float().mean().item() - 0.1) < 5 * (0.09 / len(flags)) ** 0.5
 
 

@@ -6,14 +6,13 @@ SFT collator (the paper's "MDLM" baseline) and draws exactly the same masks for 
 
 from __future__ import annotations
 
-import os
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from . import schema
 from .buckets import Ordering, easiest_bucket
@@ -64,8 +63,9 @@ class TrimsDataCollator:
     """Ordering the bucket ids were made with; only used to put padding/end tokens in the easiest bucket."""
     student_format: StudentFormat = field(default_factory=StudentFormat)
     seed: int = 0
-    draw_index: int = 0
-    """Number of batches drawn so far; with ``seed`` it fixes the masks (restored on resume)."""
+    epoch: int = 0
+    """Set by MDLMTrainer at every epoch. Masks are a function of (seed, epoch, batch content), so a run
+    resumed from a checkpoint, or using several DataLoader workers, draws exactly the same masks."""
 
     def __post_init__(self) -> None:
         if self.mask_token_id is None:
@@ -87,10 +87,9 @@ class TrimsDataCollator:
     def needs_buckets(self) -> bool:
         return self.trajectory_ratio > 0
 
-    def _generator(self) -> torch.Generator:
-        worker = get_worker_info()
-        entropy = [self.seed, int(os.environ.get("RANK", 0)), worker.id if worker else 0, self.draw_index]
-        self.draw_index += 1
+    def _generator(self, input_ids: np.ndarray) -> torch.Generator:
+        digest = hashlib.blake2b(input_ids.tobytes(), digest_size=8, key=str(input_ids.shape).encode()).digest()
+        entropy = [self.seed, self.epoch, int.from_bytes(digest, "little")]
         return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1))
 
     def _prepared(self, row: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -139,7 +138,7 @@ class TrimsDataCollator:
             maskable &= real
         attention_mask = np.ones_like(input_ids) if self.train_on_padding else real.astype(np.int64)
 
-        generator = self._generator()
+        generator = self._generator(input_ids)
         clean = torch.from_numpy(input_ids)
         if self.trajectory_selection == "fixed_subset":
             if any(schema.EXAMPLE_ID not in row for row in features):

@@ -13,19 +13,30 @@ device, per-device batch 8 x GA 4 gives the same loss and gradients as batch 32 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
 from .students import mask_token_id, student_spec
 
 _BATCH_ONLY_KEYS = ("labels", "response_mask", "loss_weights", "t", "is_trajectory")
+
+
+class _CollatorEpoch(TrainerCallback):
+    """Tell the collator the epoch before each epoch's DataLoader iterator (and its workers) is created."""
+
+    def __init__(self, collator: Any) -> None:
+        self.collator = collator
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.collator.epoch = int(math.floor(state.epoch + 1e-6)) if state.epoch else 0
 
 
 class MDLMTrainer(Trainer):
@@ -63,6 +74,8 @@ class MDLMTrainer(Trainer):
             eval_dataset=eval_dataset, processing_class=processing_class, **kwargs,
         )
         self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
+        if hasattr(data_collator, "epoch"):
+            self.add_callback(_CollatorEpoch(data_collator))
 
     def _set_signature_columns_if_needed(self) -> None:
         # The collator, not the model, reads the data set's columns: keep them all.
