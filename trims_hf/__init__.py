@@ -42,3 +42,13 @@ from .generation import (
     generate_text,
     teacher_nll_per_step,
 )
+from .hub import HubAccessError, check_push_access, load_source_dataset, read_card_metadata, save_dataset_folder, scored_dataset_card
+from .scoring import (
+    DEFAULT_TEACHER,
+    ScoringOptions,
+    add_teacher_buckets,
+    build_scored_dataset,
+    load_teacher,
+    score_dataset,
+    token_scores,
+)

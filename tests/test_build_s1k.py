@@ -1,0 +1,71 @@
+"""The s1K builder on small files in the official s1K / s1K-1.1 schemas (the real data is not reachable offline)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from datasets import Dataset, load_dataset
+from helpers_teachers import save_teacher
+
+from trims_hf.hub import read_card_metadata
+
+SCRIPT = Path(__file__).resolve().parents[1] / "dataset_scripts" / "build_s1k_trims.py"
+spec = importlib.util.spec_from_file_location("build_s1k_trims", SCRIPT)
+build_s1k_trims = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(build_s1k_trims)
+
+
+def s1k_rows(gsm8k_rows, version: str) -> list[dict]:
+    rows = []
+    for r in gsm8k_rows[:3]:
+        trace, answer = r["completion"].rsplit("####", 1)
+        common = {"question": r["prompt"], "solution": answer.strip(), "cot_type": "math", "source_type": "gsm8k", "metadata": "{}"}
+        if version == "s1K":
+            rows.append(common | {"cot": None, "thinking_trajectories": [trace.strip()], "attempt": f"The answer is {answer.strip()}."})
+        else:
+            rows.append(common | {f"{name}_{field}": f"{name} {text}" for name in ("gemini", "deepseek")
+                                  for field, text in (("thinking_trajectory", trace.strip()), ("attempt", answer.strip()))})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tokenizer, tmp_path_factory) -> Path:
+    return save_teacher(tokenizer, tmp_path_factory.mktemp("teacher"))
+
+
+def test_builds_scored_s1k_from_a_local_parquet(gsm8k_rows, teacher_dir, tmp_path):
+    source = tmp_path / "s1k.parquet"
+    Dataset.from_list(s1k_rows(gsm8k_rows, "s1K")).to_parquet(str(source))
+    out = tmp_path / "s1k-trims"
+    assert build_s1k_trims.main(["--source", str(source), "--teacher", str(teacher_dir), "--output", str(out),
+                                 "--num-buckets", "4"]) == 0
+    scored = load_dataset(str(out), split="train")
+    row = scored[0]
+    assert row["prompt"] == gsm8k_rows[0]["prompt"]
+    assert row["completion"].startswith("<think>\n") and "</think>\n\nThe answer is 72." in row["completion"]
+    assert set(row["teacher_bucket"]) <= set(range(4)) and len(row["teacher_bucket"]) == len(row["teacher_nll"])
+    assert row["teacher_token_end"][-1] == len(row["completion"])
+    meta = read_card_metadata(out)
+    assert meta["completion_template"] == build_s1k_trims.DEFAULT_TEMPLATE and meta["source_dataset"] == str(source)
+    assert "license: mit" in (out / "README.md").read_text()
+
+
+def test_s1k_11_uses_the_chosen_trace(gsm8k_rows, teacher_dir, tmp_path):
+    source = tmp_path / "s1k11.jsonl"
+    Dataset.from_list(s1k_rows(gsm8k_rows, "s1K-1.1")).to_json(str(source))
+    out = tmp_path / "out"
+    assert build_s1k_trims.main(["--source", str(source), "--trace", "gemini", "--teacher", str(teacher_dir),
+                                 "--completion-template", "{trace}\nFinal: {answer}", "--output", str(out)]) == 0
+    row = s1k_rows(gsm8k_rows, "s1K-1.1")[1]
+    expected = f"{row['gemini_thinking_trajectory']}\nFinal: {row['gemini_attempt']}"
+    assert load_dataset(str(out), split="train")[1]["completion"] == expected
+
+
+def test_wrong_schema_is_refused_without_output(gsm8k_rows, teacher_dir, tmp_path, capsys):
+    source = tmp_path / "bad.jsonl"
+    Dataset.from_list([{"question": "q", "answer": "a"}]).to_json(str(source))
+    out = tmp_path / "out"
+    assert build_s1k_trims.main(["--source", str(source), "--teacher", str(teacher_dir), "--output", str(out)]) == 2
+    assert "row 0: missing fields" in capsys.readouterr().err and not out.exists()

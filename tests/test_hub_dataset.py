@@ -1,0 +1,112 @@
+"""Dataset folder + card: atomic writes, load_dataset round trip, early push checks, the `trims score` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from datasets import Dataset, Features, Value, load_dataset
+from helpers_teachers import make_teacher, save_teacher
+
+from trims_hf import hub
+from trims_hf import scoring
+from trims_hf.cli import main as trims_main
+from trims_hf.hub import HubAccessError, check_push_access, read_card_metadata, save_dataset_folder, scored_dataset_card
+from trims_hf.schema import SCORE_FEATURES
+
+
+def test_folder_round_trips_through_load_dataset_with_card(tmp_path):
+    rows = {"prompt": ["a", "b"], "completion": ["x y", "z"], "teacher_token_start": [[0, 1], [0]], "teacher_token_end": [[1, 3], [1]],
+            "teacher_nll": [[0.5, 1.5], [2.0]], "teacher_entropy": [[1.0, 1.0], [0.1]], "teacher_bucket": [[1, 0], [0]]}
+    data = Dataset.from_dict(rows, features=Features({"prompt": Value("string"), "completion": Value("string"), **SCORE_FEATURES}))
+    card = scored_dataset_card({"teacher": "t", "num_buckets": 2, "thresholds": [1.5]}, license="mit", pretty_name="P")
+    folder = save_dataset_folder(data, tmp_path / "scored", card)
+    loaded = load_dataset(str(folder), split="train")
+    assert loaded.to_dict() == data.to_dict() and loaded.features["teacher_bucket"] == SCORE_FEATURES["teacher_bucket"]
+    assert read_card_metadata(folder) == {"teacher": "t", "num_buckets": 2, "thresholds": [1.5]}
+    readme = (folder / "README.md").read_text()
+    assert "license: mit" in readme and hub.PAPER_TITLE in readme and "Hanghang Tong" in readme
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scored"]  # no temporary sibling left
+    with pytest.raises(FileExistsError):
+        save_dataset_folder(data, folder, card)
+
+
+def test_failed_write_leaves_no_folder(tmp_path):
+    def fill(staging):
+        (staging / "half.parquet").write_text("x")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        hub.write_folder_atomically(tmp_path / "out", fill)
+    assert list(tmp_path.iterdir()) == []
+
+
+def whoami(role: str, orgs=(), scoped=()):
+    return lambda self, token=None, **_: {"name": "me", "orgs": [{"name": o} for o in orgs],
+                                          "auth": {"accessToken": {"displayName": "tok", "role": role,
+                                                                   "fineGrained": {"scoped": list(scoped), "global": []}}}}
+
+
+@pytest.mark.parametrize("offline, token, role, repo, message", [
+    (True, "t", "write", "me/x", "HF_HUB_OFFLINE"),
+    (False, None, "write", "me/x", "no Hugging Face token"),
+    (False, "t", "read", "me/x", "no write access"),
+    (False, "t", "write", "other/x", "not a member of 'other'"),
+    (False, "t", "fineGrained", "me/x", "no write access"),
+])
+def test_push_access_is_refused_with_a_clear_reason(monkeypatch, offline, token, role, repo, message):
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(hub, "get_token", lambda: None)
+    monkeypatch.setattr(hub.HfApi, "whoami", whoami(role))
+    with pytest.raises(HubAccessError, match=message):
+        check_push_access(repo, token)
+
+
+def test_push_access_granted_for_write_tokens(monkeypatch):
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub.HfApi, "whoami", whoami("write", orgs=["lab"]))
+    assert check_push_access("lab/x", "t") == "me"
+    scoped = [{"entity": {"type": "org", "name": "lab"}, "permissions": ["repo.write"]}]
+    monkeypatch.setattr(hub.HfApi, "whoami", whoami("fineGrained", orgs=["lab"], scoped=scoped))
+    assert check_push_access("lab/x", "t") == "me"
+
+
+def test_unreachable_hub_is_reported_before_scoring(monkeypatch, tokenizer, gsm8k_rows, tmp_path):
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+    teacher = make_teacher(tokenizer)
+    calls = []
+    teacher.register_forward_hook(lambda *_: calls.append(1))
+    with pytest.raises(HubAccessError, match="unreachable|rejected"):
+        scoring.build_scored_dataset(Dataset.from_list(gsm8k_rows[:2]), tmp_path / "out", "tiny", push_to_hub="me/x",
+                                     token="hf_fake", loaded_teacher=(teacher, tokenizer))
+    assert calls == [] and list(tmp_path.iterdir()) == []
+
+
+def test_failed_push_keeps_the_local_copy(monkeypatch, tokenizer, gsm8k_rows, tmp_path):
+    monkeypatch.setattr(scoring, "check_push_access", lambda repo, token: "me")
+
+    def refuse(*_, **__):
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(scoring, "push_folder", refuse)
+    with pytest.raises(RuntimeError, match="kept at .*out"):
+        scoring.build_scored_dataset(Dataset.from_list(gsm8k_rows[:2]), tmp_path / "out", "tiny", push_to_hub="me/x",
+                                     loaded_teacher=(make_teacher(tokenizer), tokenizer))
+    assert len(load_dataset(str(tmp_path / "out"), split="train")) == 2
+
+
+def test_trims_score_command_on_a_local_jsonl(tokenizer, gsm8k_rows, tmp_path):
+    teacher = save_teacher(tokenizer, tmp_path / "teacher")
+    source = tmp_path / "data.jsonl"
+    source.write_text("".join(json.dumps({"q": r["prompt"], "a": r["completion"], "id": i}) + "\n" for i, r in enumerate(gsm8k_rows)))
+    out = tmp_path / "scored"
+    code = trims_main(["score", "--teacher", str(teacher), "--dataset", str(source), "--prompt-column", "q",
+                       "--completion-column", "a", "--num-buckets", "4", "--metric", "entropy", "--ordering", "easy_to_hard",
+                       "--prompt-format", "Q: {prompt}\nA:", "--limit", "5", "--output", str(out)])
+    assert code == 0
+    loaded = load_dataset(str(out), split="train")
+    assert loaded["id"] == list(range(5)) and loaded["prompt"] == [r["prompt"] for r in gsm8k_rows[:5]]
+    meta = read_card_metadata(out)
+    assert (meta["num_buckets"], meta["metric"], meta["ordering"], meta["prompt_template"]) == (4, "entropy", "easy_to_hard", "Q: {prompt}\nA:")
+    assert len(meta["thresholds"]) == 3 and meta["teacher"] == str(teacher)
+    assert trims_main(["score", "--teacher", str(teacher), "--dataset", str(source), "--output", str(out)]) == 2  # missing column

