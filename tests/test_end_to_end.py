@@ -1,0 +1,44 @@
+"""Issue 3's chain: score GSM8K rows with a teacher -> dataset folder -> load_dataset -> collator for a student
+with another tokenizer -> one MDLMTrainer step."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from datasets import Dataset, load_dataset
+
+from conftest import GSM8K_TRAIN, read_jsonl, tiny_student
+from helpers_teachers import make_teacher
+from helpers_tokenizers import make_tokenizer
+from trims_hf import MDLMConfig, MDLMTrainer, TrimsDataCollator, build_scored_dataset, prepare_dataset
+
+
+def test_score_folder_collate_train(tmp_path, tokenizer):
+    rows = [{"prompt": r["question"], "completion": r["answer"]} for r in read_jsonl(GSM8K_TRAIN, 20)]
+    folder = build_scored_dataset(Dataset.from_list(rows), tmp_path / "scored", teacher="tiny-random-teacher",
+                                  loaded_teacher=(make_teacher(tokenizer), tokenizer), num_buckets=8)
+    scored = load_dataset(str(folder), split="train")
+    assert len(scored) == 20 and scored[0]["completion"] == rows[0]["completion"]
+
+    student_tokenizer = make_tokenizer([r["prompt"] + "\n" + r["completion"] for r in rows], vocab_size=330)
+    n_teacher = len(scored[0]["teacher_nll"])
+    n_student = len(student_tokenizer(rows[0]["completion"], add_special_tokens=False)["input_ids"])
+    assert n_teacher != n_student  # the tokenizers really differ
+
+    prepared = prepare_dataset(scored, student_tokenizer, num_buckets=8)
+    flat = np.concatenate([row["bucket_ids"][:-1] for row in prepared])  # minus the end-of-response token
+    counts = np.bincount(flat, minlength=8)
+    assert counts.max() - counts.min() <= 1
+
+    model = tiny_student(student_tokenizer, "dream")
+    args = MDLMConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                      use_cpu=True, save_strategy="no", disable_tqdm=True, max_length=512)
+    for train_set in (scored, prepared):  # raw scored rows and prepared rows both train
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer = MDLMTrainer(model, args, train_dataset=train_set, processing_class=student_tokenizer)
+        trainer.train()
+        assert trainer.state.global_step == 1
+        assert np.isfinite(trainer.state.log_history[-1]["train_loss"])
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    batch = TrimsDataCollator(student_tokenizer, trajectory_ratio=1.0)(list(scored.select(range(4))))
+    assert batch["is_trajectory"].all()
