@@ -39,8 +39,15 @@ def tokenizer(gsm8k_rows):
 
 
 def tiny_student(tokenizer, kind: str = "llada", seed: int = 0, hidden: int = 32, layers: int = 2) -> torch.nn.Module:
-    """A random bidirectional Llama (llada) or Qwen2 (dream) sized for the test tokenizer."""
+    """A random bidirectional Llama (llada), Qwen2 (dream) or ModernBERT (masked_lm) sized for the test tokenizer."""
     torch.manual_seed(seed)
+    if kind == "masked_lm":
+        from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+        config = ModernBertConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                                  num_hidden_layers=layers, num_attention_heads=4, pad_token_id=tokenizer.pad_token_id,
+                                  bos_token_id=None, eos_token_id=None, cls_token_id=None, sep_token_id=None)
+        return prepare_student(ModernBertForMaskedLM(config), kind, tokenizer.mask_token_id)
     common = dict(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,

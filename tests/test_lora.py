@@ -22,16 +22,8 @@ def test_lora_targets_projections_not_head():
 
 
 def test_task_type_follows_generation_support(tokenizer):
-    from transformers import ModernBertConfig, ModernBertForMaskedLM
-
-    from trims_hf import prepare_student
-
     assert lora_config(tiny_student(tokenizer, "dream")).task_type == "CAUSAL_LM"
-    bert = ModernBertForMaskedLM(ModernBertConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                                  num_hidden_layers=1, num_attention_heads=2,
-                                                  pad_token_id=tokenizer.pad_token_id, bos_token_id=None, eos_token_id=None,
-                                                  cls_token_id=None, sep_token_id=None))
-    prepare_student(bert, "masked_lm", tokenizer.mask_token_id)
+    bert = tiny_student(tokenizer, "masked_lm")
     config = lora_config(bert)
     assert config.task_type is None and config.target_modules == "all-linear"
 

@@ -44,7 +44,8 @@ def reference_loss(model, batch, shift: bool, normalization: str = "token") -> t
     return total / denominator
 
 
-@pytest.mark.parametrize("kind,normalization", [("llada", "token"), ("dream", "token"), ("llada", "sequence")])
+@pytest.mark.parametrize("kind,normalization", [("llada", "token"), ("dream", "token"), ("llada", "sequence"),
+                                                ("masked_lm", "token")])
 def test_loss_matches_reference(tmp_path, tokenizer, scored, kind, normalization):
     model = tiny_student(tokenizer, kind)
     trainer = MDLMTrainer(model, make_args(tmp_path, loss_normalization=normalization, trajectory_ratio=0.5),

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("score",)
+COMMANDS = ("score", "eval", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:
