@@ -1,6 +1,7 @@
 """Figures of decoding trajectories: the decode-order heatmap and the per-step teacher NLL curve (Figure 7).
 
-Matplotlib runs on the Agg backend, so plots render on headless machines and in tests.
+Figures are built with matplotlib's object-oriented API (no pyplot), so they render on headless machines
+and never change the caller's backend.
 """
 
 from __future__ import annotations
@@ -9,9 +10,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.figure import Figure
@@ -29,8 +27,9 @@ def plot_decode_order(
     hidden = steps < 0
     if filled is not None:
         hidden |= filled.numpy()
-    figure, axis = plt.subplots(figsize=(max(6.0, steps.shape[1] / 24), max(2.0, steps.shape[0] / 4)))
-    colormap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
+    figure = Figure(figsize=(max(6.0, steps.shape[1] / 24), max(2.0, steps.shape[0] / 4)))
+    axis = figure.subplots()
+    colormap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
     image = axis.imshow(np.ma.masked_array(steps, hidden), aspect="auto", interpolation="nearest", cmap=colormap)
     figure.colorbar(image, ax=axis, label="decoding step")
     axis.set(xlabel="response position", ylabel="sample", title=title or "Decode order (grey: EOS fill)")
@@ -56,7 +55,8 @@ def plot_teacher_nll(
 
     ``curves[label]`` holds one :func:`~trims_hf.generation.hooks.teacher_nll_per_step` result per sample.
     """
-    figure, axis = plt.subplots(figsize=(6.0, 4.0))
+    figure = Figure(figsize=(6.0, 4.0))
+    axis = figure.subplots()
     for label, per_sample in curves.items():
         axis.plot(mean_curve(per_sample), label=label)
     axis.set(xlabel="decoding step", ylabel="teacher NLL per token", title=title or "Teacher NLL during decoding")

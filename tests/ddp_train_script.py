@@ -1,0 +1,41 @@
+"""Train a tiny student for a few steps on fixed pre-noised batches; run by tests/test_distributed.py.
+
+Usage: ``python tests/ddp_train_script.py OUT PER_DEVICE_BATCH`` or the same under
+``accelerate launch --cpu --num_processes N``. Each rank writes ``OUT/rank<i>.pt`` (flat weights and losses).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+
+from conftest import synthetic_scored_rows, tiny_student
+from helpers_tokenizers import make_tokenizer
+from test_train_cli import arithmetic_rows
+from test_trainer import FixedBatches
+from trims_hf import MDLMConfig, MDLMTrainer, TrimsDataCollator
+
+GLOBAL_BATCH, STEPS = 8, 3
+
+
+def main(out: Path, per_device: int) -> None:
+    rows = arithmetic_rows(GLOBAL_BATCH * STEPS)
+    tokenizer = make_tokenizer([r["prompt"] + "\n" + r["completion"] for r in rows], vocab_size=300)
+    batch = TrimsDataCollator(tokenizer, trajectory_ratio=0.3, seed=5)(synthetic_scored_rows(rows, tokenizer))
+    args = MDLMConfig(output_dir=str(out), per_device_train_batch_size=per_device, max_steps=STEPS, logging_steps=1,
+                      learning_rate=1e-2, optim="adamw_torch", lr_scheduler_type="constant", save_strategy="no",
+                      report_to="none", use_cpu=True, seed=0, disable_tqdm=True, train_sampling_strategy="sequential")
+    model = tiny_student(tokenizer, "llada", seed=1)
+    trainer = MDLMTrainer(model, args, data_collator=FixedBatches(batch),
+                          train_dataset=Dataset.from_dict({"row": list(range(len(rows)))}))
+    trainer.train()
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    torch.save({"weights": weights, "losses": losses, "world_size": args.world_size}, out / f"rank{args.process_index}.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))

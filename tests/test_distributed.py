@@ -1,0 +1,82 @@
+"""Distributed training on CPU (2 gloo processes) and the ZeRO-2 launch configuration.
+
+``accelerate launch --cpu --num_processes 2`` starts a single process (accelerate's multi-CPU mode needs
+mpirun), so the test launches with ``--multi_gpu``, i.e. torchrun; ``use_cpu=True`` in the training
+arguments then gives a gloo process group on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trims_hf.training import parse_recipe
+
+TESTS = Path(__file__).resolve().parent
+SCRIPT = TESTS / "ddp_train_script.py"
+ACCELERATE = TESTS.parent / "recipes" / "accelerate"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run(command: list[str]) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS)}
+    result = subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    single.mkdir(), ddp.mkdir()
+    run([sys.executable, str(SCRIPT), str(single), "8"])
+    run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+         str(SCRIPT), str(ddp), "4"])
+    reference = torch.load(single / "rank0.pt")
+    ranks = [torch.load(ddp / f"rank{rank}.pt") for rank in (0, 1)]
+    assert reference["world_size"] == 1 and ranks[0]["world_size"] == 2
+    assert ranks[0]["losses"] == pytest.approx(reference["losses"], rel=1e-5) and len(reference["losses"]) == 3
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # DDP kept the replicas identical
+    assert torch.allclose(ranks[0]["weights"], reference["weights"], atol=1e-5)
+
+
+# Set in zero2.json (filled from TrainingArguments); accelerate refuses them in the YAML as well.
+JSON_OWNED = {"mixed_precision", "gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+              "offload_optimizer_device", "offload_param_device"}
+
+
+def test_zero2_configuration():
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    raw = yaml.safe_load((ACCELERATE / "zero2.yaml").read_text())
+    assert not JSON_OWNED & (set(raw) | set(raw["deepspeed_config"]))
+    config = load_config_from_file(str(ACCELERATE / "zero2.yaml"))
+    assert config.distributed_type == DistributedType.DEEPSPEED and config.num_processes == 8
+    json_file = TESTS.parent / config.deepspeed_config["deepspeed_config_file"]
+    assert json_file.exists()
+
+    pytest.importorskip("deepspeed")
+    from accelerate.utils import DeepSpeedPlugin
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    assert DeepSpeedPlugin(hf_ds_config=str(json_file)).zero_stage == 2
+    _, _, args = parse_recipe(ACCELERATE.parent / "llada" / "trims_s1k.yaml", ["--use_cpu", "true"])
+    filled = HfTrainerDeepSpeedConfig(str(json_file))
+    filled.trainer_config_process(args)  # what the Trainer does with the recipe's TrainingArguments
+    filled.fill_only("zero_optimization.reduce_bucket_size", 4096 * 4096)  # from the model at finalize time
+    assert "auto" not in json.dumps(filled.config)
+    assert filled.config["bf16"]["enabled"] is True and filled.config["gradient_accumulation_steps"] == 4
+    assert filled.config["train_micro_batch_size_per_gpu"] == 1 and filled.config["gradient_clipping"] == 1.0
