@@ -393,3 +393,16 @@ def test_generate_text_left_pads_and_strips_eos(tokenizer, llama):
     assert len(answers) == 2 and all(isinstance(a, str) and "<eos>" not in a for a in answers)
     assert recorder.summary()["samples"] == 2
     assert math.isfinite(recorder.summary()["tokens_per_step"])
+
+
+def test_generate_text_stops_at_chat_end_of_turn_tokens():
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from trims_hf.generation.decoding import _end_of_turn_ids
+
+    vocab = {"<eos>": 0, "<|eot_id|>": 1, "a": 2, "<|im_end|>": 3}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    assert _end_of_turn_ids(tokenizer) == [1, 3]

@@ -299,6 +299,14 @@ def generate(
     return output
 
 
+_END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|endoftext|>")
+
+
+def _end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    vocab = tokenizer.get_vocab()
+    return [vocab[token] for token in _END_OF_TURN_TOKENS if token in vocab]
+
+
 def generate_text(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -308,7 +316,8 @@ def generate_text(
     sample_ids: Sequence[Hashable] | None = None,
 ) -> list[str]:
     """Chat-format, left-pad and decode ``prompts`` (strings become one user message); returns the answers
-    cut before their first stop token. Stop ids default to the model's and the tokenizer's EOS ids."""
+    cut before their first stop token. Stop ids default to the model's and the tokenizer's EOS ids plus the
+    chat end-of-turn tokens the vocabulary has (LLaDA's ``<|eot_id|>``, Dream's ``<|im_end|>``)."""
     config = config or DecodingConfig()
     if tokenizer.chat_template is not None:
         conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
@@ -318,7 +327,8 @@ def generate_text(
     else:
         raise ValueError("Chat messages need a tokenizer with a chat template.")
     batch = tokenizer(texts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
-    eos_ids = dict.fromkeys(_eos_ids(model) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []))
+    eos_ids = dict.fromkeys(_eos_ids(model) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+                            + _end_of_turn_ids(tokenizer))
     config = replace(
         config,
         stop_token_ids=config.stop_token_ids if config.stop_token_ids is not None else tuple(eos_ids),
