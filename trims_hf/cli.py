@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("score", "eval", "train")
+COMMANDS = ("score", "eval", "train", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

