@@ -52,7 +52,7 @@ def write_toy_assets(folder: Path) -> tuple[Path, Path]:
 def toy(tmp_path_factory) -> list[str]:
     """Overrides pointing the toy recipe at freshly written inputs."""
     student, scored = write_toy_assets(tmp_path_factory.mktemp("toy"))
-    return ["--model_name_or_path", str(student), "--dataset_name", str(scored)]
+    return ["--model_name_or_path", str(student), "--dataset_name", str(scored), "--init_from_config", "true", "--model_kind", "llada"]
 
 
 def train_cli(toy: list[str], output_dir: Path, *overrides: str) -> int:
@@ -74,7 +74,7 @@ def test_overrides_win_and_are_typed():
                                                      "--lora_r", "4", "--metric", "entropy"])
     assert (args.num_buckets, args.bucket_ordering, model_args.lora_r, data_args.metric) == (4, "easy_to_hard", 4, "entropy")
     assert args.learning_rate == pytest.approx(3e-3) and args.lr_scheduler_type == "cosine"  # from the YAML
-    assert model_args.init_from_config and data_args.prepare
+    assert not model_args.init_from_config and data_args.prepare
 
 
 def test_unknown_keys_are_errors(tmp_path, toy, capsys):
@@ -126,6 +126,3 @@ def test_resume_reproduces_a_straight_run(tmp_path, toy):
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
 
-
-if __name__ == "__main__":
-    write_toy_assets(Path(sys.argv[1] if len(sys.argv) > 1 else "outputs/toy"))

@@ -297,6 +297,7 @@ def base_student(output: Path, settings: DemoSettings, tokenizer: PreTrainedToke
     train_student(model, tokenizer, data, output / "work" / "base", settings, settings.base_steps, settings.base_lr,
                   settings.data_seed, 0.0, "hard_to_easy")
     model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)  # a complete student folder: `trims train` / `trims eval` can use it directly
     mark_cached(folder, key)
     return model
 
