@@ -8,6 +8,7 @@ from .collator import TrimsDataCollator
 from .config import MDLMConfig
 from .masking import noise_batch
 from .preparation import StudentFormat, prepare_dataset
+from .schema import SchemaError
 from .trainer import MDLMTrainer
 from .lora import lora_config
 from .metrics import available_metrics, metric_path
