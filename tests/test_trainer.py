@@ -150,3 +150,15 @@ def test_unprepared_model_is_rejected(tmp_path, tokenizer):
                                          num_hidden_layers=1, num_attention_heads=2))
     with pytest.raises(ValueError, match="prepare_student"):
         MDLMTrainer(plain, make_args(tmp_path), processing_class=tokenizer)
+
+
+def test_sequence_mode_logs_per_sequence_losses(tmp_path, tokenizer, scored):
+    model = tiny_student(tokenizer, "llada")
+    trainer = MDLMTrainer(model, make_args(tmp_path, loss_normalization="sequence", trajectory_ratio=0.0),
+                          processing_class=tokenizer)
+    batch = trainer.data_collator(scored[:4])
+    with torch.no_grad():
+        loss = trainer.compute_loss(model, batch)
+    model.train()
+    metrics = trainer._pop_metrics("train")
+    assert metrics["loss_standard"] == pytest.approx(loss.item(), rel=1e-5)  # all standard: same normaliser

@@ -14,6 +14,7 @@ import numpy as np
 
 Ordering = Literal["hard_to_easy", "easy_to_hard", "random"]
 ORDERINGS: tuple[str, ...] = ("hard_to_easy", "easy_to_hard", "random")
+MAX_BUCKETS = 127  # bucket ids are stored as int8
 
 
 def equal_mass_buckets(
@@ -27,8 +28,8 @@ def equal_mass_buckets(
     order; for ``random`` (a seeded uniform draw per token) thresholds are empty.
     """
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if num_buckets < 1:
-        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}.")
+    if not 1 <= num_buckets <= MAX_BUCKETS:
+        raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {num_buckets}.")
     if ordering not in ORDERINGS:
         raise ValueError(f"Unknown bucket ordering {ordering!r}; choose one of {ORDERINGS}.")
     if scores.size == 0:

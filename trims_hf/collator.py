@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from . import schema
-from .buckets import Ordering, easiest_bucket
+from .buckets import MAX_BUCKETS, Ordering, easiest_bucket
 from .masking import TrajectoryLossWeight, get_schedule, noise_batch, select_fixed_subset, select_per_draw
 from .preparation import StudentFormat, tokenize_example, tokenize_scored_row
 
@@ -79,8 +79,8 @@ class TrimsDataCollator:
         for name in ("p_context", "p_future"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}.")
-        if self.num_buckets < 1:
-            raise ValueError(f"num_buckets must be >= 1, got {self.num_buckets}.")
+        if not 1 <= self.num_buckets <= MAX_BUCKETS:
+            raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {self.num_buckets}.")
         self._schedule = get_schedule(self.noise_schedule)
 
     @property

@@ -43,6 +43,9 @@ class MDLMConfig(TrainingArguments):
         metadata={"help": "Ordering the data set's bucket ids use; decides the easiest bucket for EOS padding.",
                   "choices": ["hard_to_easy", "easy_to_hard", "random"]},
     )
+    prediction_loss_only: bool = field(
+        default=True, metadata={"help": "Kept True: evaluation needs only the loss, never the [B, L, vocab] logits."}
+    )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "Kept False: the collator needs the text and score columns."}
     )

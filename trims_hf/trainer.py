@@ -7,12 +7,14 @@ It knows the loss and the student spec, nothing of how buckets were made. The lo
 where ``w_b`` is the per-sample weight from the collator (1/t, or the trajectory option), ``src`` the
 student's logit alignment (Dream reads position i - 1), and ``N`` the number of response tokens in the
 whole accumulated batch over all devices ("token"), or the number of sequences with each sequence's
-sum divided by its own response length ("sequence"). Because ``N`` covers every micro-batch and
-device, per-device batch 8 x GA 4 gives the same loss and gradients as batch 32 x GA 1.
+sum divided by its own response length ("sequence"). Because ``N`` covers every micro-batch (and every
+device when ``average_tokens_across_devices``, the default; otherwise per-device losses are averaged),
+per-device batch 8 x GA 4 gives the same loss and gradients as batch 32 x GA 1.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from typing import Any
@@ -25,6 +27,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
 from .students import mask_token_id, student_spec
+
+logger = logging.getLogger(__name__)
 
 _BATCH_ONLY_KEYS = ("labels", "response_mask", "loss_weights", "t", "is_trajectory")
 
@@ -76,6 +80,9 @@ class MDLMTrainer(Trainer):
         self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
         if hasattr(data_collator, "epoch"):
             self.add_callback(_CollatorEpoch(data_collator))
+            if args.dataloader_persistent_workers and args.dataloader_num_workers > 0:
+                logger.warning("dataloader_persistent_workers keeps each worker's copy of the collator, so the epoch "
+                               "never reaches it and every epoch repeats the first epoch's masks; turn it off.")
 
     def _set_signature_columns_if_needed(self) -> None:
         # The collator, not the model, reads the data set's columns: keep them all.
@@ -132,14 +139,16 @@ class MDLMTrainer(Trainer):
         response = batch["response_mask"].sum(1).float()
         masked = (batch["labels"] != -100).sum(1).float()
         trajectory = batch["is_trajectory"].float()
+        # The per-kind losses use the same normaliser as the loss: tokens, or sequences (already length-divided).
+        units = response if self.loss_normalization == "token" else torch.ones_like(response)
         stats = torch.stack([
             (masked / response.clamp(min=1)).sum(),
             torch.tensor(float(len(response)), device=response.device),
             trajectory.sum(),
             (per_sample * trajectory).sum(),
-            (response * trajectory).sum(),
+            (units * trajectory).sum(),
             (per_sample * (1 - trajectory)).sum(),
-            (response * (1 - trajectory)).sum(),
+            (units * (1 - trajectory)).sum(),
         ])
         if self.accelerator.num_processes > 1:
             stats = self.accelerator.reduce(stats, reduction="sum")
