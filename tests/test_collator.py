@@ -120,6 +120,8 @@ def test_bad_rows_give_clear_errors(scored, tokenizer):
         collator([prepared])
     with pytest.raises(SchemaError, match="row 0: missing field 'bucket_ids'"):
         collator([{"input_ids": [1, 2, 3], "prompt_length": 1}])
+    with pytest.raises(SchemaError, match="row 0: the prompt has no tokens"):
+        TrimsDataCollator(tokenizer, trajectory_ratio=0.0)([{"input_ids": [5, 6, 7], "prompt_length": 0}])
     with pytest.raises(SchemaError, match="leaving no room"):
         TrimsDataCollator(tokenizer, max_length=4)([scored[0]])
     out_of_range = {"input_ids": [1, 2, 3, 4], "prompt_length": 2, "bucket_ids": [0, 9]}

@@ -109,8 +109,11 @@ class TrimsDataCollator:
         rows = [self._prepared(row, index) for index, row in enumerate(features)]
         batch_size = len(rows)
         for index, row in enumerate(rows):
+            where = features[index].get(schema.EXAMPLE_ID, index)
+            if int(row[schema.PROMPT_LENGTH]) < 1:
+                # Shifted students (Dream) predict token i from position i - 1: position 0 must stay visible.
+                raise schema.SchemaError(f"row {where}: the prompt has no tokens; a row needs at least one (e.g. BOS).")
             if int(row[schema.PROMPT_LENGTH]) >= self.max_length:
-                where = features[index].get(schema.EXAMPLE_ID, index)
                 raise schema.SchemaError(
                     f"row {where}: the prompt has {row[schema.PROMPT_LENGTH]} tokens, leaving no room for the "
                     f"completion within max_length={self.max_length}."
