@@ -141,6 +141,9 @@ def test_evaluation_reports_loss_and_metrics(tmp_path, tokenizer, scored):
                           processing_class=tokenizer)
     metrics = trainer.evaluate()
     assert metrics["eval_loss"] > 0 and 0 < metrics["eval_mask_ratio"] < 1
+    trainer.data_collator.epoch = 5  # as during training: evaluation keeps its own, fixed masks
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(metrics["eval_loss"], rel=1e-6)
+    assert trainer.data_collator.epoch == 5
 
 
 def test_unprepared_model_is_rejected(tmp_path, tokenizer):

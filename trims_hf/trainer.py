@@ -14,6 +14,7 @@ per-device batch 8 x GA 4 gives the same loss and gradients as batch 32 x GA 1.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections import defaultdict
@@ -83,6 +84,16 @@ class MDLMTrainer(Trainer):
             if args.dataloader_persistent_workers and args.dataloader_num_workers > 0:
                 logger.warning("dataloader_persistent_workers keeps each worker's copy of the collator, so the epoch "
                                "never reaches it and every epoch repeats the first epoch's masks; turn it off.")
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """Evaluate with the collator's epoch-0 masks, so eval losses of different epochs are comparable."""
+        training_collator = self.data_collator
+        if isinstance(training_collator, TrimsDataCollator):
+            self.data_collator = dataclasses.replace(training_collator, epoch=0)
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.data_collator = training_collator
 
     def _set_signature_columns_if_needed(self) -> None:
         # The collator, not the model, reads the data set's columns: keep them all.
