@@ -70,3 +70,15 @@ def test_eval_unknown_task(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--model", "m", "--task", "gsm9k", "--output", "r.json"])
     assert exit_info.value.code == 2 and "invalid choice: 'gsm9k'" in capsys.readouterr().err
+
+
+def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
+    """HumanEval end to end with the explicit opt-in: the random model's completions are executed and fail."""
+    output = tmp_path / "humaneval.json"
+    code = main(["eval", "--model", saved_student, "--task", "humaneval", "--allow-code-execution", "--output",
+                 str(output), "--gen-length", "16", "--block-length", "16", "--limit", "2", "--no-progress"])
+    assert code == 0
+    result = json.loads(output.read_text())
+    assert result["task"] == "humaneval" and result["num_samples"] == 2 and result["accuracy"] == 0.0
+    assert all(sample["correct"] is False for sample in result["samples"])
+    assert all(sample["error"] for sample in result["samples"])  # the sandbox reported why each failed
