@@ -82,3 +82,13 @@ def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
     assert result["task"] == "humaneval" and result["num_samples"] == 2 and result["accuracy"] == 0.0
     assert all(sample["correct"] is False for sample in result["samples"])
     assert all(sample["error"] for sample in result["samples"])  # the sandbox reported why each failed
+
+
+def test_mbpp_three_shot_style_reaches_the_prompt(saved_student, tmp_path):
+    output = tmp_path / "mbpp.json"
+    code = main(["eval", "--model", saved_student, "--task", "mbpp", "--mbpp-style", "3shot", "--allow-code-execution",
+                 "--data-file", str(SHARED / "data" / "mbpp" / "mbpp.jsonl"), "--output", str(output),
+                 "--gen-length", "16", "--block-length", "16", "--limit", "1", "--no-progress"])
+    assert code == 0
+    result = json.loads(output.read_text())
+    assert result["prompt_format"]["shots"] == 3 and result["num_samples"] == 1

@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--adapter", help="Hub id or folder of a peft adapter to load on top of --model.")
     parser.add_argument("--tokenizer", help="Tokenizer id or folder (default: --model).")
     parser.add_argument("--task", required=True, choices=sorted(registry))
+    parser.add_argument("--mbpp-style", choices=("instruct", "3shot"), default="instruct",
+                        help="MBPP prompt: the instruction with its asserts, or the classic 3-shot [BEGIN]...[DONE] format.")
     parser.add_argument("--data-file", help="Local JSON/JSONL copy of the benchmark (default: the Hub data set).")
     parser.add_argument("--limit", type=int, help="Evaluate only the first N examples.")
     parser.add_argument("--allow-code-execution", action="store_true",
@@ -73,7 +75,7 @@ def load_model(args: argparse.Namespace) -> tuple[torch.nn.Module, PreTrainedTok
 
 def run(args: argparse.Namespace) -> int:
     try:
-        task = get_task(args.task)
+        task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
         config = decoding_config(args)
         values = [float(v) for v in args.sweep.split(",")] if args.sweep else None
         check_task_inputs(task, args.data_file, args.allow_code_execution)
