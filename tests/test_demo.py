@@ -88,3 +88,12 @@ def test_rerun_reuses_the_caches(demo_runs):
     assert first["cached"] == []
     assert {"causal-lm", "scored", "base"} <= set(second["cached"])
     assert "base student" in second["timings_s"]
+
+
+def test_sft_steps_flag_sets_the_continuation_length():
+    from trims_hf.cli import build_parser
+    from trims_hf.demo.pipeline import settings_for
+
+    args = build_parser().parse_args(["demo", "--sft-steps", "600"])
+    assert settings_for(args.fast, args.study, variant_steps=args.variant_steps).variant_steps == 600
+    assert settings_for(False, False, variant_steps=None).variant_steps == 150

