@@ -11,13 +11,14 @@ teacher scores text shaped like its own outputs. Both are configurable and recor
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from datasets import Dataset
 
-from trims_hf.commands.score import add_scoring_arguments, score_from_args
+from trims_hf.commands import CommandParser
+from trims_hf.commands.score import SCORING_TYPES, score
 from trims_hf.hub import load_source_dataset
 from trims_hf.schema import COMPLETION, PROMPT, SchemaError
 
@@ -50,20 +51,24 @@ def format_s1k(dataset: Dataset, trace: str = "deepseek", template: str = DEFAUL
                                                         "template": template})
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", default="simplescaling/s1K", help="simplescaling/s1K, simplescaling/s1K-1.1, or a local parquet/jsonl.")
-    parser.add_argument("--trace", choices=sorted(S1K_11_TRACE_COLUMNS), default="deepseek", help="Which s1K-1.1 trace to use.")
-    parser.add_argument("--completion-template", default=DEFAULT_TEMPLATE, help="Format string with {trace} and {answer}.")
-    add_scoring_arguments(parser, default_output="outputs/s1k-trims", default_license="mit")  # s1K's card declares MIT
-    return parser.parse_args(argv)
+@dataclass
+class S1KArguments:
+    """Which s1K and how its rows become prompt/completion."""
+
+    source: str = field(default="simplescaling/s1K", metadata={"help": "simplescaling/s1K, simplescaling/s1K-1.1, or a local parquet/jsonl."})
+    trace: Literal["deepseek", "gemini"] = field(default="deepseek", metadata={"help": "Which s1K-1.1 trace to use."})
+    completion_template: str = field(default=DEFAULT_TEMPLATE, metadata={"help": "Format string with {trace} and {answer}."})
+    limit: int | None = field(default=None, metadata={"help": "Score only the first N rows."})
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return score_from_args(
-        lambda: format_s1k(load_source_dataset(args.source, "train", args.limit), args.trace, args.completion_template),
-        args, source=args.source, extra_metadata={"completion_template": args.completion_template, "s1k_trace": args.trace},
+    parser = CommandParser((S1KArguments, *SCORING_TYPES), prog="build_s1k_trims.py", description=__doc__)
+    parser.set_defaults(output="outputs/s1k-trims", license="mit")  # s1K's card declares MIT
+    s1k, teacher, options, buckets, out = parser.parse(sys.argv[1:] if argv is None else argv)
+    return score(
+        lambda: format_s1k(load_source_dataset(s1k.source, "train", s1k.limit), s1k.trace, s1k.completion_template),
+        teacher, options, buckets, out, source=s1k.source,
+        extra_metadata={"completion_template": s1k.completion_template, "s1k_trace": s1k.trace},
     )
 
 

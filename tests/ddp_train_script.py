@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 
-from conftest import synthetic_scored_rows, tiny_student
+from conftest import noised_batch, synthetic_scored_rows, tiny_student
 from helpers_tokenizers import make_tokenizer
 from test_train_cli import arithmetic_rows
 from test_trainer import FixedBatches
-from trims_hf import MDLMConfig, MDLMTrainer, TrimsDataCollator
+from trims_hf import MDLMConfig, MDLMTrainer
 
 GLOBAL_BATCH, STEPS = 8, 3
 
@@ -24,7 +24,7 @@ GLOBAL_BATCH, STEPS = 8, 3
 def main(out: Path, per_device: int) -> None:
     rows = arithmetic_rows(GLOBAL_BATCH * STEPS)
     tokenizer = make_tokenizer([r["prompt"] + "\n" + r["completion"] for r in rows], vocab_size=300)
-    batch = TrimsDataCollator(tokenizer, trajectory_ratio=0.3, seed=5)(synthetic_scored_rows(rows, tokenizer))
+    batch = noised_batch(tokenizer, synthetic_scored_rows(rows, tokenizer), seed=5, trajectory_ratio=0.3)
     args = MDLMConfig(output_dir=str(out), per_device_train_batch_size=per_device, max_steps=STEPS, logging_steps=1,
                       learning_rate=1e-2, optim="adamw_torch", lr_scheduler_type="constant", save_strategy="no",
                       report_to="none", use_cpu=True, seed=0, disable_tqdm=True, train_sampling_strategy="sequential")

@@ -8,7 +8,7 @@ from datasets import Dataset
 
 from conftest import synthetic_scored_rows
 from helpers_tokenizers import make_tokenizer
-from trims_hf import equal_mass_buckets, prepare_dataset, project_buckets, project_scores
+from trims_hf import equal_mass_buckets, prepare_dataset, project_scores
 
 
 def test_equal_mass_and_orderings():
@@ -53,8 +53,6 @@ def test_projection_rules():
     np.testing.assert_array_equal(same, [0.25, 0.5])
     # a zero-width teacher span is a point mass at its start
     np.testing.assert_allclose(project_scores([0, 3], [3, 3], [1.0, 5.0], [(0, 1), (1, 3)], 3), [1 / 3, 2 / 3 + 5.0])
-    buckets = project_buckets([0, 3, 5], [3, 5, 9], [0, 5, 7], [(0, 2), (2, 6), (6, 9)], 9, 8)
-    np.testing.assert_array_equal(buckets, [0, 5, 7])  # token 2 owns chars 2..5: 1 of bucket 0, 2 of 5, 1 of 7
 
 
 def test_different_student_tokenizer_on_gsm8k(gsm8k_rows, tokenizer):
@@ -62,7 +60,7 @@ def test_different_student_tokenizer_on_gsm8k(gsm8k_rows, tokenizer):
     texts = [r["prompt"] + "\n" + r["completion"] for r in gsm8k_rows]
     student = make_tokenizer(texts, vocab_size=300)
     scored = synthetic_scored_rows(gsm8k_rows, tokenizer)
-    prepared = prepare_dataset(Dataset.from_list(scored), student, num_buckets=8)
+    prepared = prepare_dataset(Dataset.from_list(scored), student)
     lengths = []
     for raw, row in zip(scored, prepared):
         completion_ids = student(raw["completion"], add_special_tokens=False)["input_ids"]

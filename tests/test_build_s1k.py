@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from trims_hf.hub import read_card_metadata
 SCRIPT = Path(__file__).resolve().parents[1] / "dataset_scripts" / "build_s1k_trims.py"
 spec = importlib.util.spec_from_file_location("build_s1k_trims", SCRIPT)
 build_s1k_trims = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = build_s1k_trims  # dataclasses look their module up while the script is executed
 spec.loader.exec_module(build_s1k_trims)
 
 

@@ -1,4 +1,4 @@
-"""TrimsDataCollator: raw and prepared rows, truncation, padding, labels, errors."""
+"""TrimsDataCollator on prepared rows: layout, truncation, padding, labels, reproducibility, errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import torch
 from datasets import Dataset
 
 from conftest import synthetic_scored_rows
-from trims_hf import TrimsDataCollator, prepare_dataset
+from trims_hf import MaskingConfig, StudentFormat, TrimsDataCollator, prepare_dataset
 from trims_hf.schema import SchemaError
+
+
+def collator(tokenizer, seed: int = 0, **masking):
+    return TrimsDataCollator(tokenizer, masking=MaskingConfig(**masking), seed=seed)
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +21,13 @@ def scored(gsm8k_rows, tokenizer):
     return synthetic_scored_rows(gsm8k_rows[:32], tokenizer)
 
 
-def test_raw_rows_batch_layout(scored, tokenizer):
-    collator = TrimsDataCollator(tokenizer, max_length=512)
-    out = collator(scored[:4])
+@pytest.fixture(scope="module")
+def prepared(scored, tokenizer):
+    return list(prepare_dataset(Dataset.from_list(scored), tokenizer))
+
+
+def test_batch_layout(scored, prepared, tokenizer):
+    out = collator(tokenizer)(prepared[:4])
     ids, labels, response = out["input_ids"], out["labels"], out["response_mask"]
     assert ids.shape == labels.shape == response.shape == out["attention_mask"].shape
     assert out["loss_weights"].shape == out["t"].shape == out["is_trajectory"].shape == (4,)
@@ -37,29 +45,29 @@ def test_raw_rows_batch_layout(scored, tokenizer):
         assert torch.equal(masked, labels[b] != -100)
 
 
-def test_prepared_rows_equal_raw_rows_for_same_tokenizer(scored, tokenizer):
-    """With teacher tokenizer == student tokenizer, projection is the identity and both paths agree."""
-    prepared = prepare_dataset(Dataset.from_list(scored), tokenizer, num_buckets=8)
+def test_prepared_buckets_equal_teacher_buckets_for_same_tokenizer(scored, prepared):
+    """With teacher tokenizer == student tokenizer, the projection is the identity and the buckets agree."""
     for row, raw in zip(prepared, scored):
         completion = row["bucket_ids"][: len(raw["teacher_bucket"])]
         assert completion == raw["teacher_bucket"]
         assert np.allclose(row["student_score"], raw["teacher_nll"], atol=1e-6)
         assert row["bucket_ids"][len(raw["teacher_bucket"]):] == [7]  # end of response: easiest bucket
-    raw_batch = TrimsDataCollator(tokenizer, seed=3)(scored[:8])
-    prepared_batch = TrimsDataCollator(tokenizer, seed=3)(list(prepared.select(range(8))))
-    for key in raw_batch:
-        assert torch.equal(raw_batch[key], prepared_batch[key]), key
 
 
-def test_truncation_keeps_buckets_aligned(scored, tokenizer):
-    prepared = prepare_dataset(Dataset.from_list(scored[:4]), tokenizer)
-    row = prepared[0]
-    max_length = row["prompt_length"] + 5
-    collator = TrimsDataCollator(tokenizer, max_length=max_length, trajectory_ratio=1.0, p_context=0.0, p_future=1.0)
-    buckets = row["bucket_ids"][:5]
+def test_truncation_keeps_buckets_aligned_and_equal_mass_over_kept_tokens(scored, prepared, tokenizer):
+    cut = max(row["prompt_length"] for row in prepared) + 5
+    rows = list(prepare_dataset(Dataset.from_list(scored), tokenizer, StudentFormat(max_length=cut)))
+    assert all(len(row["input_ids"]) <= cut for row in rows)
+    assert [row["input_ids"] for row in rows] == [row["input_ids"][:cut] for row in prepared]
+    kept = np.concatenate([row["bucket_ids"] for row in rows if len(row["input_ids"]) == cut])
+    counts = np.bincount(np.concatenate([row["bucket_ids"][: len(row["student_score"])] for row in rows]), minlength=8)
+    assert counts.max() - counts.min() <= 1  # quantiles over the tokens training sees, not whole completions
+    assert kept.size and 7 in kept
+    row = next(row for row in rows if len(row["input_ids"]) == cut)
+    buckets = row["bucket_ids"]
     for draw in range(20):
-        out = collator([row])
-        assert out["input_ids"].shape[1] == max_length
+        out = collator(tokenizer, seed=draw, trajectory_ratio=1.0, p_context=0.0, p_future=1.0)([row])
+        assert out["input_ids"].shape[1] == cut
         masked = (out["labels"][0] != -100)[row["prompt_length"]:]
         # k is unknown but the masked set must be exactly the tokens above some threshold bucket
         masked_buckets = {b for b, m in zip(buckets, masked.tolist()) if m}
@@ -67,63 +75,65 @@ def test_truncation_keeps_buckets_aligned(scored, tokenizer):
         assert not masked_buckets or not kept_buckets or min(masked_buckets) > max(kept_buckets)
 
 
-def test_ratio_zero_is_plain_mdlm_and_needs_no_scores(gsm8k_rows, scored, tokenizer):
-    plain = TrimsDataCollator(tokenizer, trajectory_ratio=0.0, seed=7)(gsm8k_rows[:8])
-    with_scores = TrimsDataCollator(tokenizer, trajectory_ratio=0.0, seed=7)(scored[:8])
+def test_ratio_zero_is_plain_mdlm_and_needs_no_scores(gsm8k_rows, prepared, tokenizer):
+    plain_rows = list(prepare_dataset(Dataset.from_list(gsm8k_rows[:8]), tokenizer))
+    assert "bucket_ids" not in plain_rows[0]
+    plain = collator(tokenizer, seed=7, trajectory_ratio=0.0)(plain_rows)
+    with_scores = collator(tokenizer, seed=7, trajectory_ratio=0.0)(prepared[:8])
     for key in plain:
         assert torch.equal(plain[key], with_scores[key]), key
     assert not plain["is_trajectory"].any()
     assert torch.allclose(plain["loss_weights"], 1 / plain["t"])
-    trims = TrimsDataCollator(tokenizer, trajectory_ratio=0.1, seed=7)(scored[:8])
+    trims = collator(tokenizer, seed=7, trajectory_ratio=0.1)(prepared[:8])
     standard = ~trims["is_trajectory"]
     assert torch.equal(trims["input_ids"][standard], plain["input_ids"][standard])
 
 
-def test_reproducible_and_trajectory_share(scored, tokenizer):
-    a = TrimsDataCollator(tokenizer, seed=11)
-    b = TrimsDataCollator(tokenizer, seed=11)
-    first = a(scored[:8])
-    assert torch.equal(first["input_ids"], b(scored[:8])["input_ids"])  # same seed, epoch and rows: same masks
-    assert not torch.equal(TrimsDataCollator(tokenizer, seed=12)(scored[:8])["input_ids"], first["input_ids"])
-    assert not torch.equal(a(scored[1:9])["input_ids"][:7], first["input_ids"][1:])  # other batch: fresh draw
+def test_reproducible_and_trajectory_share(prepared, tokenizer):
+    a, b = collator(tokenizer, seed=11), collator(tokenizer, seed=11)
+    first = a(prepared[:8])
+    assert torch.equal(first["input_ids"], b(prepared[:8])["input_ids"])  # same seed, epoch and rows: same masks
+    assert not torch.equal(collator(tokenizer, seed=12)(prepared[:8])["input_ids"], first["input_ids"])
+    assert not torch.equal(a(prepared[1:9])["input_ids"][:7], first["input_ids"][1:])  # other batch: fresh draw
     b.epoch = 1
-    assert not torch.equal(b(scored[:8])["input_ids"], first["input_ids"])  # next epoch: fresh draw
+    assert not torch.equal(b(prepared[:8])["input_ids"], first["input_ids"])  # next epoch: fresh draw
     flags = []
     for epoch in range(60):
         a.epoch = epoch
-        flags.append(a(scored[:32])["is_trajectory"])
+        flags.append(a(prepared[:32])["is_trajectory"])
     flags = torch.cat(flags)
     assert abs(flags.float().mean().item() - 0.1) < 5 * (0.09 / len(flags)) ** 0.5
 
 
-def test_fixed_subset_needs_example_id(scored, tokenizer):
-    collator = TrimsDataCollator(tokenizer, trajectory_selection="fixed_subset", trajectory_ratio=0.5)
+def test_fixed_subset_needs_example_id(prepared, tokenizer):
+    fixed = collator(tokenizer, trajectory_selection="fixed_subset", trajectory_ratio=0.5)
     with pytest.raises(SchemaError, match="example_id"):
-        collator(scored[:2])
-    rows = [{**row, "example_id": i} for i, row in enumerate(scored[:16])]
-    flags = [collator(rows)["is_trajectory"] for _ in range(3)]
+        fixed([{k: v for k, v in row.items() if k != "example_id"} for row in prepared[:2]])
+    flags = [fixed(prepared[:16])["is_trajectory"] for _ in range(3)]
     assert torch.equal(flags[0], flags[1]) and torch.equal(flags[1], flags[2])
 
 
 def test_bad_rows_give_clear_errors(scored, tokenizer):
-    collator = TrimsDataCollator(tokenizer)
-    missing = {key: value for key, value in scored[0].items() if key != "teacher_bucket"}
-    with pytest.raises(SchemaError, match=r"row 0.*teacher_bucket"):
-        collator([missing])
-    misaligned = {**scored[1], "teacher_bucket": scored[1]["teacher_bucket"][:-2]}
+    trims = collator(tokenizer)
+    with pytest.raises(SchemaError, match=r"row 0: not prepared for the student.*prepare_dataset"):
+        trims(scored[:1])
+    missing = {key: value for key, value in scored[0].items() if key != "teacher_nll"}
+    with pytest.raises(SchemaError, match=r"row 1.*teacher_nll"):
+        prepare_dataset(Dataset.from_list([scored[1], missing]), tokenizer)
+    misaligned = {**scored[1], "teacher_nll": scored[1]["teacher_nll"][:-2]}
     with pytest.raises(SchemaError, match=r"row 0: per-token fields have different lengths"):
-        collator([misaligned])
+        prepare_dataset(Dataset.from_list([misaligned]), tokenizer)
     with pytest.raises(SchemaError, match=r"row 1: field 'completion' is empty"):
-        collator([scored[2], {**scored[3], "completion": "  "}])
+        prepare_dataset(Dataset.from_list([scored[2], {**scored[3], "completion": "  "}]), tokenizer)
+    with pytest.raises(SchemaError, match="row 0: the prompt has .* tokens, leaving no room"):
+        prepare_dataset(Dataset.from_list(scored[:1]), tokenizer, StudentFormat(max_length=4))
     prepared = {"input_ids": [1, 2, 3, 4], "prompt_length": 2, "bucket_ids": [0], "example_id": 41}
     with pytest.raises(SchemaError, match=r"row 41: 'bucket_ids' has 1 entries but there are 2 completion tokens"):
-        collator([prepared])
+        trims([prepared])
     with pytest.raises(SchemaError, match="row 0: missing field 'bucket_ids'"):
-        collator([{"input_ids": [1, 2, 3], "prompt_length": 1}])
+        trims([{"input_ids": [1, 2, 3], "prompt_length": 1}])
     with pytest.raises(SchemaError, match="row 0: the prompt has no tokens"):
-        TrimsDataCollator(tokenizer, trajectory_ratio=0.0)([{"input_ids": [5, 6, 7], "prompt_length": 0}])
-    with pytest.raises(SchemaError, match="leaving no room"):
-        TrimsDataCollator(tokenizer, max_length=4)([scored[0]])
+        collator(tokenizer, trajectory_ratio=0.0)([{"input_ids": [5, 6, 7], "prompt_length": 0}])
     out_of_range = {"input_ids": [1, 2, 3, 4], "prompt_length": 2, "bucket_ids": [0, 9]}
     with pytest.raises(SchemaError, match=r"row 0: 'bucket_ids' must lie in \[0, 8\)"):
-        collator([out_of_range])
+        trims([out_of_range])

@@ -90,10 +90,15 @@ def test_rerun_reuses_the_caches(demo_runs):
     assert "base student" in second["timings_s"]
 
 
-def test_sft_steps_flag_sets_the_continuation_length():
-    from trims_hf.cli import build_parser
-    from trims_hf.demo.pipeline import settings_for
+def test_demo_flags_reach_the_settings(monkeypatch, tmp_path):
+    """Dash and underscore spellings both work, lists are space-separated, abbreviations are refused."""
+    from trims_hf.cli import main
+    from trims_hf.demo import pipeline
 
-    args = build_parser().parse_args(["demo", "--sft-steps", "600"])
-    assert settings_for(args.fast, args.study, variant_steps=args.variant_steps).variant_steps == 600
-    assert settings_for(False, False, variant_steps=None).variant_steps == 150
+    seen = []
+    monkeypatch.setattr(pipeline, "run_demo", lambda output, settings: seen.append(settings))
+    assert main(["demo", "--sft-steps", "600", "--output", str(tmp_path), "--thresholds", "0.5", "0.9"]) == 0
+    assert main(["demo", "--sft_steps", "600", "--output", str(tmp_path), "--seeds", "0", "1"]) == 0
+    assert (seen[0].variant_steps, seen[0].thresholds, seen[1].seeds) == (600, (0.5, 0.9), (0, 1))
+    assert pipeline.settings_for(False, False, variant_steps=None).variant_steps == 150
+    assert main(["demo", "--sft-step", "600"]) == 2 and len(seen) == 2  # an abbreviation never silently sets a flag

@@ -10,13 +10,13 @@ from datasets import Dataset, load_dataset
 from conftest import GSM8K_TRAIN, read_jsonl, tiny_student
 from helpers_teachers import make_teacher
 from helpers_tokenizers import make_tokenizer
-from trims_hf import MDLMConfig, MDLMTrainer, TrimsDataCollator, build_scored_dataset, prepare_dataset
+from trims_hf import MaskingConfig, MDLMConfig, MDLMTrainer, TrimsDataCollator, build_scored_dataset, prepare_dataset
 
 
 def test_score_folder_collate_train(tmp_path, tokenizer):
     rows = [{"prompt": r["question"], "completion": r["answer"]} for r in read_jsonl(GSM8K_TRAIN, 20)]
     folder = build_scored_dataset(Dataset.from_list(rows), tmp_path / "scored", teacher="tiny-random-teacher",
-                                  loaded_teacher=(make_teacher(tokenizer), tokenizer), num_buckets=8)
+                                  loaded_teacher=(make_teacher(tokenizer), tokenizer))
     scored = load_dataset(str(folder), split="train")
     assert len(scored) == 20 and scored[0]["completion"] == rows[0]["completion"]
 
@@ -25,7 +25,7 @@ def test_score_folder_collate_train(tmp_path, tokenizer):
     n_student = len(student_tokenizer(rows[0]["completion"], add_special_tokens=False)["input_ids"])
     assert n_teacher != n_student  # the tokenizers really differ
 
-    prepared = prepare_dataset(scored, student_tokenizer, num_buckets=8)
+    prepared = prepare_dataset(scored, student_tokenizer)
     flat = np.concatenate([row["bucket_ids"][:-1] for row in prepared])  # minus the end-of-response token
     counts = np.bincount(flat, minlength=8)
     assert counts.max() - counts.min() <= 1
@@ -40,5 +40,13 @@ def test_score_folder_collate_train(tmp_path, tokenizer):
         assert trainer.state.global_step == 1
         assert np.isfinite(trainer.state.log_history[-1]["train_loss"])
         assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    batch = TrimsDataCollator(student_tokenizer, trajectory_ratio=1.0)(list(scored.select(range(4))))
-    assert batch["is_trajectory"].all()
+    # Trajectory masking with p_context 0 / p_future 1 masks exactly the completion tokens of buckets > k.
+    collator = TrimsDataCollator(student_tokenizer, masking=MaskingConfig(trajectory_ratio=1.0, p_context=0.0, p_future=1.0))
+    rows = list(prepared.select(range(4)))
+    batch = collator(rows)
+    for b, row in enumerate(rows):
+        start, buckets = row["prompt_length"], torch.tensor(row["bucket_ids"])
+        masked = batch["labels"][b, start:start + len(buckets)] != -100
+        k = int(buckets[~masked].max()) if (~masked).any() else -1  # the largest context bucket
+        assert masked.any() or k == 7
+        assert torch.equal(masked, buckets > k), (b, k)  # an upper set of buckets, not a random subset

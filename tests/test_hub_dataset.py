@@ -12,7 +12,7 @@ from trims_hf import hub
 from trims_hf import scoring
 from trims_hf.cli import main as trims_main
 from trims_hf.hub import HubAccessError, check_push_access, read_card_metadata, save_dataset_folder, scored_dataset_card
-from trims_hf.schema import SCORE_FEATURES
+from trims_hf.scoring import SCORE_FEATURES
 
 
 def test_folder_round_trips_through_load_dataset_with_card(tmp_path):
@@ -101,12 +101,12 @@ def test_trims_score_command_on_a_local_jsonl(tokenizer, gsm8k_rows, tmp_path):
     source.write_text("".join(json.dumps({"q": r["prompt"], "a": r["completion"], "id": i}) + "\n" for i, r in enumerate(gsm8k_rows)))
     out = tmp_path / "scored"
     code = trims_main(["score", "--teacher", str(teacher), "--dataset", str(source), "--prompt-column", "q",
-                       "--completion-column", "a", "--num-buckets", "4", "--metric", "entropy", "--ordering", "easy_to_hard",
+                       "--completion-column", "a", "--num-buckets", "4", "--metric", "entropy", "--bucket-ordering", "easy_to_hard",
                        "--prompt-format", "Q: {prompt}\nA:", "--limit", "5", "--output", str(out)])
     assert code == 0
     loaded = load_dataset(str(out), split="train")
     assert loaded["id"] == list(range(5)) and loaded["prompt"] == [r["prompt"] for r in gsm8k_rows[:5]]
     meta = read_card_metadata(out)
-    assert (meta["num_buckets"], meta["metric"], meta["ordering"], meta["prompt_template"]) == (4, "entropy", "easy_to_hard", "Q: {prompt}\nA:")
+    assert (meta["num_buckets"], meta["metric"], meta["bucket_ordering"], meta["prompt_template"]) == (4, "entropy", "easy_to_hard", "Q: {prompt}\nA:")
     assert len(meta["thresholds"]) == 3 and meta["teacher"] == str(teacher)
     assert trims_main(["score", "--teacher", str(teacher), "--dataset", str(source), "--output", str(out)]) == 2  # missing column

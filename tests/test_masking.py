@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from trims_hf import MaskingConfig
 from trims_hf.masking import (
     CosineSchedule,
     LinearSchedule,
@@ -35,7 +36,7 @@ def batch(batch_size=512, length=64, prompt=16, num_buckets=8, seed=0):
 def test_prompt_never_masked_and_mask_token_placed():
     ids, maskable, buckets = batch()
     for trajectory in (True, False):
-        out = noise_batch(ids, maskable, buckets, torch.full((len(ids),), trajectory), mask_token_id=MASK, num_buckets=8,
+        out = noise_batch(ids, maskable, buckets, torch.full((len(ids),), trajectory), mask_token_id=MASK, config=MaskingConfig(),
                           generator=torch.Generator().manual_seed(1))
         assert not out.masked[~maskable].any()
         assert torch.equal(out.input_ids[out.masked], torch.full((int(out.masked.sum()),), MASK))
@@ -44,7 +45,7 @@ def test_prompt_never_masked_and_mask_token_placed():
 
 def test_standard_mask_ratio_follows_t():
     ids, maskable, buckets = batch(batch_size=2048)
-    out = noise_batch(ids, maskable, buckets, torch.zeros(len(ids), dtype=torch.bool), mask_token_id=MASK, num_buckets=8,
+    out = noise_batch(ids, maskable, buckets, torch.zeros(len(ids), dtype=torch.bool), mask_token_id=MASK, config=MaskingConfig(),
                       generator=torch.Generator().manual_seed(2))
     ratio = out.masked.sum(1).float() / maskable.sum(1)
     # E[ratio] = E[t] ~= 0.5 for t ~ U(1e-3, 1); per-sample ratio tracks t.
@@ -57,8 +58,8 @@ def test_standard_mask_ratio_follows_t():
 
 def test_trajectory_context_and_future_rates():
     ids, maskable, buckets = batch(batch_size=2048)
-    out = noise_batch(ids, maskable, buckets, torch.ones(len(ids), dtype=torch.bool), mask_token_id=MASK, num_buckets=8,
-                      p_context=0.05, p_future=0.95, generator=torch.Generator().manual_seed(3))
+    out = noise_batch(ids, maskable, buckets, torch.ones(len(ids), dtype=torch.bool), mask_token_id=MASK,
+                      config=MaskingConfig(p_context=0.05, p_future=0.95), generator=torch.Generator().manual_seed(3))
     k = out.bucket_threshold.unsqueeze(1)
     context = maskable & (buckets <= k)
     future = maskable & (buckets > k)
@@ -76,31 +77,31 @@ def test_trajectory_context_and_future_rates():
 def test_trajectory_weight_options():
     ids, maskable, buckets = batch(batch_size=64)
     flags = torch.ones(len(ids), dtype=torch.bool)
-    ratio_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK, num_buckets=8,
-                            trajectory_loss_weight="inverse_mask_ratio", generator=torch.Generator().manual_seed(4))
+    ratio_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
+                            config=MaskingConfig(trajectory_loss_weight="inverse_mask_ratio"), generator=torch.Generator().manual_seed(4))
     actual = ratio_out.masked.sum(1).float() / maskable.sum(1)
     assert torch.allclose(ratio_out.loss_weights, 1 / actual)
-    none_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK, num_buckets=8,
-                           trajectory_loss_weight="none", generator=torch.Generator().manual_seed(4))
+    none_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
+                           config=MaskingConfig(trajectory_loss_weight="none"), generator=torch.Generator().manual_seed(4))
     assert torch.all(none_out.loss_weights == 1)
     # nothing masked -> weight 0 under inverse_mask_ratio (no inf)
-    empty = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK, num_buckets=8, p_context=0.0, p_future=0.0,
-                        trajectory_loss_weight="inverse_mask_ratio", generator=torch.Generator().manual_seed(4))
+    empty = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
+                        config=MaskingConfig(p_context=0.0, p_future=0.0, trajectory_loss_weight="inverse_mask_ratio"), generator=torch.Generator().manual_seed(4))
     assert not empty.masked.any() and torch.all(empty.loss_weights == 0)
 
 
 def test_same_seed_same_masks_and_ratio_zero_equals_standard():
     ids, maskable, buckets = batch(batch_size=32)
     standard = torch.zeros(32, dtype=torch.bool)
-    a = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, num_buckets=8, generator=torch.Generator().manual_seed(5))
-    b = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, num_buckets=8, generator=torch.Generator().manual_seed(5))
-    c = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, num_buckets=8, generator=torch.Generator().manual_seed(6))
+    a = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(5))
+    b = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(5))
+    c = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(6))
     assert torch.equal(a.masked, b.masked) and torch.equal(a.t, b.t)
     assert not torch.equal(a.masked, c.masked)
     # mixing in trajectory samples leaves the standard samples' masks unchanged (one shared random stream)
     mixed = standard.clone()
     mixed[::4] = True
-    d = noise_batch(ids, maskable, buckets, mixed, mask_token_id=MASK, num_buckets=8, generator=torch.Generator().manual_seed(5))
+    d = noise_batch(ids, maskable, buckets, mixed, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(5))
     assert torch.equal(d.masked[~mixed], a.masked[~mixed])
 
 

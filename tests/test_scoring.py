@@ -13,6 +13,8 @@ from helpers_teachers import make_teacher
 
 from trims_hf.hub import read_card_metadata
 from trims_hf.schema import SchemaError
+from trims_hf.prompts import prompt_template
+from trims_hf.settings import BucketConfig, PromptFormat
 from trims_hf.scoring import (
     ScoringOptions,
     add_teacher_buckets,
@@ -20,7 +22,6 @@ from trims_hf.scoring import (
     encode_dataset,
     load_teacher,
     plan_batches,
-    prompt_template,
     score_dataset,
     score_rows,
     work_dir_for,
@@ -100,7 +101,7 @@ def test_spans_index_the_completion_text(tokenizer):
 @pytest.mark.parametrize("prompt_format, expected", [("chat_template", "<|user|>\n{prompt}<eos>\n<|assistant|>\n"),
                                                      ("plain", "{prompt}"), ("Question: {prompt}\nAnswer:", "Question: {prompt}\nAnswer:")])
 def test_prompt_formats_are_recorded_exactly(tokenizer, prompt_format, expected):
-    assert prompt_template(tokenizer, prompt_format) == expected
+    assert prompt_template(tokenizer, PromptFormat(prompt_format)) == expected
     (row,) = encode_dataset(Dataset.from_list([{"prompt": "Hi", "completion": "Yes"}]), tokenizer,
                             ScoringOptions(prompt_format=prompt_format), 2048)
     assert tokenizer.decode(row.input_ids[: row.prompt_length]) == expected.replace("{prompt}", "Hi")
@@ -151,7 +152,7 @@ def test_merge_refuses_missing_chunks(teacher, tokenizer, dataset, tmp_path):
 
 def test_teacher_buckets_are_equal_mass_over_all_tokens(teacher, tokenizer, dataset, tmp_path):
     scores = score_dataset(teacher, tokenizer, dataset, tmp_path, ScoringOptions(), "tiny", 0, 1)
-    bucketed, thresholds = add_teacher_buckets(scores, num_buckets=4, metric="entropy")
+    bucketed, thresholds = add_teacher_buckets(scores, BucketConfig(num_buckets=4, metric="entropy"))
     ids = np.concatenate(bucketed["teacher_bucket"])
     values = np.concatenate(bucketed["teacher_entropy"])
     assert np.bincount(ids, minlength=4).max() - np.bincount(ids, minlength=4).min() <= 1
@@ -161,7 +162,7 @@ def test_teacher_buckets_are_equal_mass_over_all_tokens(teacher, tokenizer, data
 def test_truncate_option_scores_prefix_and_records_it(teacher, tokenizer, gsm8k_rows, tmp_path):
     data = Dataset.from_list([{"prompt": "Q", "completion": "short"}, {"prompt": "Q", "completion": gsm8k_rows[0]["completion"]}])
     out = build_scored_dataset(data, tmp_path / "out", "tiny", loaded_teacher=(teacher, tokenizer),
-                               options=ScoringOptions(max_length=40, truncate=True), num_buckets=2)
+                               options=ScoringOptions(max_length=40, truncate=True), buckets=BucketConfig(num_buckets=2))
     meta = read_card_metadata(out)
     assert meta["max_length"] == 40 and meta["truncated_rows"] == [1]
     prompt_length = len(tokenizer.apply_chat_template([{"role": "user", "content": "Q"}], add_generation_prompt=True,

@@ -158,7 +158,7 @@ def test_gsm8k_prompt_is_zero_shot_cot_with_boxed_instruction() -> None:
     tokenizer = ChatTokenizer()
     text = task.build_prompt(example, tokenizer)
     assert text.startswith("<chat>user:Janet") and tokenizer.kwargs == {"tokenize": False, "add_generation_prompt": True}
-    assert task.build_prompt(example, PlainTokenizer()).endswith("\\boxed{}.\n")
+    assert task.build_prompt(example, PlainTokenizer()).endswith("\\boxed{}.")
     fmt = task.prompt_format(tokenizer)
     assert fmt["template"] == "chat_template" and fmt["shots"] == 0 and fmt["boxed_instruction"] == BOXED_INSTRUCTION
 

@@ -72,9 +72,9 @@ def test_toy_recipe_end_to_end(tmp_path, toy):
 def test_overrides_win_and_are_typed():
     model_args, data_args, args = parse_recipe(TOY, ["--num_buckets", "4", "--bucket_ordering", "easy_to_hard",
                                                      "--lora_r", "4", "--metric", "entropy"])
-    assert (args.num_buckets, args.bucket_ordering, model_args.lora_r, data_args.metric) == (4, "easy_to_hard", 4, "entropy")
+    assert (args.num_buckets, args.bucket_ordering, model_args.lora_r, args.metric) == (4, "easy_to_hard", 4, "entropy")
     assert args.learning_rate == pytest.approx(3e-3) and args.lr_scheduler_type == "cosine"  # from the YAML
-    assert not model_args.init_from_config and data_args.prepare
+    assert not model_args.init_from_config and data_args.dataset_name == "outputs/toy/scored"
 
 
 def test_unknown_keys_are_errors(tmp_path, toy, capsys):
@@ -86,6 +86,8 @@ def test_unknown_keys_are_errors(tmp_path, toy, capsys):
     assert "lerning_rate" in capsys.readouterr().err
     assert train_cli(toy, tmp_path / "out", "--num_bukets", "4") == 2
     assert "--num_bukets" in capsys.readouterr().err
+    assert train_cli(toy, tmp_path / "out", "--num_bucket", "4") == 2  # abbreviations never silently set a key
+    assert "--num_bucket" in capsys.readouterr().err
 
 
 PAPER = {"max_length": 1024, "num_train_epochs": 30, "learning_rate": 1e-4, "lr_scheduler_type": "cosine",

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from datasets import Dataset
 from transformers import TrainingArguments
 
-from conftest import synthetic_scored_rows, tiny_student
-from trims_hf import MDLMConfig, MDLMTrainer, TrimsDataCollator
+from conftest import noised_batch, synthetic_scored_rows, tiny_student
+from trims_hf import MDLMConfig, MDLMTrainer, TrimsDataCollator, prepare_dataset
 
 
 def make_args(tmp_path, **overrides) -> MDLMConfig:
@@ -22,6 +22,11 @@ def make_args(tmp_path, **overrides) -> MDLMConfig:
 @pytest.fixture(scope="module")
 def scored(gsm8k_rows, tokenizer):
     return synthetic_scored_rows(gsm8k_rows, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def prepared(scored, tokenizer):
+    return list(prepare_dataset(Dataset.from_list(scored), tokenizer))
 
 
 def reference_loss(model, batch, shift: bool, normalization: str = "token") -> torch.Tensor:
@@ -46,11 +51,11 @@ def reference_loss(model, batch, shift: bool, normalization: str = "token") -> t
 
 @pytest.mark.parametrize("kind,normalization", [("llada", "token"), ("dream", "token"), ("llada", "sequence"),
                                                 ("masked_lm", "token")])
-def test_loss_matches_reference(tmp_path, tokenizer, scored, kind, normalization):
+def test_loss_matches_reference(tmp_path, tokenizer, scored, prepared, kind, normalization):
     model = tiny_student(tokenizer, kind)
     trainer = MDLMTrainer(model, make_args(tmp_path, loss_normalization=normalization, trajectory_ratio=0.5),
                           train_dataset=Dataset.from_list(scored), processing_class=tokenizer)
-    batch = trainer.data_collator(scored[:6])
+    batch = trainer.data_collator(prepared[:6])
     assert batch["is_trajectory"].any() and (~batch["is_trajectory"]).any()
     with torch.no_grad():
         loss = trainer.compute_loss(model, batch)
@@ -58,10 +63,10 @@ def test_loss_matches_reference(tmp_path, tokenizer, scored, kind, normalization
     assert torch.allclose(loss, expected, rtol=1e-5), (loss, expected)
 
 
-def test_dream_shift_reads_previous_position(tmp_path, tokenizer, scored):
+def test_dream_shift_reads_previous_position(tmp_path, tokenizer, scored, prepared):
     model = tiny_student(tokenizer, "dream")
     trainer = MDLMTrainer(model, make_args(tmp_path), processing_class=tokenizer)
-    batch = trainer.data_collator(scored[:2])
+    batch = trainer.data_collator(prepared[:2])
     with torch.no_grad():
         shifted = trainer.compute_loss(model, batch)
         unshifted = reference_loss(model, batch, shift=False)
@@ -93,7 +98,7 @@ def one_step_parameters(tmp_path, tokenizer, batch, per_device: int, accumulatio
 
 
 def test_gradient_accumulation_equals_large_batch(tmp_path, tokenizer, scored):
-    batch = TrimsDataCollator(tokenizer, trajectory_ratio=0.3, seed=5)(scored[:32])
+    batch = noised_batch(tokenizer, scored[:32], seed=5, trajectory_ratio=0.3)
     loss_big, params_big = one_step_parameters(tmp_path / "a", tokenizer, batch, 32, 1, True)
     for accepts_kwargs in (True, False):  # LLaDA's forward takes no **kwargs, Dream's does
         loss_ga, params_ga = one_step_parameters(tmp_path / "b", tokenizer, batch, 8, 4, accepts_kwargs)
@@ -130,7 +135,7 @@ def test_plain_training_arguments_keep_score_columns(tmp_path, tokenizer, scored
                              use_cpu=True, save_strategy="no", remove_unused_columns=True, disable_tqdm=True)
     collator = TrimsDataCollator(tokenizer)
     dataset = Dataset.from_list(scored).add_column("unrelated", list(range(len(scored))))
-    trainer = MDLMTrainer(model, args, data_collator=collator, train_dataset=dataset)
+    trainer = MDLMTrainer(model, args, data_collator=collator, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
     assert trainer.state.global_step == 2
 
@@ -155,11 +160,11 @@ def test_unprepared_model_is_rejected(tmp_path, tokenizer):
         MDLMTrainer(plain, make_args(tmp_path), processing_class=tokenizer)
 
 
-def test_sequence_mode_logs_per_sequence_losses(tmp_path, tokenizer, scored):
+def test_sequence_mode_logs_per_sequence_losses(tmp_path, tokenizer, scored, prepared):
     model = tiny_student(tokenizer, "llada")
     trainer = MDLMTrainer(model, make_args(tmp_path, loss_normalization="sequence", trajectory_ratio=0.0),
                           processing_class=tokenizer)
-    batch = trainer.data_collator(scored[:4])
+    batch = trainer.data_collator(prepared[:4])
     with torch.no_grad():
         loss = trainer.compute_loss(model, batch)
     model.train()

@@ -1,59 +1,60 @@
-"""trims_hf: TRIMS (Trajectory-Ranked Instruction Masked Supervision) on the Hugging Face stack."""
+"""trims_hf: TRIMS (Trajectory-Ranked Instruction Masked Supervision) on the Hugging Face stack.
+
+The public API is re-exported here and imported lazily (on first attribute access), so that
+``import trims_hf`` and ``trims --help`` do not pay for torch, transformers and datasets.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .students import StudentSpec, load_student, mask_token_id, prepare_student, student_logits, student_spec
-from .buckets import equal_mass_buckets, project_buckets, project_scores
-from .collator import TrimsDataCollator
-from .config import MDLMConfig
-from .masking import noise_batch
-from .preparation import StudentFormat, prepare_dataset
-from .schema import SchemaError
-from .trainer import MDLMTrainer
-from .lora import lora_config
-from .metrics import available_metrics, metric_path
-from .tasks import (
-    BOXED_INSTRUCTION,
-    CodeExecutionDisabled,
-    CodeTask,
-    Example,
-    Grade,
-    GSM8KTask,
-    HumanEvalTask,
-    Math500Task,
-    MBPPTask,
-    SandboxLimits,
-    SandboxResult,
-    Task,
-    TaskDataError,
-    get_task,
-    registry,
-    run_program,
-)
-from .generation import (
-    ConfidenceFactor,
-    ConfidenceThreshold,
-    DecodingConfig,
-    EntropyThreshold,
-    FixedSteps,
-    GenerationOutput,
-    TokensPerStepRecorder,
-    TrajectoryRecorder,
-    generate,
-    generate_text,
-    teacher_nll_per_step,
-)
-from .hub import HubAccessError, check_push_access, load_source_dataset, read_card_metadata, save_dataset_folder, scored_dataset_card
-from .scoring import (
-    DEFAULT_TEACHER,
-    ScoringOptions,
-    add_teacher_buckets,
-    build_scored_dataset,
-    load_teacher,
-    score_dataset,
-    token_scores,
-)
-from .evaluation import EvalResult, SampleRecord, evaluate_task, format_table, plot_frontier, sweep
-from .callbacks import DecodeEvalCallback
-from .model_card import trims_model_card
-from .training import DataArguments, ModelArguments, RecipeError, parse_recipe, train
+# submodule -> the public names it defines
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "settings": ("BucketConfig", "DecodingConfig", "MaskingConfig", "PromptFormat", "StudentFormat"),
+    "prompts": ("prompt_token_ids", "render_prompt"),
+    "students": ("StudentSpec", "load_student", "mask_token_id", "prepare_student", "student_logits", "student_spec"),
+    "buckets": ("bucket_rows", "equal_mass_buckets", "project_scores"),
+    "collator": ("TrimsDataCollator",),
+    "config": ("MDLMConfig",),
+    "masking": ("noise_batch",),
+    "preparation": ("prepare_dataset",),
+    "schema": ("SchemaError",),
+    "trainer": ("MDLMTrainer",),
+    "lora": ("lora_config",),
+    "metrics": ("available_metrics", "metric_path"),
+    "tasks": (
+        "BOXED_INSTRUCTION", "CodeExecutionDisabled", "CodeTask", "Example", "Grade", "GSM8KTask", "HumanEvalTask",
+        "Math500Task", "MBPPTask", "SandboxLimits", "SandboxResult", "Task", "TaskDataError", "get_task", "registry",
+        "run_program",
+    ),
+    "generation": (
+        "ConfidenceFactor", "ConfidenceThreshold", "EntropyThreshold", "FixedSteps", "GenerationOutput",
+        "TokensPerStepRecorder", "TrajectoryRecorder", "generate", "generate_text", "teacher_nll_per_step",
+    ),
+    "hub": ("HubAccessError", "check_push_access", "load_source_dataset", "read_card_metadata", "save_dataset_folder",
+            "scored_dataset_card"),
+    "scoring": ("DEFAULT_TEACHER", "ScoringOptions", "add_teacher_buckets", "build_scored_dataset", "load_teacher",
+                "score_dataset", "token_scores"),
+    "evaluation": ("EvalResult", "SampleRecord", "evaluate_task", "format_table", "plot_frontier", "sweep"),
+    "callbacks": ("DecodeEvalCallback",),
+    "model_card": ("trims_model_card",),
+    "training": ("DataArguments", "ModelArguments", "RecipeError", "parse_recipe", "train"),
+}
+_OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_OWNER)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _OWNER:
+        raise AttributeError(f"module 'trims_hf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_OWNER[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+

@@ -8,13 +8,13 @@ of the bucket ids only, so the masker never needs to know it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import get_args
 
 import numpy as np
 
-Ordering = Literal["hard_to_easy", "easy_to_hard", "random"]
-ORDERINGS: tuple[str, ...] = ("hard_to_easy", "easy_to_hard", "random")
-MAX_BUCKETS = 127  # bucket ids are stored as int8
+from .settings import MAX_BUCKETS, BucketConfig, Ordering
+
+ORDERINGS: tuple[str, ...] = get_args(Ordering)
 
 
 def equal_mass_buckets(
@@ -50,9 +50,15 @@ def equal_mass_buckets(
     return bucket_ids, thresholds
 
 
-def easiest_bucket(num_buckets: int, ordering: Ordering = "hard_to_easy") -> int:
-    """The bucket decoded last in ``ordering`` (used for end-of-response and EOS padding tokens)."""
-    return 0 if ordering == "easy_to_hard" else num_buckets - 1
+def bucket_rows(per_row_scores: Sequence[Sequence[float]], config: BucketConfig) -> tuple[list[np.ndarray], np.ndarray]:
+    """Cut the scores of all rows together into equal-mass buckets; return per-row bucket ids and the thresholds.
+
+    Equal mass holds over every token of the data set (paper §3.2), not within each row.
+    """
+    lengths = [len(scores) for scores in per_row_scores]
+    flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in per_row_scores]) if lengths else np.zeros(0)
+    ids, thresholds = equal_mass_buckets(flat, config.num_buckets, config.bucket_ordering, config.bucket_seed)
+    return np.split(ids, np.cumsum(lengths)[:-1]), thresholds
 
 
 def _same_spans(teacher_starts: Sequence[int], teacher_ends: Sequence[int], student_spans: Sequence[tuple[int, int]]) -> bool:
@@ -110,43 +116,3 @@ def project_scores(
     s_starts[0] = 0
     s_ends = _contiguous_ends(s_starts, len(cumulative) - 1)
     return cumulative[s_ends] - cumulative[s_starts]
-
-
-def project_buckets(
-    teacher_starts: Sequence[int],
-    teacher_ends: Sequence[int],
-    teacher_buckets: Sequence[int],
-    student_spans: Sequence[tuple[int, int]],
-    n_chars: int,
-    num_buckets: int,
-) -> np.ndarray:
-    """Give each student token the teacher bucket that covers most of its characters.
-
-    Used when no data-set-wide pass over student tokens is possible (raw rows in the collator).
-    Character ownership follows :func:`project_scores`; ties go to the lower (earlier-decoded) id.
-    Characters no teacher span covers, and student tokens that own no character, fall back to the
-    teacher bucket of the nearest preceding span. Same spans as the teacher: bucket ids copied unchanged.
-    """
-    starts = np.asarray(teacher_starts, dtype=np.int64)
-    buckets = np.asarray(teacher_buckets, dtype=np.int64)
-    if np.any((buckets < 0) | (buckets >= num_buckets)):
-        raise ValueError(f"teacher bucket ids must lie in [0, {num_buckets}), got {sorted(set(buckets.tolist()))}.")
-    if _same_spans(teacher_starts, teacher_ends, student_spans):
-        return buckets.astype(np.int8)
-    # Per character: the bucket of the last teacher span starting at or before it (covers gaps too).
-    owner = np.searchsorted(starts, np.arange(n_chars), side="right") - 1
-    char_bucket = buckets[np.clip(owner, 0, len(buckets) - 1)]
-    counts = np.zeros((n_chars + 1, num_buckets), dtype=np.int64)
-    counts[np.arange(1, n_chars + 1), char_bucket] = 1
-    counts = np.cumsum(counts, axis=0)
-    s_starts = _starts(student_spans).clip(0, n_chars)
-    if s_starts.size == 0:
-        return np.zeros(0, dtype=np.int8)
-    s_starts[0] = 0
-    s_ends = _contiguous_ends(s_starts, n_chars)
-    per_token = counts[s_ends] - counts[s_starts]
-    empty = per_token.sum(axis=1) == 0
-    result = per_token.argmax(axis=1)
-    if empty.any():
-        result[empty] = char_bucket[np.clip(s_starts[empty] - 1, 0, max(n_chars - 1, 0))] if n_chars else 0
-    return result.astype(np.int8)

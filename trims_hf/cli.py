@@ -1,29 +1,38 @@
-"""The ``trims`` command line: each sub-command lives in ``trims_hf/commands/<name>.py``.
+"""The ``trims`` command line: ``trims <command> [flags]``, each command in ``trims_hf/commands/<command>.py``.
 
-A command module exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a
-callable taking the parsed namespace and returning an exit code.
+Only the chosen command's module is imported, so ``trims --help`` imports nothing heavy.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
-COMMANDS = ("score", "eval", "train", "demo")
+COMMANDS = {
+    "score": "Score completions with an autoregressive teacher (NLL, entropy, buckets) into a dataset folder.",
+    "train": "Fine-tune a masked diffusion student with TRIMS (or the MDLM baseline) from a YAML recipe.",
+    "eval": "Evaluate a student on a benchmark: accuracy and tokens per step.",
+    "demo": "Run the whole TRIMS chain offline on a small embedded task (teacher, buckets, MDLM vs TRIMS, evaluation).",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trims", description="TRIMS for masked diffusion language models.")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        importlib.import_module(f"trims_hf.commands.{name}").register(subparsers)
-    return parser
+def usage() -> str:
+    lines = ["usage: trims <command> [flags]   (`trims <command> --help` lists a command's flags)", "", "commands:"]
+    return "\n".join(lines + [f"  {name:<7} {help}" for name, help in COMMANDS.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.", file=sys.stderr)
+        return 2
+    try:
+        return int(importlib.import_module(f"trims_hf.commands.{argv[0]}").main(argv[1:]) or 0)
+    except SystemExit as exit:  # argparse's --help and usage errors, as an exit code for callers of main()
+        return exit.code if isinstance(exit.code, int) else 1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from .generation import (
     TokensPerStepRecorder,
     generate_text,
 )
+from .settings import PromptFormat
 from .tasks import CodeExecutionDisabled, CodeTask, Task, get_task
 
 # The knob each decoding strategy is swept over.
@@ -138,6 +139,7 @@ def evaluate_task(
     progress: bool = True,
     hooks: Sequence[DecodeHook] = (),
     model_name: str | None = None,
+    prompt_format: PromptFormat | None = None,
 ) -> EvalResult:
     """Decode and grade ``limit`` examples of ``task``; extra ``hooks`` (e.g. a ``TrajectoryRecorder``)
     see every batch, with the examples' ids as sample ids."""
@@ -146,14 +148,13 @@ def evaluate_task(
     check_task_inputs(task, data_file, execute_code)
     started = time.perf_counter()
     examples = task.load(data_file=data_file, limit=limit)
-    template = tokenizer.chat_template is not None
     recorder, responses = TokensPerStepRecorder(), _Responses()
     records: list[SampleRecord] = []
     for begin in tqdm(range(0, len(examples), batch_size), desc=task.name, disable=not progress):
         batch = examples[begin : begin + batch_size]
-        # generate_text renders chat messages itself; without a template it takes the task's plain text.
-        prompts = [task.messages(e) if template else task.build_prompt(e, tokenizer) for e in batch]
-        texts = generate_text(model, tokenizer, prompts, config, [recorder, responses, *hooks], [e.id for e in batch])
+        prompts = [task.prompt(e, tokenizer, prompt_format) for e in batch]
+        texts = generate_text(model, tokenizer, prompts, config, [recorder, responses, *hooks], [e.id for e in batch],
+                              prompt_format)
         for example, text in zip(batch, texts):
             completion = cut_at_stop_strings(text, task.stop_strings)
             if completion != text:

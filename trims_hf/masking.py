@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
-TrajectoryLossWeight = Literal["elbo", "inverse_mask_ratio", "none"]
+from .settings import MaskingConfig, TrajectoryLossWeight
 
 
 class NoiseSchedule(Protocol):
@@ -117,15 +117,10 @@ def noise_batch(
     is_trajectory: torch.Tensor,
     *,
     mask_token_id: int,
-    num_buckets: int,
-    p_context: float = 0.05,
-    p_future: float = 0.95,
-    schedule: NoiseSchedule = LinearSchedule(),
-    min_t: float = 1e-3,
-    trajectory_loss_weight: TrajectoryLossWeight = "elbo",
+    config: MaskingConfig,
     generator: torch.Generator | None = None,
 ) -> NoisedBatch:
-    """Draw one noised version of a batch.
+    """Draw one noised version of a batch with the forward process ``config`` describes.
 
     Every sample gets ``t ~ U(min_t, 1)`` and ``k ~ U{0..K-1}``; ``is_trajectory`` picks which of the
     two processes uses them. Standard samples are weighted by the schedule's ELBO weight at t. A sample
@@ -133,16 +128,17 @@ def noise_batch(
     normaliser, which keeps the estimator unbiased).
     """
     batch_size, length = input_ids.shape
-    t = min_t + (1.0 - min_t) * torch.rand(batch_size, generator=generator)
-    k = torch.randint(0, num_buckets, (batch_size,), generator=generator)
+    schedule = get_schedule(config.noise_schedule)
+    t = config.min_t + (1.0 - config.min_t) * torch.rand(batch_size, generator=generator)
+    k = torch.randint(0, config.num_buckets, (batch_size,), generator=generator)
     uniform = torch.rand(batch_size, length, generator=generator)
     t, k, uniform = t.to(input_ids.device), k.to(input_ids.device), uniform.to(input_ids.device)
     is_trajectory = is_trajectory.to(input_ids.device)
-    probabilities = mask_probabilities(maskable, bucket_ids, is_trajectory, t, k, schedule, p_context, p_future)
+    probabilities = mask_probabilities(maskable, bucket_ids, is_trajectory, t, k, schedule, config.p_context, config.p_future)
     masked = uniform < probabilities
     weights = torch.where(
         is_trajectory,
-        trajectory_weights(trajectory_loss_weight, t, masked, maskable, schedule),
+        trajectory_weights(config.trajectory_loss_weight, t, masked, maskable, schedule),
         schedule.weight(t),
     )
     return NoisedBatch(

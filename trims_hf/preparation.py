@@ -1,21 +1,18 @@
-"""Turn scored rows into student tokens with one bucket id per completion token.
+"""Scored rows -> student rows, once per student: token ids, prompt length and one bucket id per completion token.
 
-Two paths share the same tokenisation:
-* :func:`prepare_dataset` (recommended) projects the teacher's per-token scores onto the student's
-  tokens (character-proportional, :func:`trims_hf.buckets.project_scores`) and cuts equal-mass
-  buckets over all student completion tokens of the data set, as the paper does for its own tokens.
-* :func:`tokenize_scored_row` (used by the collator on raw scored rows, where no data-set-wide pass
-  is possible) projects the teacher's bucket ids instead (majority of characters).
+Like TRL's SFTTrainer, data is prepared once before training (:class:`trims_hf.MDLMTrainer` calls
+:func:`prepare_dataset` on rows that are not prepared yet); the collator then only pads and noises.
+The teacher's per-token scores are projected onto the student's tokens (character-proportional,
+:func:`trims_hf.buckets.project_scores`) and cut into equal-mass buckets over the student tokens that
+survive truncation to ``max_length``, the tokens training actually sees.
 
-End-of-response tokens (appended after the completion) and EOS padding are kept out of the
-quantiles and go to the easiest bucket: they are trivially predictable and, in LLaDA's convention,
-are revealed last.
+End-of-response tokens (appended after the completion) and EOS padding are kept out of the quantiles and
+go to :attr:`BucketConfig.end_bucket`: they are trivially predictable, the easiest tokens of every row.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,47 +20,29 @@ import numpy as np
 from datasets import Dataset
 
 from . import schema
-from .buckets import Ordering, easiest_bucket, equal_mass_buckets, project_buckets, project_scores
+from .buckets import bucket_rows, project_scores
+from .prompts import prompt_token_ids
+from .settings import BucketConfig, StudentFormat
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class StudentFormat:
-    """How a prompt and a completion become student token ids."""
-
-    use_chat_template: bool = True
-    """Render the prompt with the tokenizer's chat template (user turn + generation prompt) when it has one."""
-    system_prompt: str | None = None
-    """Optional system message placed before the prompt when the chat template is used."""
-    end_of_response: tuple[str, ...] | None = None
-    """Tokens appended after the completion; default: the tokenizer's EOS token (LLaDA: add '<|eot_id|>')."""
+STUDENT_SCORE = "student_score"  # the projected teacher metric per kept completion token
 
 
 @dataclass
 class TokenizedExample:
+    """A prompt/completion pair in student tokens, cut to ``max_length``."""
+
     input_ids: list[int]
     prompt_length: int
-    completion_spans: list[tuple[int, int]] = field(repr=False)  # character span of each completion token
-    num_end_tokens: int
-
-
-def _prompt_ids(tokenizer: Any, prompt: Any, fmt: StudentFormat) -> list[int]:
-    template = fmt.use_chat_template and getattr(tokenizer, "chat_template", None)
-    if template:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if fmt.system_prompt and messages[0].get("role") != "system":
-            messages = [{"role": "system", "content": fmt.system_prompt}, *messages]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    if not isinstance(prompt, str):
-        prompt = "\n".join(message["content"] for message in prompt)
-    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    completion_spans: list[tuple[int, int]] = field(repr=False)  # character span of every completion token
+    num_completion_tokens: int  # completion tokens kept within max_length
+    num_end_tokens: int  # end-of-response tokens kept within max_length
 
 
 def end_of_response_ids(tokenizer: Any, fmt: StudentFormat) -> list[int]:
     """Ids appended after every completion (must be single tokens of the vocabulary)."""
-    tokens = fmt.end_of_response if fmt.end_of_response is not None else (tokenizer.eos_token,)
+    tokens = fmt.end_of_response if fmt.end_of_response is not None else [tokenizer.eos_token]
     ids = []
     for token in tokens:
         token_id = tokenizer.convert_tokens_to_ids(token) if token is not None else None
@@ -73,87 +52,73 @@ def end_of_response_ids(tokenizer: Any, fmt: StudentFormat) -> list[int]:
     return ids
 
 
-def tokenize_example(tokenizer: Any, prompt: Any, completion: str, fmt: StudentFormat = StudentFormat()) -> TokenizedExample:
-    """Tokenise prompt (templated) and completion separately, keeping completion character offsets."""
-    prompt_ids = _prompt_ids(tokenizer, prompt, fmt)
+def tokenize_example(tokenizer: Any, prompt: Any, completion: str, fmt: StudentFormat | None = None,
+                     index: int | None = None) -> TokenizedExample:
+    """Tokenise the prompt (:func:`trims_hf.prompts.prompt_token_ids`) and the completion separately, keeping the
+    completion's character offsets, append the end-of-response tokens and cut to ``fmt.max_length``."""
+    fmt = fmt or StudentFormat()
+    prompt_ids = prompt_token_ids(tokenizer, prompt, fmt)
+    where = f"row {index}" if index is not None else "row"
+    if not prompt_ids:
+        # Shifted students (Dream) predict token i from position i - 1: position 0 must be a visible prompt token.
+        raise schema.SchemaError(f"{where}: the prompt has no tokens; a row needs at least one (e.g. BOS).")
+    if len(prompt_ids) >= fmt.max_length:
+        raise schema.SchemaError(f"{where}: the prompt has {len(prompt_ids)} tokens, leaving no room for the "
+                                 f"completion within max_length={fmt.max_length}.")
     encoded = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
-    end_ids = end_of_response_ids(tokenizer, fmt)
+    room = fmt.max_length - len(prompt_ids)
+    completion_ids = list(encoded["input_ids"])[:room]
+    end_ids = end_of_response_ids(tokenizer, fmt)[: room - len(completion_ids)]
     return TokenizedExample(
-        input_ids=list(prompt_ids) + list(encoded["input_ids"]) + end_ids,
+        input_ids=prompt_ids + completion_ids + end_ids,
         prompt_length=len(prompt_ids),
         completion_spans=[tuple(span) for span in encoded["offset_mapping"]],
+        num_completion_tokens=len(completion_ids),
         num_end_tokens=len(end_ids),
     )
 
 
-def tokenize_scored_row(
-    row: Mapping[str, Any],
-    tokenizer: Any,
-    num_buckets: int,
-    ordering: Ordering = "hard_to_easy",
-    fmt: StudentFormat = StudentFormat(),
-    index: int | None = None,
-) -> dict[str, Any]:
-    """A raw scored row -> prepared fields, projecting the teacher's bucket ids onto student tokens."""
-    prompt, completion = schema.split_prompt_completion(row, index)
-    schema.validate_teacher_scores(row, completion, index, required=(schema.TEACHER_START, schema.TEACHER_END, schema.TEACHER_BUCKET))
-    example = tokenize_example(tokenizer, prompt, completion, fmt)
-    try:
-        projected = project_buckets(
-            row[schema.TEACHER_START], row[schema.TEACHER_END], row[schema.TEACHER_BUCKET],
-            example.completion_spans, len(completion), num_buckets,
-        )
-    except ValueError as error:
-        raise schema.SchemaError(f"row {index}: field '{schema.TEACHER_BUCKET}': {error}") from None
-    buckets = np.concatenate([projected, np.full(example.num_end_tokens, easiest_bucket(num_buckets, ordering))])
-    return {schema.INPUT_IDS: example.input_ids, schema.PROMPT_LENGTH: example.prompt_length, schema.BUCKET_IDS: buckets}
+def is_prepared(dataset: Dataset) -> bool:
+    """Whether ``dataset`` already holds student rows (``input_ids`` and ``prompt_length``)."""
+    return {schema.INPUT_IDS, schema.PROMPT_LENGTH} <= set(getattr(dataset, "column_names", None) or ())
 
 
 def prepare_dataset(
     dataset: Dataset,
     tokenizer: Any,
+    fmt: StudentFormat | None = None,
+    buckets: BucketConfig | None = None,
     *,
-    num_buckets: int = 8,
-    metric: str = "nll",
-    ordering: Ordering = "hard_to_easy",
-    seed: int = 0,
-    fmt: StudentFormat = StudentFormat(),
     num_proc: int | None = None,
 ) -> Dataset:
-    """Tokenise a scored data set for one student and cut equal-mass buckets over its completion tokens.
+    """Tokenise a scored data set for one student and cut equal-mass buckets over its trained completion tokens.
 
-    Adds ``input_ids``, ``prompt_length``, ``bucket_ids``, ``example_id`` and ``student_score`` (the
-    projected teacher metric per completion token). Equal mass holds over the completion tokens of the
-    whole data set (end-of-response tokens excluded, they take the easiest bucket).
+    Adds ``input_ids``, ``prompt_length`` and ``example_id``; when the rows hold teacher scores (spans and the
+    ``buckets.metric`` column), also ``bucket_ids`` and ``student_score``. Rows without scores (plain
+    prompt/completion) serve the MDLM baseline. ``fmt`` and ``buckets`` default to the paper's settings.
     """
-    if metric not in schema.METRIC_COLUMNS:
-        raise ValueError(f"Unknown metric {metric!r}; choose one of {sorted(schema.METRIC_COLUMNS)}.")
-    score_column = schema.METRIC_COLUMNS[metric]
+    fmt, buckets = fmt or StudentFormat(), buckets or BucketConfig()
+    scored = schema.has_teacher_scores(dataset.column_names, buckets.metric)
+    score_column = schema.METRIC_COLUMNS[buckets.metric] if scored else None
 
     def tokenize(row: dict[str, Any], index: int) -> dict[str, Any]:
         prompt, completion = schema.split_prompt_completion(row, index)
-        schema.validate_teacher_scores(row, completion, index, required=(schema.TEACHER_START, schema.TEACHER_END, score_column))
-        example = tokenize_example(tokenizer, prompt, completion, fmt)
-        scores = project_scores(
-            row[schema.TEACHER_START], row[schema.TEACHER_END], row[score_column], example.completion_spans, len(completion)
-        )
-        return {
-            schema.INPUT_IDS: example.input_ids,
-            schema.PROMPT_LENGTH: example.prompt_length,
-            "student_score": scores.astype(np.float32),
-            "num_end_tokens": example.num_end_tokens,
-            schema.EXAMPLE_ID: index,
-        }
+        example = tokenize_example(tokenizer, prompt, completion, fmt, index)
+        prepared = {schema.INPUT_IDS: example.input_ids, schema.PROMPT_LENGTH: example.prompt_length,
+                    schema.EXAMPLE_ID: index}
+        if score_column is not None:
+            schema.validate_teacher_scores(row, completion, index, required=(schema.TEACHER_START, schema.TEACHER_END, score_column))
+            scores = project_scores(row[schema.TEACHER_START], row[schema.TEACHER_END], row[score_column],
+                                    example.completion_spans, len(completion))
+            prepared[STUDENT_SCORE] = scores[: example.num_completion_tokens].astype(np.float32)
+            prepared["num_end_tokens"] = example.num_end_tokens
+        return prepared
 
     tokenized = dataset.map(tokenize, with_indices=True, num_proc=num_proc, desc="Tokenising for the student")
-    scores = tokenized["student_score"]
-    lengths = np.array([len(row_scores) for row_scores in scores])
-    flat = np.concatenate([np.asarray(row_scores, dtype=np.float64) for row_scores in scores]) if len(scores) else np.zeros(0)
-    bucket_ids, thresholds = equal_mass_buckets(flat, num_buckets, ordering, seed)
-    logger.info("Student-token bucket thresholds (%s, %s): %s", metric, ordering, thresholds.tolist())
-    per_row = np.split(bucket_ids, np.cumsum(lengths)[:-1])
-    end_bucket = easiest_bucket(num_buckets, ordering)
-    end_counts = tokenized["num_end_tokens"]
-    column = [np.concatenate([row_ids, np.full(n_end, end_bucket, dtype=np.int8)]).tolist() for row_ids, n_end in zip(per_row, end_counts)]
+    if not scored:
+        return tokenized
+    per_row, thresholds = bucket_rows(tokenized[STUDENT_SCORE], buckets)
+    logger.info("Student-token bucket thresholds (%s, %s): %s", buckets.metric, buckets.bucket_ordering, thresholds.tolist())
+    column = [np.concatenate([ids, np.full(n_end, buckets.end_bucket, dtype=np.int8)]).tolist()
+              for ids, n_end in zip(per_row, tokenized["num_end_tokens"])]
     return tokenized.remove_columns("num_end_tokens").add_column(schema.BUCKET_IDS, column)
-

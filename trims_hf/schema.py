@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from datasets import Features, List, Value
 
 # Text columns (TRL's prompt-completion format; "prompt" may also be a list of chat messages).
 PROMPT = "prompt"
@@ -36,15 +35,11 @@ EXAMPLE_ID = "example_id"  # stable row id, used by the fixed-subset trajectory 
 TEACHER_LIST_COLUMNS = (TEACHER_START, TEACHER_END, TEACHER_NLL, TEACHER_ENTROPY, TEACHER_BUCKET)
 METRIC_COLUMNS = {"nll": TEACHER_NLL, "entropy": TEACHER_ENTROPY}
 
-SCORE_FEATURES = Features(
-    {
-        TEACHER_START: List(Value("int32")),
-        TEACHER_END: List(Value("int32")),
-        TEACHER_NLL: List(Value("float32")),
-        TEACHER_ENTROPY: List(Value("float32")),
-        TEACHER_BUCKET: List(Value("int8")),
-    }
-)
+
+
+def has_teacher_scores(column_names: Sequence[str], metric: str) -> bool:
+    """Whether a data set's columns hold the teacher spans and the ``metric`` scores buckets are cut on."""
+    return {TEACHER_START, TEACHER_END, METRIC_COLUMNS[metric]} <= set(column_names)
 
 
 class SchemaError(ValueError):
@@ -115,7 +110,10 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
     if row.get(PROMPT_LENGTH) is None:
         raise SchemaError(f"{_where(index)}: missing field '{PROMPT_LENGTH}'.")
     n_ids, prompt_length = len(row[INPUT_IDS]), int(row[PROMPT_LENGTH])
-    if not 0 <= prompt_length < n_ids:
+    if prompt_length < 1:
+        # Shifted students (Dream) predict token i from position i - 1: position 0 must be a visible prompt token.
+        raise SchemaError(f"{_where(index)}: the prompt has no tokens ('{PROMPT_LENGTH}'={prompt_length}); a row needs at least one (e.g. BOS).")
+    if prompt_length >= n_ids:
         raise SchemaError(f"{_where(index)}: '{PROMPT_LENGTH}'={prompt_length} leaves no completion tokens in {n_ids} ids.")
     if num_buckets is not None:
         buckets = row.get(BUCKET_IDS)

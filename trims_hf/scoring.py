@@ -15,21 +15,22 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from datasets import Dataset, Features, concatenate_datasets, load_dataset
+from datasets import Dataset, Features, List, Value, concatenate_datasets, load_dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .buckets import Ordering, equal_mass_buckets
+from .buckets import bucket_rows
+from .prompts import prompt_template, prompt_token_ids, resolved_format
 from .hub import check_push_access, push_folder, save_dataset_folder, scored_dataset_card
 from .schema import (
     METRIC_COLUMNS,
-    SCORE_FEATURES,
     TEACHER_BUCKET,
     TEACHER_END,
     TEACHER_ENTROPY,
@@ -39,29 +40,20 @@ from .schema import (
     split_prompt_completion,
     validate_teacher_scores,
 )
+from .settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
 
-DEFAULT_TEACHER = "Qwen/Qwen3-8B"
-PROMPT_FORMATS = ("chat_template", "plain")
+# Column types of the scored format (trims_hf.schema) as the scorer writes them.
+SCORE_FEATURES = Features(
+    {
+        TEACHER_START: List(Value("int32")),
+        TEACHER_END: List(Value("int32")),
+        TEACHER_NLL: List(Value("float32")),
+        TEACHER_ENTROPY: List(Value("float32")),
+        TEACHER_BUCKET: List(Value("int8")),
+    }
+)
+
 ROW_INDEX = "row_index"
-
-
-@dataclass(frozen=True)
-class ScoringOptions:
-    """How rows are formatted, cut and batched; everything here changes the scores or the work plan."""
-
-    prompt_format: str = "chat_template"
-    """``"chat_template"`` (user message + generation prompt), ``"plain"`` (raw prompt text), or a format string with ``{prompt}``."""
-    max_length: int | None = None
-    """Teacher context in tokens; ``None`` reads ``max_position_embeddings`` from the teacher config."""
-    truncate: bool = False
-    """Score only the completion prefix that fits the context (recorded per row) instead of failing."""
-    max_tokens_per_batch: int = 8192
-    """Padded tokens per forward (``rows x longest row``); a longer row still gets a batch of its own."""
-    rows_per_work_chunk: int = 256
-    """Rows per resumable unit of work (one saved file each)."""
-    logits_chunk_elements: int = 2**24
-    """Logits computed at once (``positions x vocab``); bounds the scorer's extra memory."""
-    padding_side: str = "right"
 
 
 @dataclass(frozen=True)
@@ -123,28 +115,6 @@ def _head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     return softcap * torch.tanh(logits / softcap) if softcap else logits
 
 
-def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict], prompt_format: str = "chat_template",
-                  index: int | None = None) -> str:
-    """Render the prompt text exactly as the teacher sees it before the completion."""
-    if prompt_format == "chat_template":
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        if tokenizer.chat_template is None:
-            raise ValueError("The teacher tokenizer has no chat template; use prompt_format='plain' or a '{prompt}' format string.")
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    if not isinstance(prompt, str):
-        raise SchemaError(f"row {index}: field 'prompt' is a list of messages, which needs prompt_format='chat_template'.")
-    if prompt_format == "plain":
-        return prompt
-    if "{prompt}" not in prompt_format:
-        raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS} or contain '{{prompt}}', got {prompt_format!r}.")
-    return prompt_format.replace("{prompt}", prompt)
-
-
-def prompt_template(tokenizer: PreTrainedTokenizerBase, prompt_format: str) -> str:
-    """The exact prompt formatting with a ``{prompt}`` placeholder, for the dataset card."""
-    return format_prompt(tokenizer, "{prompt}", prompt_format)
-
-
 def _disjoint_spans(offsets: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """Byte-level tokens of one multi-byte character share its span; give it to the first, zero width to the rest."""
     spans, previous_end = [], 0
@@ -167,9 +137,10 @@ def context_length(model: PreTrainedModel, max_length: int | None = None) -> int
 def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int) -> EncodedRow:
     """Tokenise one row; the completion separately, with character offsets, so spans index the completion text."""
     prompt, completion = split_prompt_completion(row, index)
-    text = format_prompt(tokenizer, prompt, options.prompt_format, index)
-    # A chat template already renders any BOS text; a plain prompt gets the tokenizer's own special tokens.
-    prompt_ids = tokenizer(text, add_special_tokens=options.prompt_format != "chat_template")["input_ids"]
+    try:
+        prompt_ids = prompt_token_ids(tokenizer, prompt, options)
+    except ValueError as error:
+        raise SchemaError(f"row {index}: field 'prompt': {error}") from None
     encoded = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
     completion_ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
     if not completion_ids:
@@ -369,24 +340,19 @@ def _merge_chunks(dataset: Dataset, work_dir: Path, num_chunks: int) -> Dataset:
     return concatenate_datasets([dataset, scores], axis=1)
 
 
-def add_teacher_buckets(dataset: Dataset, num_buckets: int = 8, metric: str = "nll", ordering: Ordering = "hard_to_easy",
-                        seed: int = 0) -> tuple[Dataset, list[float]]:
-    """Cut ALL teacher completion tokens of the data set into ``num_buckets`` equal-mass buckets (paper §3.2).
+def add_teacher_buckets(dataset: Dataset, config: BucketConfig | None = None) -> tuple[Dataset, list[float]]:
+    """Cut ALL teacher completion tokens of the data set into equal-mass buckets (paper §3.2).
 
     Returns the data set with a ``teacher_bucket`` column and the thresholds (for the card).
     """
-    if metric not in METRIC_COLUMNS:
-        raise ValueError(f"metric must be one of {sorted(METRIC_COLUMNS)}, got {metric!r}.")
-    per_row = dataset[METRIC_COLUMNS[metric]]
+    config = config or BucketConfig()
+    per_row = dataset[METRIC_COLUMNS[config.metric]]
     if not any(per_row):
-        raise SchemaError(f"row 0: field '{METRIC_COLUMNS[metric]}': the data set has no completion tokens to bucket.")
-    ids, thresholds = equal_mass_buckets(np.concatenate([np.asarray(s, dtype=np.float64) for s in per_row]),
-                                         num_buckets, ordering, seed)
-    bounds = np.cumsum([0] + [len(s) for s in per_row])
-    buckets = [ids[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+        raise SchemaError(f"row 0: field '{METRIC_COLUMNS[config.metric]}': the data set has no completion tokens to bucket.")
+    ids, thresholds = bucket_rows(per_row, config)
     if TEACHER_BUCKET in dataset.column_names:
         dataset = dataset.remove_columns(TEACHER_BUCKET)
-    return dataset.add_column(TEACHER_BUCKET, buckets, feature=SCORE_FEATURES[TEACHER_BUCKET]), thresholds.tolist()
+    return dataset.add_column(TEACHER_BUCKET, [i.tolist() for i in ids], feature=SCORE_FEATURES[TEACHER_BUCKET]), thresholds.tolist()
 
 
 def remove_work_dir(work_dir: str | os.PathLike) -> None:
@@ -407,11 +373,8 @@ def build_scored_dataset(
     *,
     gguf_file: str | None = None,
     revision: str | None = None,
-    options: ScoringOptions = ScoringOptions(),
-    num_buckets: int = 8,
-    metric: str = "nll",
-    ordering: Ordering = "hard_to_easy",
-    seed: int = 0,
+    options: ScoringOptions | None = None,
+    buckets: BucketConfig | None = None,
     source: str | None = None,
     license: str | None = None,
     push_to_hub: str | None = None,
@@ -427,6 +390,7 @@ def build_scored_dataset(
     output folder. On bad scores the partial work is removed; on a crash it is kept for resuming.
     Returns the folder on the main process, ``None`` on the others.
     """
+    options, buckets = options or ScoringOptions(), buckets or BucketConfig()
     if push_to_hub:
         check_push_access(push_to_hub, token)
     model, tokenizer = loaded_teacher or load_teacher(teacher, gguf_file, revision)
@@ -443,7 +407,7 @@ def build_scored_dataset(
         raise
     if scored is None:
         return None
-    scored, thresholds = add_teacher_buckets(scored, num_buckets, metric, ordering, seed)
+    scored, thresholds = add_teacher_buckets(scored, buckets)
     metadata = {
         "teacher": teacher,
         "teacher_revision": teacher_revision(model, revision),
@@ -451,13 +415,11 @@ def build_scored_dataset(
         "source_dataset": source,
         "num_rows": len(scored),
         "num_teacher_tokens": sum(len(r.completion_ids) for r in rows),
-        "metric": metric,
-        "num_buckets": num_buckets,
-        "ordering": ordering,
-        "seed": seed,
+        **dataclasses.asdict(buckets),
         "thresholds": thresholds,
-        "prompt_format": options.prompt_format,
-        "prompt_template": prompt_template(tokenizer, options.prompt_format),
+        "prompt_format": resolved_format(tokenizer, options),
+        "system_prompt": options.system_prompt,
+        "prompt_template": prompt_template(tokenizer, options),
         "completion_tokenization": "completion tokenised on its own (no special tokens, no EOS scored), after the prompt",
         "max_length": max_length,
         "truncated_rows": [r.index for r in rows if r.truncated],

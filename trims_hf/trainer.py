@@ -27,6 +27,10 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
+from .preparation import is_prepared, prepare_dataset
+from . import schema
+from .schema import SchemaError, has_teacher_scores
+from .settings import MaskingConfig, StudentFormat
 from .students import mask_token_id, student_spec
 
 logger = logging.getLogger(__name__)
@@ -47,8 +51,10 @@ class _CollatorEpoch(TrainerCallback):
 class MDLMTrainer(Trainer):
     """Trainer for masked diffusion LMs with TRIMS trajectory masking.
 
-    Pass a :class:`TrimsDataCollator` or let the trainer build one from ``args`` (an :class:`MDLMConfig`)
-    and ``processing_class``. Works with plain ``TrainingArguments`` too (token normalisation).
+    Like TRL's SFTTrainer, it prepares scored (or plain prompt/completion) data sets once for the student
+    (:func:`trims_hf.prepare_dataset` with ``args``' prompt format, max length and bucket settings) unless
+    they are prepared already, and builds a :class:`TrimsDataCollator` from ``args`` when none is given.
+    Works with plain ``TrainingArguments`` too (the paper's defaults, token normalisation).
     """
 
     loss_is_scaled_for_ga = True
@@ -66,11 +72,18 @@ class MDLMTrainer(Trainer):
     ) -> None:
         args = args if args is not None else MDLMConfig(output_dir="trims-output")
         self.student = student_spec(model)
+        masking = args.masking() if isinstance(args, MDLMConfig) else MaskingConfig()
         if data_collator is None:
             if processing_class is None:
                 raise ValueError("MDLMTrainer needs a data_collator or a processing_class (the student tokenizer).")
-            collator_kwargs = args.collator_kwargs() if isinstance(args, MDLMConfig) else {"seed": args.seed}
-            data_collator = TrimsDataCollator(processing_class, mask_token_id=mask_token_id(model), **collator_kwargs)
+            data_collator = TrimsDataCollator(processing_class, mask_token_id=mask_token_id(model), masking=masking,
+                                              seed=args.seed)
+        fmt = args.student_format() if isinstance(args, MDLMConfig) else StudentFormat()
+        train_dataset = self._prepare(train_dataset, processing_class, fmt, masking, args)
+        eval_dataset = (
+            {name: self._prepare(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
+            if isinstance(eval_dataset, dict) else self._prepare(eval_dataset, processing_class, fmt, masking, args)
+        )
         self.loss_normalization = getattr(args, "loss_normalization", "token")
         if self.loss_normalization not in ("token", "sequence"):
             raise ValueError(f"loss_normalization must be 'token' or 'sequence', got {self.loss_normalization!r}.")
@@ -84,6 +97,21 @@ class MDLMTrainer(Trainer):
             if args.dataloader_persistent_workers and args.dataloader_num_workers > 0:
                 logger.warning("dataloader_persistent_workers keeps each worker's copy of the collator, so the epoch "
                                "never reaches it and every epoch repeats the first epoch's masks; turn it off.")
+
+    @staticmethod
+    def _prepare(dataset: Any, tokenizer: Any, fmt: StudentFormat, masking: MaskingConfig, args: TrainingArguments) -> Any:
+        """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator."""
+        columns = set(getattr(dataset, "column_names", None) or ())
+        if is_prepared(dataset) or not columns & {schema.PROMPT, schema.MESSAGES}:
+            return dataset
+        if tokenizer is None:
+            raise ValueError("MDLMTrainer prepares scored rows for the student: pass processing_class=<student tokenizer>.")
+        scored = has_teacher_scores(dataset.column_names, masking.metric)
+        if masking.trajectory_ratio > 0 and not scored:
+            raise SchemaError(f"The data set has no teacher scores (columns {dataset.column_names}), which trajectory "
+                              "masking needs; score it with `trims score`, or set trajectory_ratio=0 for plain MDLM.")
+        with args.main_process_first(desc="preparing the data set for the student"):
+            return prepare_dataset(dataset, tokenizer, fmt, masking)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         """Evaluate with the collator's epoch-0 masks, so eval losses of different epochs are comparable."""

@@ -16,20 +16,17 @@ from typing import Any
 
 import torch
 import yaml
-from datasets import Dataset
 from peft import get_peft_model
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, HfArgumentParser, set_seed
 
 from .callbacks import DecodeEvalCallback
-from .collator import TrimsDataCollator
 from .config import MDLMConfig
 from .hub import check_push_access, load_source_dataset
 from .lora import lora_config
 from .model_card import evaluation_from_logs, trims_model_card
-from .preparation import StudentFormat, prepare_dataset
-from .schema import METRIC_COLUMNS
-from .students import STUDENTS, detect_student_kind, load_student, mask_token_id, prepare_student
+from .settings import DecodingConfig
+from .students import STUDENTS, detect_student_kind, load_student, prepare_student
 from .trainer import MDLMTrainer
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -71,17 +68,6 @@ class DataArguments:
     dataset_name: str = field(metadata={"help": "Scored data set: Hub id, local folder, or .jsonl/.json/.parquet file."})
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_split: str | None = field(default=None, metadata={"help": "Split for the loss evaluation (none by default)."})
-    prepare: bool = field(
-        default=True,
-        metadata={"help": "Project teacher scores onto student tokens and recompute equal-mass buckets over them "
-                  "(recommended); false: the collator projects the teacher's bucket ids row by row."},
-    )
-    metric: str = field(default="nll", metadata={"help": "Teacher score the buckets are cut on.", "choices": sorted(METRIC_COLUMNS)})
-    use_chat_template: bool = field(default=True, metadata={"help": "Render prompts with the student's chat template."})
-    system_prompt: str | None = field(default=None, metadata={"help": "Optional system message before each prompt."})
-    end_of_response: list[str] | None = field(
-        default=None, metadata={"help": "Tokens appended after each completion; default: EOS (LLaDA: <|eot_id|> <|endoftext|>; Dream: <|im_end|> <|endoftext|>)."}
-    )
 
     decode_eval_task: str | None = field(
         default=None,
@@ -90,10 +76,22 @@ class DataArguments:
     )
     decode_eval_limit: int = field(default=8, metadata={"help": "Number of task examples decoded at each evaluation."})
     decode_eval_data_file: str | None = field(default=None, metadata={"help": "Local file of the task's examples (offline)."})
+    decode_eval_decoding: dict | str | None = field(
+        default=None,
+        metadata={"help": "Decoder of decode_eval_task: a mapping of DecodingConfig fields, e.g. "
+                  "{strategy: threshold, threshold: 0.9, cache: dual} (YAML/JSON text on the command line)."},
+    )
 
-    def student_format(self) -> StudentFormat:
-        eor = tuple(self.end_of_response) if self.end_of_response else None
-        return StudentFormat(use_chat_template=self.use_chat_template, system_prompt=self.system_prompt, end_of_response=eor)
+    def decoding_config(self) -> DecodingConfig:
+        """The decode-eval decoder these arguments describe (the paper's defaults for unset fields)."""
+        values = yaml.safe_load(self.decode_eval_decoding) if isinstance(self.decode_eval_decoding, str) else self.decode_eval_decoding
+        if values is not None and not isinstance(values, dict):
+            raise RecipeError(f"decode_eval_decoding must be a mapping of decoder settings, got {values!r}.")
+        known = {f.name for f in dataclasses.fields(DecodingConfig)}
+        unknown = sorted(set(values or {}) - known)
+        if unknown:
+            raise RecipeError(f"Unknown decoder setting(s) {unknown} in decode_eval_decoding; known: {sorted(known)}.")
+        return DecodingConfig(**(values or {}))
 
 
 RECIPE_TYPES = (ModelArguments, DataArguments, MDLMConfig)
@@ -124,7 +122,7 @@ def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Model
     line), so the overrides win and every value is validated the same way.
     """
     recipe = read_recipe(path)
-    parser = HfArgumentParser(RECIPE_TYPES, prog=f"trims train --config {path}")
+    parser = HfArgumentParser(RECIPE_TYPES, prog=f"trims train --config {path}", allow_abbrev=False)
     parser.set_defaults(**recipe)
     for action in parser._actions:  # a key given by the recipe is no longer required on the command line
         if action.dest in recipe:
@@ -146,7 +144,7 @@ def build_student(model_args: ModelArguments, tokenizer: Any) -> nn.Module:
                             dtype=dtype, **kwargs)
     config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
     kind = model_args.model_kind or detect_student_kind(config.to_dict())
-    auto_class = AutoModelForMaskedLM if kind == "masked_lm" else AutoModelForCausalLM
+    auto_class = AutoModelForCausalLM if STUDENTS[kind].decoder else AutoModelForMaskedLM
     model = auto_class.from_config(config, dtype=None if dtype == "auto" else dtype, **kwargs)
     mask_id = getattr(config, "mask_token_id", None)
     return prepare_student(model, kind, mask_id if mask_id is not None else tokenizer.mask_token_id)
@@ -162,14 +160,6 @@ def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointi
     return get_peft_model(model, config)
 
 
-def load_split(data_args: DataArguments, args: MDLMConfig, tokenizer: Any, split: str) -> Dataset:
-    """One split of the scored data set, prepared for the student when ``data_args.prepare`` is on."""
-    dataset = load_source_dataset(data_args.dataset_name, split)
-    if not data_args.prepare:
-        return dataset
-    with args.main_process_first(desc=f"preparing {split}"):  # rank 0 fills the datasets cache, the others reuse it
-        return prepare_dataset(dataset, tokenizer, num_buckets=args.num_buckets, metric=data_args.metric,
-                               ordering=args.bucket_ordering, seed=args.seed, fmt=data_args.student_format())
 
 
 def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> dict[str, dict[str, Any]]:
@@ -188,8 +178,8 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
         lora |= {"r": model_args.lora_r, "alpha": model_args.lora_alpha, "dropout": model_args.lora_dropout,
                  "target_modules": model_args.lora_target_modules or "attention + MLP projections"}
     return {
-        "TRIMS": args.collator_kwargs() | {"loss_normalization": args.loss_normalization, "metric": data_args.metric,
-                                           "student_buckets": data_args.prepare},
+        "TRIMS": dataclasses.asdict(args.masking()) | {"loss_normalization": args.loss_normalization,
+                                                        "max_length": args.max_length},
         "optimisation": optimisation,
         "LoRA": lora,
     }
@@ -199,19 +189,17 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     """Build everything from the three argument objects, train (resuming if asked), save, and push if asked."""
     if data_args.decode_eval_task and (not data_args.eval_split or args.eval_strategy == "no"):
         raise RecipeError("decode_eval_task runs at each evaluation: set eval_split and eval_strategy (e.g. epoch).")
+    data_args.decoding_config()  # a bad decoder setting fails before any download
     if args.push_to_hub:  # before any download or training, so a long run never ends in an auth error
         check_push_access(args.hub_model_id or Path(args.output_dir).absolute().name, args.hub_token)
     set_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
     model = wrap_lora(build_student(model_args, tokenizer), model_args, args.gradient_checkpointing)
-    train_dataset = load_split(data_args, args, tokenizer, data_args.train_split)
-    eval_dataset = load_split(data_args, args, tokenizer, data_args.eval_split) if data_args.eval_split else None
-    collator = TrimsDataCollator(tokenizer, mask_token_id=mask_token_id(model), student_format=data_args.student_format(),
-                                 **args.collator_kwargs())
-    trainer = MDLMTrainer(model, args, data_collator=collator, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                          processing_class=tokenizer)
+    train_dataset = load_source_dataset(data_args.dataset_name, data_args.train_split)
+    eval_dataset = load_source_dataset(data_args.dataset_name, data_args.eval_split) if data_args.eval_split else None
+    trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
     if data_args.decode_eval_task:
-        DecodeEvalCallback(data_args.decode_eval_task, tokenizer, limit=data_args.decode_eval_limit,
+        DecodeEvalCallback(data_args.decode_eval_task, tokenizer, data_args.decoding_config(), limit=data_args.decode_eval_limit,
                            data_file=data_args.decode_eval_data_file, trainer=trainer)
     result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.log_metrics("train", result.metrics)
@@ -232,7 +220,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
 
 def recipe_help() -> str:
     """Every recipe key with its help string (``trims train --help-keys``)."""
-    return HfArgumentParser(RECIPE_TYPES, prog="trims train --config FILE").format_help()
+    return HfArgumentParser(RECIPE_TYPES, prog="trims train --config FILE", allow_abbrev=False).format_help()
 
 
 __all__ = ["DataArguments", "ModelArguments", "RecipeError", "parse_recipe", "read_recipe", "recipe_help", "train"]

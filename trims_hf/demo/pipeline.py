@@ -39,13 +39,13 @@ from transformers import (
     TrainingArguments,
 )
 
-from ..buckets import easiest_bucket
 from ..config import MDLMConfig
 from ..evaluation import EvalResult, evaluate_task, format_table, plot_frontier
 from ..generation import DecodingConfig, Trajectory, TrajectoryRecorder, teacher_nll_per_step
 from ..generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from ..preparation import prepare_dataset, tokenize_example
 from ..scoring import ScoringOptions, build_scored_dataset, encode_row, load_teacher, score_batch
+from ..settings import BucketConfig, StudentFormat
 from ..students import prepare_student
 from ..tasks.base import read_json_rows
 from ..trainer import MDLMTrainer
@@ -246,7 +246,7 @@ def score_train_split(output: Path, settings: DemoSettings, teacher: tuple[PreTr
         return load_dataset(str(folder), split="train")
     shutil.rmtree(folder, ignore_errors=True)
     build_scored_dataset(Dataset.from_list(as_prompt_completion(train)), folder, teacher=teacher_name,
-                         loaded_teacher=teacher, num_buckets=settings.num_buckets,
+                         loaded_teacher=teacher, buckets=BucketConfig(num_buckets=settings.num_buckets),
                          options=ScoringOptions(max_length=settings.max_length * 4), source="trims demo")
     mark_cached(folder, key)
     return load_dataset(str(folder), split="train")
@@ -263,7 +263,7 @@ def bucket_statistics(prepared: Dataset, num_buckets: int) -> dict[str, Any]:
              "mean_nll": float(scores[flat == k].mean()) if (flat == k).any() else 0.0} for k in range(num_buckets)]
     end_tokens = sum(len(b) - len(s) for b, s in zip(prepared["bucket_ids"], prepared["student_score"]))
     return {"per_bucket": rows, "end_of_response_tokens": end_tokens,
-            "end_of_response_bucket": easiest_bucket(num_buckets, "hard_to_easy"),
+            "end_of_response_bucket": BucketConfig(num_buckets=num_buckets).end_bucket,
             "completion_tokens": int(flat.size), "total_teacher_nll": float(total)}
 
 
@@ -481,7 +481,8 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
     with timed(run, "scoring and buckets"):
         scored = score_train_split(output, settings, teacher, teacher_name, train, run)
         orderings = dict.fromkeys(ordering for _, ordering in VARIANTS.values())
-        prepared = {o: prepare_dataset(scored, tokenizer, num_buckets=settings.num_buckets, ordering=o, seed=settings.data_seed)
+        prepared = {o: prepare_dataset(scored, tokenizer, StudentFormat(max_length=settings.max_length),
+                                       BucketConfig(num_buckets=settings.num_buckets, bucket_ordering=o, bucket_seed=settings.data_seed))
                     for o in orderings}
         run.buckets = bucket_statistics(prepared["hard_to_easy"], settings.num_buckets) | {"teacher": teacher_name}
     with timed(run, "base student"):

@@ -16,16 +16,15 @@ forward (NFE), cached or not. Reuse is an approximation (stale keys/values), mea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, get_args
 
 import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..settings import CacheMode
 from ..students import StudentSpec
 
-CacheMode = Literal["none", "prefix", "dual"]
-CACHE_MODES: tuple[str, ...] = ("none", "prefix", "dual")
 
 
 @dataclass
@@ -91,9 +90,9 @@ class StudentForward:
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor,
     ) -> None:
-        if mode not in CACHE_MODES:
-            raise ValueError(f"cache={mode!r}; choose one of {CACHE_MODES}.")
-        if mode != "none" and spec.kind == "masked_lm":
+        if mode not in get_args(CacheMode):
+            raise ValueError(f"cache={mode!r}; choose one of {get_args(CacheMode)}.")
+        if mode != "none" and not spec.decoder:
             raise ValueError("KV caching needs a decoder student (llada/dream); use cache='none' for masked LMs.")
         self.model, self.spec, self.mode = model, spec, mode
         self.attention_mask, self.position_ids = attention_mask, position_ids
@@ -113,7 +112,7 @@ class StudentForward:
         # A shifted student's block head has no source inside a cached window; it reads itself (never used,
         # the decoder committed that position at the refresh).
         sources = (sources - window_start).clamp(min=0)
-        if self.spec.kind == "masked_lm":
+        if not self.spec.decoder:
             return self.model(input_ids=x, attention_mask=self.attention_mask).logits[:, sources]
         kwargs: dict[str, Any] = {"use_cache": False}
         if self.cache is not None:

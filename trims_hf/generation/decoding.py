@@ -13,16 +13,18 @@ so blocks made only of EOS cost no forward; a batch skips a block only when all 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from ..prompts import Prompt, prompt_token_ids
+from ..settings import DecodingConfig, PromptFormat
 from ..students import mask_token_id, student_spec
-from .cache import CACHE_MODES, CacheMode, StudentForward
+from .cache import StudentForward
 from .hooks import DecodeHook, GenerationStart, StepRecord, tokens_before_stop
 
 
@@ -107,65 +109,18 @@ class FixedSteps(Strategy):
         return _ranks(scores, candidates) < quota[:, None]
 
 
-@dataclass
-class DecodingConfig:
-    """Settings of :func:`generate`; defaults are the paper's evaluation decoder (Fast-dLLM threshold)."""
+# One builder per name of :data:`trims_hf.settings.StrategyName` (a test checks they match).
+STRATEGIES: dict[str, Callable[[DecodingConfig], Strategy]] = {
+    "threshold": lambda config: ConfidenceThreshold(config.threshold),
+    "factor": lambda config: ConfidenceFactor(config.factor),
+    "entropy": lambda config: EntropyThreshold(config.entropy_threshold),
+    "fixed_steps": lambda config: FixedSteps(config.total_steps // config.num_blocks),
+}
 
-    strategy: Literal["threshold", "fixed_steps", "entropy", "factor"] = field(
-        default="threshold", metadata={"help": "Commit rule: threshold | fixed_steps | entropy | factor."}
-    )
-    gen_length: int = field(default=256, metadata={"help": "Number of generated (masked) positions."})
-    block_length: int = field(default=32, metadata={"help": "Positions per block; blocks are decoded left to right."})
-    threshold: float = field(default=0.9, metadata={"help": "Confidence threshold tau of the threshold strategy."})
-    steps: int | None = field(
-        default=None, metadata={"help": "Total steps of fixed_steps (split evenly over blocks); default gen_length."}
-    )
-    entropy_threshold: float = field(
-        default=0.5, metadata={"help": "Entropy (nats) threshold of the entropy strategy."}
-    )
-    factor: float = field(
-        default=1.0, metadata={"help": "f of the factor strategy: largest n with (n+1)(1-c(n)) <= f."}
-    )
-    temperature: float = field(
-        default=0.0, metadata={"help": "0 = argmax; > 0 samples proposals from softmax(logits/T)."}
-    )
-    seed: int | None = field(default=None, metadata={"help": "Seed of the sampling generator (temperature > 0)."})
-    cache: CacheMode = field(default="none", metadata={"help": "KV reuse: none | prefix | dual (Fast-dLLM)."})
-    early_stop: bool = field(
-        default=True, metadata={"help": "After a committed stop token, fill the rest with EOS and skip its forwards."}
-    )
-    stop_token_ids: tuple[int, ...] | None = field(
-        default=None, metadata={"help": "Tokens ending a response (e.g. LLaDA's <|eot_id|>); default: the EOS ids."}
-    )
-    eos_token_id: int | None = field(
-        default=None, metadata={"help": "Token written after a stop; default: the model config's (first) EOS id."}
-    )
 
-    def __post_init__(self) -> None:
-        if self.gen_length % self.block_length:
-            raise ValueError(f"gen_length={self.gen_length} must be a multiple of block_length={self.block_length}.")
-        if self.cache not in CACHE_MODES:
-            raise ValueError(f"cache={self.cache!r}; choose one of {CACHE_MODES}.")
-        steps = self.steps if self.steps is not None else self.gen_length
-        if self.strategy == "fixed_steps" and steps % self.num_blocks:
-            raise ValueError(f"steps={steps} must be a multiple of the number of blocks ({self.num_blocks}).")
-        self.build_strategy()
-
-    @property
-    def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
-
-    def build_strategy(self) -> Strategy:
-        """The :class:`Strategy` object these settings describe."""
-        if self.strategy == "threshold":
-            return ConfidenceThreshold(self.threshold)
-        if self.strategy == "factor":
-            return ConfidenceFactor(self.factor)
-        if self.strategy == "entropy":
-            return EntropyThreshold(self.entropy_threshold)
-        if self.strategy == "fixed_steps":
-            return FixedSteps((self.steps if self.steps is not None else self.gen_length) // self.num_blocks)
-        raise ValueError(f"Unknown strategy {self.strategy!r}.")
+def build_strategy(config: DecodingConfig) -> Strategy:
+    """The :class:`Strategy` object ``config`` describes."""
+    return STRATEGIES[config.strategy](config)
 
 
 @dataclass
@@ -236,7 +191,7 @@ def generate(
     """
     config = config or DecodingConfig()
     spec, mask_id = student_spec(model), mask_token_id(model)
-    strategy = config.build_strategy()
+    strategy = build_strategy(config)
     batch, prompt_length = input_ids.shape
     device = input_ids.device
     x = torch.cat([input_ids, input_ids.new_full((batch, config.gen_length), mask_id)], dim=1)
@@ -310,23 +265,19 @@ def _end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 def generate_text(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str | list[dict[str, str]]],
+    prompts: Sequence[Prompt],
     config: DecodingConfig | None = None,
     hooks: Sequence[DecodeHook] = (),
     sample_ids: Sequence[Hashable] | None = None,
+    prompt_format: PromptFormat | None = None,
 ) -> list[str]:
-    """Chat-format, left-pad and decode ``prompts`` (strings become one user message); returns the answers
-    cut before their first stop token. Stop ids default to the model's and the tokenizer's EOS ids plus the
-    chat end-of-turn tokens the vocabulary has (LLaDA's ``<|eot_id|>``, Dream's ``<|im_end|>``)."""
+    """Render (:func:`trims_hf.prompts.prompt_token_ids`, as in training), left-pad and decode ``prompts``; returns
+    the answers cut before their first stop token. Stop ids default to the model's and the tokenizer's EOS ids
+    plus the chat end-of-turn tokens the vocabulary has (LLaDA's ``<|eot_id|>``, Dream's ``<|im_end|>``)."""
     config = config or DecodingConfig()
-    if tokenizer.chat_template is not None:
-        conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
-        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
-    elif all(isinstance(p, str) for p in prompts):
-        texts = list(prompts)
-    else:
-        raise ValueError("Chat messages need a tokenizer with a chat template.")
-    batch = tokenizer(texts, padding=True, padding_side="left", add_special_tokens=False, return_tensors="pt")
+    fmt = prompt_format or PromptFormat()
+    encoded = [prompt_token_ids(tokenizer, prompt, fmt) for prompt in prompts]
+    batch = tokenizer.pad({"input_ids": encoded}, padding=True, padding_side="left", return_tensors="pt")
     eos_ids = dict.fromkeys(_eos_ids(model) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
                             + _end_of_turn_ids(tokenizer))
     config = replace(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from .base import StudentSpec, make_bidirectional
 from .dream import qwen2_config_from_dream
@@ -21,9 +22,12 @@ from .llada import llama_config_from_llada
 _DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 STUDENTS: dict[str, StudentSpec] = {
-    "llada": StudentSpec(kind="llada", shift_logits=False, lora_target_modules=_DECODER_LORA_TARGETS),
-    "dream": StudentSpec(kind="dream", shift_logits=True, lora_target_modules=_DECODER_LORA_TARGETS),
-    "masked_lm": StudentSpec(kind="masked_lm", shift_logits=False, lora_target_modules="all-linear"),
+    "llada": StudentSpec(kind="llada", shift_logits=False, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
+                         native_model_type="llada", translate_config=llama_config_from_llada,
+                         key_mapping=LLADA_KEY_MAPPING),
+    "dream": StudentSpec(kind="dream", shift_logits=True, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
+                         native_model_type="dream", translate_config=qwen2_config_from_dream),
+    "masked_lm": StudentSpec(kind="masked_lm", shift_logits=False, lora_target_modules="all-linear", decoder=False),
 }
 
 
@@ -52,7 +56,7 @@ def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = Non
         raise ValueError(f"mask_token_id={mask_token_id} is outside the vocabulary of size {config.vocab_size}.")
     config.trims_student = kind
     config.mask_token_id = int(mask_token_id)
-    if kind != "masked_lm":
+    if STUDENTS[kind].decoder:
         make_bidirectional(model)
     return model
 
@@ -83,13 +87,20 @@ def student_logits(
 
 
 def detect_student_kind(config_dict: dict[str, Any]) -> str:
-    """Guess the student family from a ``config.json`` dict."""
+    """The student family of a ``config.json`` dict: a saved student's own mark, a LLaDA/Dream checkpoint's
+    ``model_type``, or a masked LM; a causal LM needs the caller to say how it was made bidirectional."""
     if config_dict.get("trims_student"):
         return config_dict["trims_student"]
     model_type = str(config_dict.get("model_type", "")).lower()
-    if model_type in ("llada", "dream"):
-        return model_type
-    return "masked_lm"
+    for spec in STUDENTS.values():
+        if spec.native_model_type == model_type:
+            return spec.kind
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "masked_lm"
+    raise ValueError(
+        f"Cannot tell which kind of student a '{model_type}' model is: pass kind='llada' (unshifted logits) or "
+        f"kind='dream' (logits shifted by one) to use a causal LM as a masked diffusion student."
+    )
 
 
 def load_student(
@@ -104,29 +115,27 @@ def load_student(
     """Load a LLaDA, Dream or masked-LM student from the Hub or a folder, ready for training or decoding.
 
     LLaDA and Dream checkpoints load into transformers' native Llama/Qwen2 classes (weights renamed for
-    LLaDA), so ``trust_remote_code`` is never needed. Extra keyword arguments (``dtype``,
-    ``device_map``, ``attn_implementation``...) go to ``from_pretrained``.
+    LLaDA), so ``trust_remote_code`` is never needed. The mask id comes from ``mask_token_id``, else the
+    config, else the tokenizer. Extra keyword arguments (``dtype``, ``device_map``, ``attn_implementation``...)
+    go to ``from_pretrained``.
     """
     hub_kwargs = {"revision": revision, "token": token}
     config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **hub_kwargs)
-    kind = kind or detect_student_kind(config_dict)
-    native_model_type = str(config_dict.get("model_type", "")).lower()
-    if kind == "llada":
+    spec = STUDENTS[kind] if kind is not None else STUDENTS[detect_student_kind(config_dict)]
+    if spec.decoder:
+        native = spec.translate_config is not None and str(config_dict.get("model_type", "")).lower() == spec.native_model_type
         # Also for checkpoints we saved: transformers writes weights back under the checkpoint's original names.
-        config = llama_config_from_llada(config_dict) if native_model_type == "llada" else None
         model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, config=config, key_mapping=LLADA_KEY_MAPPING, **hub_kwargs, **from_pretrained_kwargs
+            name_or_path, config=spec.translate_config(config_dict) if native else None,
+            key_mapping=spec.key_mapping, **hub_kwargs, **from_pretrained_kwargs,
         )
-    elif kind == "dream":
-        config = qwen2_config_from_dream(config_dict) if native_model_type == "dream" else None
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, **hub_kwargs, **from_pretrained_kwargs)
     else:
         model = AutoModelForMaskedLM.from_pretrained(name_or_path, **hub_kwargs, **from_pretrained_kwargs)
-        if mask_token_id is None and getattr(model.config, "mask_token_id", None) is None:
-            from transformers import AutoTokenizer
+    if mask_token_id is None and getattr(model.config, "mask_token_id", None) is None:
+        from transformers import AutoTokenizer
 
-            mask_token_id = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs).mask_token_id
-    return prepare_student(model, kind, mask_token_id)
+        mask_token_id = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs).mask_token_id
+    return prepare_student(model, spec.kind, mask_token_id)
 
 
 __all__ = [

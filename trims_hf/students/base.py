@@ -8,7 +8,9 @@ survives ``save_pretrained`` / PEFT wrapping and every component can recover it 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +26,15 @@ class StudentSpec:
     """True when the logits at position ``i - 1`` predict token ``i`` (Dream)."""
     lora_target_modules: tuple[str, ...] | str
     """Module names (or a peft keyword such as ``"all-linear"``) that LoRA wraps; never the LM head."""
+    decoder: bool
+    """A transformers causal-LM class made bidirectional (takes position ids, a KV cache and ``logits_to_keep``);
+    False for an ``AutoModelForMaskedLM``."""
+    native_model_type: str | None = None
+    """``model_type`` of the family's original checkpoints, whose config :attr:`translate_config` converts."""
+    translate_config: Callable[[dict[str, Any]], Any] | None = None
+    """Original ``config.json`` dict -> the equivalent transformers config."""
+    key_mapping: Mapping[str, str] | None = None
+    """Checkpoint weight renames applied at every load (``from_pretrained(key_mapping=...)``)."""
 
     def source_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Positions whose logits predict the tokens at ``positions`` (position 0 reads itself)."""

@@ -15,6 +15,8 @@ from typing import Any, TypedDict
 
 import datasets
 
+from ..prompts import Prompt, join_messages, render_prompt, resolved_format, uses_chat_template
+from ..settings import PromptFormat
 from .extraction import code_block
 from .sandbox import SandboxLimits, run_program
 
@@ -93,27 +95,25 @@ class Task(ABC):
     def prompt_format(self, tokenizer: Any = None) -> dict[str, Any]:
         """What shaped the prompt (template, shots, instruction): store it with every result."""
 
-    def build_prompt(self, example: Example, tokenizer: Any = None) -> Messages | str:
-        """Chat messages without a tokenizer; with one, the text to tokenise.
-
-        A tokenizer with a chat template renders the messages (with the generation prompt); one
-        without gets the plain-text form.
-        """
+    def prompt(self, example: Example, tokenizer: Any, fmt: PromptFormat | None = None) -> Prompt:
+        """What the decoder renders (:func:`trims_hf.prompts.prompt_token_ids`): the chat messages when the
+        tokenizer's chat template applies, else the task's plain-text form."""
+        fmt = fmt or PromptFormat()
         messages = self.messages(example)
+        return messages if uses_chat_template(tokenizer, fmt) else self.plain_text(messages)
+
+    def build_prompt(self, example: Example, tokenizer: Any = None, fmt: PromptFormat | None = None) -> Messages | str:
+        """Chat messages without a tokenizer; with one, the prompt text exactly as the decoder renders it."""
         if tokenizer is None:
-            return messages
-        if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return self.plain_text(messages)
+            return self.messages(example)
+        return render_prompt(tokenizer, self.prompt(example, tokenizer, fmt), fmt or PromptFormat())[0]
 
     def plain_text(self, messages: Messages) -> str:
-        """Messages joined for a model without a chat template."""
-        return "\n\n".join(m["content"] for m in messages) + "\n"
+        """Messages joined for a model without a chat template (as :func:`trims_hf.prompts.render_prompt` joins them)."""
+        return join_messages(messages)
 
     def template_name(self, tokenizer: Any) -> str:
-        if tokenizer is None:
-            return "messages"
-        return "chat_template" if getattr(tokenizer, "chat_template", None) else "plain"
+        return "messages" if tokenizer is None else resolved_format(tokenizer, PromptFormat())
 
     # -- judging ------------------------------------------------------------------------------
     @abstractmethod

@@ -1,0 +1,65 @@
+"""One rendering of a prompt into tokens, shared by teacher scoring, data preparation, decoding and evaluation.
+
+A prompt is a string or a list of chat messages. A mismatch between the prompt a student was trained on
+and the one it is evaluated with silently costs accuracy, so every component calls :func:`prompt_token_ids`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .settings import PromptFormat
+
+Prompt = str | Sequence[dict[str, str]]
+
+
+def join_messages(messages: Sequence[dict[str, str]]) -> str:
+    """Chat messages as one text for a model without a chat template: contents separated by a blank line."""
+    return "\n\n".join(m["content"] for m in messages)
+
+
+def uses_chat_template(tokenizer: Any, fmt: PromptFormat) -> bool:
+    """Whether ``fmt`` renders with the tokenizer's chat template (asked for, and the tokenizer has one)."""
+    return fmt.prompt_format == "chat_template" and bool(getattr(tokenizer, "chat_template", None))
+
+
+def resolved_format(tokenizer: Any, fmt: PromptFormat) -> str:
+    """The format that really applies: ``chat_template`` falls back to ``plain`` for a tokenizer without one."""
+    if fmt.prompt_format == "chat_template" and not uses_chat_template(tokenizer, fmt):
+        return "plain"
+    return fmt.prompt_format
+
+
+def _messages(prompt: Prompt, fmt: PromptFormat) -> list[dict[str, str]]:
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    if fmt.system_prompt and (not messages or messages[0].get("role") != "system"):
+        messages = [{"role": "system", "content": fmt.system_prompt}, *messages]
+    return messages
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt, fmt: PromptFormat) -> tuple[str, bool]:
+    """``(text, add_special_tokens)``: the prompt text and whether the tokenizer adds its special tokens.
+
+    A chat template renders any BOS text itself (and the generation prompt); the plain and format-string
+    forms get the tokenizer's own special tokens, as a plain LM would see them.
+    """
+    if uses_chat_template(tokenizer, fmt):
+        return tokenizer.apply_chat_template(_messages(prompt, fmt), add_generation_prompt=True, tokenize=False), False
+    text = prompt if isinstance(prompt, str) else join_messages(prompt)
+    if fmt.prompt_format not in ("chat_template", "plain"):
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt_format {fmt.prompt_format!r} needs a text prompt, not chat messages.")
+        text = fmt.prompt_format.replace("{prompt}", prompt)
+    return text, True
+
+
+def prompt_token_ids(tokenizer: Any, prompt: Prompt, fmt: PromptFormat) -> list[int]:
+    """The prompt's token ids exactly as every trims_hf component feeds them to a model."""
+    text, special = render_prompt(tokenizer, prompt, fmt)
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def prompt_template(tokenizer: Any, fmt: PromptFormat) -> str:
+    """The rendered prompt with a ``{prompt}`` placeholder, for data set and model cards."""
+    return render_prompt(tokenizer, "{prompt}", fmt)[0]

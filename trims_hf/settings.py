@@ -1,0 +1,224 @@
+"""Every setting of trims_hf, declared once: dataclasses with help strings and the paper's defaults.
+
+The same classes configure the Python API, the ``trims`` commands (parsed with ``HfArgumentParser``)
+and the YAML recipes, so a flag, a recipe key and a keyword argument are one declaration. This module
+imports neither torch nor transformers, so ``trims ... --help`` stays fast.
+
+* :class:`PromptFormat` / :class:`StudentFormat`: how a prompt (and completion) becomes tokens.
+* :class:`ScoringOptions`: how the teacher scores rows (paper §3.1).
+* :class:`BucketConfig`: how teacher scores are cut into K equal-mass buckets (paper §3.2).
+* :class:`MaskingConfig`: the forward (noising) process of MDLM and TRIMS (paper Algorithm 1).
+* :class:`DecodingConfig`: the parallel decoder (Fast-dLLM threshold by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, get_args
+
+Ordering = Literal["hard_to_easy", "easy_to_hard", "random"]
+Metric = Literal["nll", "entropy"]
+TrajectorySelection = Literal["per_draw", "fixed_subset"]
+TrajectoryLossWeight = Literal["elbo", "inverse_mask_ratio", "none"]
+NoiseScheduleName = Literal["linear", "cosine"]
+StrategyName = Literal["threshold", "fixed_steps", "entropy", "factor"]
+CacheMode = Literal["none", "prefix", "dual"]
+
+MAX_BUCKETS = 127  # bucket ids are stored as int8
+DEFAULT_TEACHER = "Qwen/Qwen3-8B"  # the paper's teacher
+PROMPT_FORMATS = ("chat_template", "plain")
+
+
+def _check_choice(name: str, value: Any, kind: Any) -> None:
+    if value not in get_args(kind):
+        raise ValueError(f"{name}={value!r}; choose one of {', '.join(get_args(kind))}.")
+
+
+def _check_probability(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}.")
+
+
+@dataclass
+class PromptFormat:
+    """How a prompt is rendered and tokenised, the same way for the teacher, training, decoding and evaluation."""
+
+    prompt_format: str = field(
+        default="chat_template",
+        metadata={"help": "chat_template: the tokenizer's chat template (user turn + generation prompt; plain when the "
+                  "tokenizer has none); plain: the prompt text (chat messages joined by a blank line) with the "
+                  "tokenizer's special tokens; or a format string containing {prompt}."},
+    )
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "Optional system message placed before the prompt (chat template only)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.prompt_format not in PROMPT_FORMATS and "{prompt}" not in self.prompt_format:
+            raise ValueError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)} or contain '{{prompt}}', "
+                             f"got {self.prompt_format!r}.")
+
+
+@dataclass
+class StudentFormat(PromptFormat):
+    """How a scored row becomes student tokens: the prompt format, the end of the response and the length cap."""
+
+    end_of_response: list[str] | None = field(
+        default=None,
+        metadata={"help": "Tokens appended after each completion; default: the tokenizer's EOS "
+                  "(LLaDA: <|eot_id|> <|endoftext|>; Dream: <|im_end|> <|endoftext|>)."},
+    )
+    max_length: int = field(
+        default=1024, metadata={"help": "Maximum student sequence length; the completion is cut, the prompt never is."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be at least 2, got {self.max_length}.")
+
+
+@dataclass
+class ScoringOptions(PromptFormat):
+    """How rows are formatted for the teacher (the shared :class:`PromptFormat`), cut and batched."""
+
+    max_length: int | None = field(
+        default=None, metadata={"help": "Teacher context in tokens; default: max_position_embeddings of the teacher config."}
+    )
+    truncate: bool = field(
+        default=False, metadata={"help": "Score only the completion prefix that fits the context (recorded in the card)."}
+    )
+    max_tokens_per_batch: int = field(
+        default=8192, metadata={"help": "Padded tokens per forward (rows x longest row); a longer row gets a batch of its own."}
+    )
+    rows_per_work_chunk: int = field(default=256, metadata={"help": "Rows per resumable unit of work (one saved file each)."})
+    logits_chunk_elements: int = field(
+        default=2**24, metadata={"help": "Logits computed at once (positions x vocab); bounds the scorer's extra memory."}
+    )
+    padding_side: str = field(default="right", metadata={"help": "Padding side of teacher batches (scores do not depend on it)."})
+
+
+@dataclass
+class BucketConfig:
+    """How per-token teacher scores are cut into K equal-mass difficulty buckets (paper §3.2: K = 8, hardest first)."""
+
+    num_buckets: int = field(default=8, metadata={"help": "K, the number of equal-mass difficulty buckets."})
+    bucket_ordering: Ordering = field(
+        default="hard_to_easy",
+        metadata={"help": "Which tokens bucket 0 (revealed first) holds: hard_to_easy (paper), easy_to_hard, or random."},
+    )
+    metric: Metric = field(default="nll", metadata={"help": "Teacher score the buckets are cut on: nll (paper) or entropy."})
+    bucket_seed: int = field(default=0, metadata={"help": "Seed of the random ordering."})
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_buckets <= MAX_BUCKETS:
+            raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {self.num_buckets}.")
+        _check_choice("bucket_ordering", self.bucket_ordering, Ordering)
+        _check_choice("metric", self.metric, Metric)
+
+    @property
+    def end_bucket(self) -> int:
+        """Bucket of end-of-response tokens and EOS padding: the easiest tokens' bucket (last, or first for easy_to_hard)."""
+        return 0 if self.bucket_ordering == "easy_to_hard" else self.num_buckets - 1
+
+
+@dataclass
+class MaskingConfig(BucketConfig):
+    """The forward process: standard MDLM masking, and TRIMS trajectory masking for a share of samples.
+
+    Defaults are the paper's (§4): ratio 0.1, p_context 0.05, p_future 0.95, linear schedule.
+    """
+
+    p_context: float = field(
+        default=0.05, metadata={"help": "Mask probability of context tokens (bucket <= k) in trajectory samples."}
+    )
+    p_future: float = field(
+        default=0.95, metadata={"help": "Mask probability of future tokens (bucket > k) in trajectory samples."}
+    )
+    trajectory_ratio: float = field(
+        default=0.1, metadata={"help": "Share of samples with trajectory masking; 0 trains the plain MDLM baseline."}
+    )
+    trajectory_selection: TrajectorySelection = field(
+        default="per_draw",
+        metadata={"help": "per_draw: each sample w.p. ratio at every draw; fixed_subset: a fixed ~ratio subset of examples."},
+    )
+    trajectory_loss_weight: TrajectoryLossWeight = field(
+        default="elbo",
+        metadata={"help": "Weight of trajectory samples: elbo (the sampled t's 1/t, Algorithm 1), inverse_mask_ratio or none."},
+    )
+    noise_schedule: NoiseScheduleName = field(default="linear", metadata={"help": "alpha_t schedule: linear (1 - t) or cosine."})
+    min_t: float = field(default=1e-3, metadata={"help": "t is drawn from U(min_t, 1) so that the 1/t weight stays finite."})
+    train_on_padding: bool = field(
+        default=True, metadata={"help": "Attend to, mask and train on EOS padding (LLaDA convention)."}
+    )
+    pad_to_multiple_of: int | None = field(
+        default=None, metadata={"help": "Pad every batch to a multiple of this many tokens."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("p_context", "p_future", "trajectory_ratio"):
+            _check_probability(name, getattr(self, name))
+        _check_choice("trajectory_selection", self.trajectory_selection, TrajectorySelection)
+        _check_choice("trajectory_loss_weight", self.trajectory_loss_weight, TrajectoryLossWeight)
+        _check_choice("noise_schedule", self.noise_schedule, NoiseScheduleName)
+        if not 0.0 < self.min_t < 1.0:
+            raise ValueError(f"min_t must be in (0, 1), got {self.min_t}.")
+
+
+@dataclass
+class DecodingConfig:
+    """Settings of :func:`trims_hf.generate`; defaults are the paper's evaluation decoder (Fast-dLLM threshold)."""
+
+    strategy: StrategyName = field(
+        default="threshold", metadata={"help": "Commit rule: threshold | fixed_steps | entropy | factor."}
+    )
+    gen_length: int = field(default=256, metadata={"help": "Number of generated (masked) positions."})
+    block_length: int = field(default=32, metadata={"help": "Positions per block; blocks are decoded left to right."})
+    threshold: float = field(default=0.9, metadata={"help": "Confidence threshold tau of the threshold strategy."})
+    steps: int | None = field(
+        default=None, metadata={"help": "Total steps of fixed_steps (split evenly over blocks); default gen_length."}
+    )
+    entropy_threshold: float = field(default=0.5, metadata={"help": "Entropy (nats) threshold of the entropy strategy."})
+    factor: float = field(default=1.0, metadata={"help": "f of the factor strategy: largest n with (n+1)(1-c(n)) <= f."})
+    temperature: float = field(default=0.0, metadata={"help": "0 = argmax; > 0 samples proposals from softmax(logits/T)."})
+    seed: int | None = field(default=None, metadata={"help": "Seed of the sampling generator (temperature > 0)."})
+    cache: CacheMode = field(default="none", metadata={"help": "KV reuse: none | prefix | dual (Fast-dLLM)."})
+    early_stop: bool = field(
+        default=True, metadata={"help": "After a committed stop token, fill the rest with EOS and skip its forwards."}
+    )
+    stop_token_ids: list[int] | None = field(
+        default=None, metadata={"help": "Tokens ending a response (e.g. LLaDA's <|eot_id|>); default: the EOS ids."}
+    )
+    eos_token_id: int | None = field(
+        default=None, metadata={"help": "Token written after a stop; default: the model config's (first) EOS id."}
+    )
+
+    def __post_init__(self) -> None:
+        _check_choice("strategy", self.strategy, StrategyName)
+        _check_choice("cache", self.cache, CacheMode)
+        if self.block_length < 1 or self.gen_length < 1 or self.gen_length % self.block_length:
+            raise ValueError(f"gen_length={self.gen_length} must be a positive multiple of block_length={self.block_length}.")
+        if self.strategy == "fixed_steps" and self.total_steps % self.num_blocks:
+            raise ValueError(f"steps={self.total_steps} must be a multiple of the number of blocks ({self.num_blocks}).")
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = tuple(int(i) for i in self.stop_token_ids)  # hashable, as the decoder keeps it
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of the fixed_steps strategy (default: one token per step)."""
+        return self.steps if self.steps is not None else self.gen_length
+
+
+Settings = TypeVar("Settings")
+
+
+def settings_of(source: Any, cls: type[Settings], **overrides: Any) -> Settings:
+    """The ``cls`` part of a larger settings object (e.g. the :class:`MaskingConfig` inside an ``MDLMConfig``)."""
+    values = {f.name: getattr(source, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(source, f.name)}
+    return cls(**(values | overrides))
