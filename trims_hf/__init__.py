@@ -54,6 +54,7 @@ from .scoring import (
     token_scores,
 )
 from .evaluation import EvalResult, SampleRecord, evaluate_task, format_table, plot_frontier, sweep
+from .reports import markdown_table
 from .callbacks import DecodeEvalCallback
 from .model_card import trims_model_card
 from .training import DataArguments, ModelArguments, RecipeError, parse_recipe, train
