@@ -54,6 +54,15 @@ from .scoring import (
     token_scores,
 )
 from .evaluation import EvalResult, SampleRecord, evaluate_task, format_table, plot_frontier, sweep
+from .analysis import (
+    bucket_statistics,
+    format_study,
+    hard_first_correlation,
+    spearman_correlation,
+    steps_into_block,
+    study_rows,
+    teacher_nll_scorer,
+)
 from .reports import markdown_table
 from .callbacks import DecodeEvalCallback
 from .model_card import trims_model_card
