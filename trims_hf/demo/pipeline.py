@@ -16,7 +16,7 @@ import random
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from datasets import Dataset, load_dataset
 from transformers import (
+    DataCollatorForSeq2Seq,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -186,20 +187,6 @@ def training_arguments(cls: type[TrainingArguments], folder: Path, steps: int, l
     )
 
 
-def _causal_batch(pad_token_id: int) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
-    """Right-padded batches whose loss covers the completion and its EOS (the teacher models p(y | x))."""
-    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
-        width = max(len(row["input_ids"]) for row in rows)
-        ids = torch.full((len(rows), width), pad_token_id)
-        labels = torch.full((len(rows), width), -100)
-        lengths = torch.tensor([len(row["input_ids"]) for row in rows])
-        for b, row in enumerate(rows):
-            ids[b, : lengths[b]] = torch.tensor(row["input_ids"])
-            labels[b, row["prompt_length"] : lengths[b]] = ids[b, row["prompt_length"] : lengths[b]]
-        return {"input_ids": ids, "labels": labels, "attention_mask": (torch.arange(width) < lengths[:, None]).long()}
-    return collate
-
-
 def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokenizerBase,
               train: Sequence[Mapping[str, str]], run: DemoRun) -> LlamaForCausalLM:
     """A small causal Llama trained here on the completions: the default teacher and the students' initialisation."""
@@ -208,11 +195,15 @@ def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokeniz
         run.cached.append("causal-lm")
         return LlamaForCausalLM.from_pretrained(folder).eval()
     examples = [tokenize_example(tokenizer, row["prompt"], row["completion"]) for row in as_prompt_completion(train)]
-    prepared = Dataset.from_list([{"input_ids": e.input_ids, "prompt_length": e.prompt_length} for e in examples])
+    # The loss covers the completion and its EOS (the teacher models p(y | x)). DataCollatorForSeq2Seq is
+    # transformers' collator for precomputed labels: it pads them with -100 and the ids with the pad token.
+    prepared = Dataset.from_list([{"input_ids": e.input_ids,
+                                   "labels": [-100] * e.prompt_length + list(e.input_ids[e.prompt_length :])}
+                                  for e in examples])
     model = tiny_llama(settings, tokenizer, seed=settings.data_seed)
     args = training_arguments(TrainingArguments, output / "work" / "causal-lm", settings.teacher_steps, settings.teacher_lr,
                               settings, settings.data_seed)
-    Trainer(model=model, args=args, train_dataset=prepared, data_collator=_causal_batch(tokenizer.pad_token_id)).train()
+    Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer)).train()
     model.save_pretrained(folder)
     mark_cached(folder, key)
     return model.eval()
