@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +100,13 @@ def test_sft_steps_flag_sets_the_continuation_length():
     args = build_parser().parse_args(["demo", "--sft-steps", "600"])
     assert settings_for(args.fast, args.study, variant_steps=args.variant_steps).variant_steps == 600
     assert settings_for(False, False, variant_steps=None).variant_steps == 150
+
+
+def test_importing_the_pipeline_leaves_matplotlib_alone():
+    """Figures are built with the object API: no pyplot state, and the user's backend choice survives."""
+    code = ("import sys, matplotlib, trims_hf.demo.pipeline\n"
+            "assert 'matplotlib.pyplot' not in sys.modules\n"
+            "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()\n")
+    env = {**os.environ, "MPLBACKEND": "svg"}
+    completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
