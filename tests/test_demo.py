@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,13 @@ def test_demo_flags_reach_the_settings(monkeypatch, tmp_path):
     assert (seen[0].variant_steps, seen[0].thresholds, seen[1].seeds) == (600, (0.5, 0.9), (0, 1))
     assert pipeline.settings_for(False, False, variant_steps=None).variant_steps == 150
     assert main(["demo", "--sft-step", "600"]) == 2 and len(seen) == 2  # an abbreviation never silently sets a flag
+
+
+def test_importing_the_pipeline_leaves_matplotlib_alone():
+    """Figures are built with the object API: no pyplot state, and the user's backend choice survives."""
+    code = ("import sys, matplotlib, trims_hf.demo.pipeline\n"
+            "assert 'matplotlib.pyplot' not in sys.modules\n"
+            "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()\n")
+    env = {**os.environ, "MPLBACKEND": "svg"}
+    completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr

@@ -30,6 +30,7 @@ from .generation import (
     generate_text,
 )
 from .settings import PromptFormat
+from .reports import markdown_table
 from .tasks import CodeExecutionDisabled, CodeTask, Task, get_task
 
 # The knob each decoding strategy is swept over.
@@ -205,18 +206,16 @@ def format_table(results: Sequence[EvalResult]) -> str:
     for result in results:
         rows.setdefault((result.model, result.setting), {})[result.task] = result
     header = ["Model", "Setting"] + [f"{task} {column}" for task in tasks for column in ("Acc", "Tokens/step")]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for (model, setting), by_task in rows.items():
         cells = [model, setting]
         for task in tasks:
             result = by_task.get(task)
             cells += [f"{100 * result.accuracy:.1f}", f"{result.tokens_per_step:.2f}"] if result else ["-", "-"]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
     early_stop = ", ".join(sorted({"on" if r.early_stop else "off" for r in results}))
-    lines.append("")
-    lines.append(f"Tokens/step: generated tokens (no EOS, nothing after stop strings) per forward, ratio of totals; "
-                 f"early stop: {early_stop}.")
-    return "\n".join(lines)
+    return (markdown_table(header, body) + "\n\nTokens/step: generated tokens (no EOS, nothing after stop strings) "
+            f"per forward, ratio of totals; early stop: {early_stop}.")
 
 
 def plot_frontier(results: Sequence[EvalResult], path: str | Path | None = None) -> Figure:

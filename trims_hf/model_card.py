@@ -15,6 +15,7 @@ from typing import Any
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .hub import METADATA_KEY, PAPER_CITATION, PAPER_TITLE
+from .reports import markdown_table
 
 EVAL_METRICS = ("accuracy", "tokens_per_step")
 """Decoding metrics shown in the card, read from logged keys ``eval_<task>_<metric>``."""
@@ -34,11 +35,6 @@ def evaluation_from_logs(log_history: Iterable[Mapping[str, Any]]) -> dict[str, 
 
 def _is_hub_id(source: str) -> bool:
     return not Path(source).exists() and source.count("/") == 1
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def trims_model_card(
@@ -78,12 +74,12 @@ def trims_model_card(
     method = "the plain MDLM objective (trajectory_ratio 0, the paper's baseline)" if trims_ratio == 0 else "TRIMS"
     revision = f" (revision `{base_model_revision}`)" if base_model_revision else ""
     settings = "\n\n".join(
-        f"### {name}\n\n" + _table([[f"`{key}`", f"`{value}`"] for key, value in values.items()], ["setting", "value"])
+        f"### {name}\n\n" + markdown_table(["setting", "value"], [[f"`{key}`", f"`{value}`"] for key, value in values.items()])
         for name, values in hyperparameters.items()
     )
-    results = _table(
-        [[task, *(f"{metrics[m]:.4g}" if m in metrics else "-" for m in EVAL_METRICS)] for task, metrics in evaluation.items()],
+    results = markdown_table(
         ["task", *EVAL_METRICS],
+        [[task, *(f"{metrics[m]:.4g}" if m in metrics else "-" for m in EVAL_METRICS)] for task, metrics in evaluation.items()],
     ) if evaluation else "No decoding evaluation was run with this training job (see `trims eval`)."
     content = f"""---
 {data.to_yaml()}

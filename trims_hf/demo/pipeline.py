@@ -16,20 +16,16 @@ import random
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import numpy as np
 import torch
 from datasets import Dataset, load_dataset
 from transformers import (
+    DataCollatorForSeq2Seq,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -39,12 +35,13 @@ from transformers import (
     TrainingArguments,
 )
 
+from ..analysis import bucket_statistics, format_study, hard_first_correlation, study_rows, teacher_nll_scorer
 from ..config import MDLMConfig
 from ..evaluation import EvalResult, evaluate_task, format_table, plot_frontier
-from ..generation import DecodingConfig, Trajectory, TrajectoryRecorder, teacher_nll_per_step
+from ..generation import DecodingConfig, TrajectoryRecorder, teacher_nll_per_step
 from ..generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from ..preparation import prepare_dataset, tokenize_example
-from ..scoring import ScoringOptions, build_scored_dataset, encode_row, load_teacher, score_batch
+from ..scoring import ScoringOptions, build_scored_dataset, load_teacher
 from ..settings import BucketConfig, StudentFormat
 from ..students import prepare_student
 from ..tasks.base import read_json_rows
@@ -191,20 +188,6 @@ def training_arguments(cls: type[TrainingArguments], folder: Path, steps: int, l
     )
 
 
-def _causal_batch(pad_token_id: int) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
-    """Right-padded batches whose loss covers the completion and its EOS (the teacher models p(y | x))."""
-    def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
-        width = max(len(row["input_ids"]) for row in rows)
-        ids = torch.full((len(rows), width), pad_token_id)
-        labels = torch.full((len(rows), width), -100)
-        lengths = torch.tensor([len(row["input_ids"]) for row in rows])
-        for b, row in enumerate(rows):
-            ids[b, : lengths[b]] = torch.tensor(row["input_ids"])
-            labels[b, row["prompt_length"] : lengths[b]] = ids[b, row["prompt_length"] : lengths[b]]
-        return {"input_ids": ids, "labels": labels, "attention_mask": (torch.arange(width) < lengths[:, None]).long()}
-    return collate
-
-
 def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokenizerBase,
               train: Sequence[Mapping[str, str]], run: DemoRun) -> LlamaForCausalLM:
     """A small causal Llama trained here on the completions: the default teacher and the students' initialisation."""
@@ -213,11 +196,15 @@ def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokeniz
         run.cached.append("causal-lm")
         return LlamaForCausalLM.from_pretrained(folder).eval()
     examples = [tokenize_example(tokenizer, row["prompt"], row["completion"]) for row in as_prompt_completion(train)]
-    prepared = Dataset.from_list([{"input_ids": e.input_ids, "prompt_length": e.prompt_length} for e in examples])
+    # The loss covers the completion and its EOS (the teacher models p(y | x)). DataCollatorForSeq2Seq is
+    # transformers' collator for precomputed labels: it pads them with -100 and the ids with the pad token.
+    prepared = Dataset.from_list([{"input_ids": e.input_ids,
+                                   "labels": [-100] * e.prompt_length + list(e.input_ids[e.prompt_length :])}
+                                  for e in examples])
     model = tiny_llama(settings, tokenizer, seed=settings.data_seed)
     args = training_arguments(TrainingArguments, output / "work" / "causal-lm", settings.teacher_steps, settings.teacher_lr,
                               settings, settings.data_seed)
-    Trainer(model=model, args=args, train_dataset=prepared, data_collator=_causal_batch(tokenizer.pad_token_id)).train()
+    Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer)).train()
     model.save_pretrained(folder)
     mark_cached(folder, key)
     return model.eval()
@@ -250,21 +237,6 @@ def score_train_split(output: Path, settings: DemoSettings, teacher: tuple[PreTr
                          options=ScoringOptions(max_length=settings.max_length * 4), source="trims demo")
     mark_cached(folder, key)
     return load_dataset(str(folder), split="train")
-
-
-def bucket_statistics(prepared: Dataset, num_buckets: int) -> dict[str, Any]:
-    """Per hard-to-easy bucket: tokens, share of the total teacher NLL, mean NLL, and the end-of-response tokens
-    it holds (they are kept out of the quantiles and go to the easiest bucket)."""
-    scores = np.concatenate([np.asarray(s, dtype=np.float64) for s in prepared["student_score"]])
-    buckets = [np.asarray(b[: len(s)]) for b, s in zip(prepared["bucket_ids"], prepared["student_score"])]
-    flat = np.concatenate(buckets)
-    total = scores.sum()
-    rows = [{"bucket": k, "tokens": int((flat == k).sum()), "nll_share": float(scores[flat == k].sum() / total),
-             "mean_nll": float(scores[flat == k].mean()) if (flat == k).any() else 0.0} for k in range(num_buckets)]
-    end_tokens = sum(len(b) - len(s) for b, s in zip(prepared["bucket_ids"], prepared["student_score"]))
-    return {"per_bucket": rows, "end_of_response_tokens": end_tokens,
-            "end_of_response_bucket": BucketConfig(num_buckets=num_buckets).end_bucket,
-            "completion_tokens": int(flat.size), "total_teacher_nll": float(total)}
 
 
 def student_from(tokenizer: PreTrainedTokenizerBase, folder: Path) -> PreTrainedModel:
@@ -307,25 +279,6 @@ def trace_threshold(settings: DemoSettings) -> float:
     return min(settings.thresholds, key=lambda tau: abs(tau - 0.9))
 
 
-def teacher_scorer(teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], student_tokenizer: PreTrainedTokenizerBase,
-                   prompt: str, max_length: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Teacher per-token NLL of a partial response (student ids -> text -> teacher tokens), for Figure 7."""
-    model, tokenizer = teacher
-    options = ScoringOptions(max_length=max_length)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    def score(ids: torch.Tensor) -> torch.Tensor:
-        text = student_tokenizer.decode(ids.tolist(), skip_special_tokens=True)
-        if not text.strip():
-            return torch.tensor([math.nan])
-        row = encode_row({"prompt": prompt, "completion": text}, 0, tokenizer, options, max_length)
-        with torch.inference_mode():
-            ((nll, _),) = score_batch(model, [row], options, pad)
-        return torch.from_numpy(nll)
-
-    return score
-
-
 def evaluate_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: DemoTask,
                    settings: DemoSettings, teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], output: Path,
                    run: DemoRun, seed: int | None) -> None:
@@ -349,10 +302,10 @@ def trace(name: str, recorder: TrajectoryRecorder, task: DemoTask, tokenizer: Pr
           teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], settings: DemoSettings, output: Path, run: DemoRun) -> None:
     steps, filled = recorder.decode_order()
     n = settings.trace_samples
-    plt.close(plot_decode_order(steps[:n], filled[:n], output / f"decode_order_{slug(name)}.png",
-                                title=f"{name}: decode order at tau {trace_threshold(settings)}"))
+    plot_decode_order(steps[:n], filled[:n], output / f"decode_order_{slug(name)}.png",
+                      title=f"{name}: decode order at tau {trace_threshold(settings)}")
     prompts = {example.id: example.fields["question"] for example in task.load()}
-    scorers = [(t, teacher_scorer(teacher, tokenizer, prompts[t.sample_id], 4 * settings.max_length))
+    scorers = [(t, teacher_nll_scorer(*teacher, tokenizer, prompts[t.sample_id], 4 * settings.max_length))
                for t in recorder.trajectories[:n]]
     run.nll_curves[name] = [None if math.isnan(v) else float(v)
                             for v in mean_curve([teacher_nll_per_step(t, score) for t, score in scorers])]
@@ -360,81 +313,18 @@ def trace(name: str, recorder: TrajectoryRecorder, task: DemoTask, tokenizer: Pr
     run.hard_first[name] = statistics.fmean(correlations) if correlations else None
 
 
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values))
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    return (np.bincount(inverse, weights=ranks) / counts)[inverse]
-
-
-def hard_first_correlation(trajectory: Trajectory, score: Callable[[torch.Tensor], torch.Tensor], block_length: int) -> float:
-    """Spearman correlation between each answer token's teacher NLL and how many steps into its block it was
-    committed: negative when the model decodes hard tokens first (what TRIMS hard-to-easy teaches).
-
-    NaN when the teacher's tokens are not the student's (another tokenizer) or nothing varies.
-    """
-    answer = trajectory.partial_response(int(trajectory.commit_step.max()))
-    nll = score(answer).double().numpy()
-    if len(answer) < 3 or len(nll) != len(answer):
-        return math.nan
-    steps = trajectory.commit_step[: len(answer)].double().numpy()
-    blocks = np.arange(len(answer)) // block_length
-    first = np.array([steps[blocks == b].min() for b in blocks])
-    x, y = _average_ranks(nll), _average_ranks(steps - first)
-    if x.std() == 0 or y.std() == 0:
-        return math.nan
-    return float(np.corrcoef(x, y)[0, 1])
-
-
 def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
 
 
 # -- reports ------------------------------------------------------------------------------------------------------
-def study_rows(run: DemoRun) -> list[dict[str, Any]]:
-    """Per model and threshold: mean, std and min-max over seeds of accuracy and tokens per step, and the
-    tokens-per-step ratio to MDLM (mean over seeds of the per-seed ratio)."""
-    groups: dict[tuple[str, float], dict[int | None, EvalResult]] = {}
-    for seed, result in run.results:
-        groups.setdefault((result.model, result.decoding["threshold"]), {})[seed] = result
-    rows = []
-    for (model, tau), by_seed in groups.items():
-        mdlm = groups.get(("MDLM", tau), {})
-        ratios = [r.tokens_per_step / mdlm[s].tokens_per_step for s, r in by_seed.items()
-                  if s in mdlm and mdlm[s].tokens_per_step]
-        row: dict[str, Any] = {"model": model, "threshold": tau, "seeds": [s for s in by_seed if s is not None]}
-        for metric in ("accuracy", "tokens_per_step"):
-            values = [getattr(r, metric) for r in by_seed.values()]
-            row[metric] = {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
-                           "min": min(values), "max": max(values)}
-        row["tokens_per_step_vs_mdlm"] = statistics.fmean(ratios) if ratios else None
-        rows.append(row)
-    return rows
-
-
-def format_study(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Markdown table of :func:`study_rows`: mean ± std (min-max) over seeds."""
-    lines = ["| Model | tau | seeds | Acc (%) mean ± std (min-max) | Tokens/step mean ± std (min-max) | Tokens/step vs MDLM |",
-             "|---|---|---|---|---|---|"]
-    for row in rows:
-        acc, tps = row["accuracy"], row["tokens_per_step"]
-        ratio = row["tokens_per_step_vs_mdlm"]
-        lines.append(
-            f"| {row['model']} | {row['threshold']} | {len(row['seeds']) or 1} | "
-            f"{100 * acc['mean']:.1f} ± {100 * acc['std']:.1f} ({100 * acc['min']:.0f}-{100 * acc['max']:.0f}) | "
-            f"{tps['mean']:.2f} ± {tps['std']:.2f} ({tps['min']:.2f}-{tps['max']:.2f}) | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} |")
-    return "\n".join(lines)
-
-
 def write_reports(output: Path, run: DemoRun) -> dict[str, Path]:
     """results.json (every number), table.md, frontier.png, teacher_nll_per_step.png; returns the paths."""
     first_seed = run.settings.seeds[0]
     main = [r for s, r in run.results if s in (None, first_seed)]
     paths = {"table": output / "table.md", "frontier": output / "frontier.png", "json": output / "results.json",
              "teacher_nll": output / "teacher_nll_per_step.png"}
-    study = study_rows(run)
+    study = study_rows(run.results)
     table = format_table(main)
     if len(run.settings.seeds) > 1:
         table += f"\n\nOver seeds {list(run.settings.seeds)} (SFT seeds; teacher and base shared):\n\n" + format_study(study)
@@ -443,10 +333,10 @@ def write_reports(output: Path, run: DemoRun) -> dict[str, Path]:
               f"{trace_threshold(run.settings)}, mean over {run.settings.trace_samples} problems (negative: hard tokens "
               f"first): {order}.")
     paths["table"].write_text(table + "\n")
-    plt.close(plot_frontier(main, paths["frontier"]))
+    plot_frontier(main, paths["frontier"])
     curves = {name: [torch.tensor([math.nan if v is None else v for v in curve])] for name, curve in run.nll_curves.items()}
-    plt.close(plot_teacher_nll(curves, paths["teacher_nll"],
-                               title=f"Teacher NLL of the partial response, tau {trace_threshold(run.settings)}"))
+    plot_teacher_nll(curves, paths["teacher_nll"],
+                     title=f"Teacher NLL of the partial response, tau {trace_threshold(run.settings)}")
     payload = {
         "settings": asdict(run.settings),
         "variants": {name: {"trajectory_ratio": ratio, "bucket_ordering": ordering} for name, (ratio, ordering) in VARIANTS.items()},
@@ -484,7 +374,8 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
         prepared = {o: prepare_dataset(scored, tokenizer, StudentFormat(max_length=settings.max_length),
                                        BucketConfig(num_buckets=settings.num_buckets, bucket_ordering=o, bucket_seed=settings.data_seed))
                     for o in orderings}
-        run.buckets = bucket_statistics(prepared["hard_to_easy"], settings.num_buckets) | {"teacher": teacher_name}
+        run.buckets = bucket_statistics(prepared["hard_to_easy"]["student_score"], prepared["hard_to_easy"]["bucket_ids"],
+                                        settings.num_buckets) | {"teacher": teacher_name}
     with timed(run, "base student"):
         base = base_student(output, settings, tokenizer, prepared["hard_to_easy"], run)
     with timed(run, "evaluation"):

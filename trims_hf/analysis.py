@@ -1,0 +1,166 @@
+"""Analyses of a TRIMS run that users can repeat on their own runs: decode order against teacher difficulty,
+how teacher NLL spreads over the buckets, and mean and spread of evaluation results over seeds.
+
+Everything here is a pure function of scores, trajectories or results, except :func:`teacher_nll_scorer`,
+which binds a teacher to the library's scorer so :func:`hard_first_correlation` and
+:func:`~trims_hf.generation.hooks.teacher_nll_per_step` can score a student's partial responses.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .settings import BucketConfig
+from .generation.hooks import Trajectory
+from .reports import markdown_table
+from .scoring import ScoringOptions, encode_row, score_batch
+
+if TYPE_CHECKING:
+    from .evaluation import EvalResult
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """0-based ranks of ``values``, ties sharing the mean of their ranks (what Spearman's rho needs)."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    return (np.bincount(inverse, weights=ranks) / counts)[inverse]
+
+
+def spearman_correlation(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation (Pearson's on tie-averaged ranks); NaN when either side is constant.
+
+    Written in numpy because scipy is not a dependency; equals ``scipy.stats.spearmanr(x, y).statistic``.
+    """
+    x_ranks, y_ranks = _average_ranks(x), _average_ranks(y)
+    if x_ranks.std() == 0 or y_ranks.std() == 0:
+        return math.nan
+    return float(np.corrcoef(x_ranks, y_ranks)[0, 1])
+
+
+def steps_into_block(commit_steps: np.ndarray, block_length: int) -> np.ndarray:
+    """Per position, how many steps after its block's first commit it was committed.
+
+    Blocks are decoded one after another, so the raw step mostly says which block a token is in; the
+    lateness within the block is what shows the order the model chose.
+    """
+    blocks = np.arange(len(commit_steps)) // block_length
+    first = np.minimum.reduceat(commit_steps, np.arange(0, len(commit_steps), block_length))
+    return commit_steps - first[blocks]
+
+
+def hard_first_correlation(trajectory: Trajectory, score: Callable[[torch.Tensor], torch.Tensor], block_length: int) -> float:
+    """Spearman correlation between each answer token's teacher NLL and how many steps into its block it was
+    committed: negative when the model decodes hard tokens first (what TRIMS hard-to-easy teaches).
+
+    NaN when the teacher's tokens are not the student's (another tokenizer), the answer is shorter than
+    three tokens, or nothing varies.
+    """
+    answer = trajectory.partial_response(int(trajectory.commit_step.max()))
+    nll = score(answer).double().numpy()
+    if len(answer) < 3 or len(nll) != len(answer):
+        return math.nan
+    steps = trajectory.commit_step[: len(answer)].double().numpy()
+    return spearman_correlation(nll, steps_into_block(steps, block_length))
+
+
+def teacher_nll_scorer(
+    teacher: PreTrainedModel,
+    teacher_tokenizer: PreTrainedTokenizerBase,
+    student_tokenizer: PreTrainedTokenizerBase,
+    prompt: str,
+    max_length: int,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``score(student_ids) -> per-teacher-token NLL`` of a (partial) response to ``prompt``, for
+    :func:`~trims_hf.generation.hooks.teacher_nll_per_step` and :func:`hard_first_correlation`.
+
+    Student ids go through text to teacher tokens, then through the same encoding and forward as
+    ``trims score`` (chat template, teacher forcing), so the numbers match the scored data set's. An empty
+    response scores ``[nan]``.
+    """
+    options = ScoringOptions(max_length=max_length)
+
+    def score(ids: torch.Tensor) -> torch.Tensor:
+        text = student_tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+        if not text.strip():
+            return torch.tensor([math.nan])
+        row = encode_row({"prompt": prompt, "completion": text}, 0, teacher_tokenizer, options, max_length)
+        with torch.inference_mode():
+            ((nll, _),) = score_batch(teacher, [row], options, pad_token_id=0)  # one row: nothing is padded
+        return torch.from_numpy(nll)
+
+    return score
+
+
+def bucket_statistics(student_scores: Sequence[Sequence[float]], bucket_ids: Sequence[Sequence[int]],
+                      num_buckets: int) -> dict[str, Any]:
+    """Per hard-to-easy bucket: tokens, share of the total teacher NLL, mean NLL; and the end-of-response
+    tokens, which a prepared row's ``bucket_ids`` carry past its ``student_score`` (they are kept out of the
+    quantiles and go to the easiest bucket).
+
+    Shows whether the buckets split the difficulty as intended: on real data the hardest bucket holds a
+    large share of the NLL in few tokens.
+    """
+    scores = np.concatenate([np.asarray(s, dtype=np.float64) for s in student_scores])
+    flat = np.concatenate([np.asarray(b[: len(s)]) for b, s in zip(bucket_ids, student_scores)])
+    total = scores.sum()
+    rows = [{"bucket": k, "tokens": int((flat == k).sum()), "nll_share": float(scores[flat == k].sum() / total),
+             "mean_nll": float(scores[flat == k].mean()) if (flat == k).any() else 0.0} for k in range(num_buckets)]
+    end_tokens = sum(len(b) - len(s) for b, s in zip(bucket_ids, student_scores))
+    return {"per_bucket": rows, "end_of_response_tokens": end_tokens,
+            "end_of_response_bucket": BucketConfig(num_buckets=num_buckets).end_bucket,
+            "completion_tokens": int(flat.size), "total_teacher_nll": float(total)}
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values)}
+
+
+def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str = "MDLM") -> list[dict[str, Any]]:
+    """Per model and threshold: mean, population std and min-max over seeds of accuracy and tokens per step,
+    and the tokens-per-step ratio to ``baseline`` (mean over seeds of the per-seed ratio, so a seed is only
+    compared with the baseline trained with the same seed).
+
+    ``results`` are ``(seed, result)`` pairs of the confidence-threshold strategy; seed ``None`` marks a model
+    without a training seed (e.g. the shared base), which counts as one run.
+    """
+    if any(result.decoding["strategy"] != "threshold" for _, result in results):
+        raise ValueError("study_rows groups by confidence threshold; pass results of the 'threshold' strategy only.")
+    groups: dict[tuple[str, float], dict[int | None, EvalResult]] = {}
+    for seed, result in results:
+        groups.setdefault((result.model, result.decoding["threshold"]), {})[seed] = result
+    rows = []
+    for (model, tau), by_seed in groups.items():
+        reference = groups.get((baseline, tau), {})
+        ratios = [r.tokens_per_step / reference[s].tokens_per_step for s, r in by_seed.items()
+                  if s in reference and reference[s].tokens_per_step]
+        rows.append({"model": model, "threshold": tau, "seeds": [s for s in by_seed if s is not None],
+                     "accuracy": _spread([r.accuracy for r in by_seed.values()]),
+                     "tokens_per_step": _spread([r.tokens_per_step for r in by_seed.values()]),
+                     "tokens_per_step_vs_mdlm": statistics.fmean(ratios) if ratios else None})
+    return rows
+
+
+def format_study(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of :func:`study_rows`: mean ± std (min-max) over seeds."""
+    headers = ["Model", "tau", "seeds", "Acc (%) mean ± std (min-max)", "Tokens/step mean ± std (min-max)",
+               "Tokens/step vs MDLM"]
+    cells = []
+    for row in rows:
+        acc, tps, ratio = row["accuracy"], row["tokens_per_step"], row["tokens_per_step_vs_mdlm"]
+        cells.append([
+            str(row["model"]), str(row["threshold"]), str(len(row["seeds"]) or 1),
+            f"{100 * acc['mean']:.1f} ± {100 * acc['std']:.1f} ({100 * acc['min']:.0f}-{100 * acc['max']:.0f})",
+            f"{tps['mean']:.2f} ± {tps['std']:.2f} ({tps['min']:.2f}-{tps['max']:.2f})",
+            "-" if ratio is None else f"{ratio:.2f}x",
+        ])
+    return markdown_table(headers, cells)
