@@ -143,13 +143,16 @@ def test_mask_token_is_never_proposed():
     assert (output.responses != MASK).all()
 
 
-def test_early_stop_fills_eos_and_skips_blocks():
+def test_early_stop_waits_for_the_block_then_fills_eos_and_skips_blocks():
+    """EOS is committed first, but positions 0, 2, 3 of its block stay masks (the context they would have
+    without early stop) until decoded; then everything after the EOS is filled and blocks 1-2 cost nothing."""
     tokens = [3, EOS, 5, 6] + [7] * 8
     confidences = [0.5, 0.99, 0.5, 0.5] + [0.99] * 8
     config = DecodingConfig(gen_length=12, block_length=4)
     output, hook, model = run(by_position(tokens, confidences, 2), config)
-    assert hook.steps == [(0, [1], list(range(2, 12))), (0, [0], [])]
-    assert output.nfe == len(model.inputs) == 2
+    assert hook.steps == [(0, [1], []), (0, [0], []), (0, [2], []), (0, [3], list(range(2, 12)))]
+    assert [int((ids[0, 2:] == MASK).sum()) for ids in model.inputs] == [12, 11, 10, 9]  # no EOS seen early
+    assert output.nfe == len(model.inputs) == 4
     assert output.responses.tolist() == [[3] + [EOS] * 11]
     off, _, _ = run(
         by_position(tokens, confidences, 2), DecodingConfig(gen_length=12, block_length=4, early_stop=False)

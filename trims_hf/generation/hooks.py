@@ -52,7 +52,8 @@ class StepRecord:
     confidences: torch.Tensor
     """float64 ``[B, G]``: model probability of each committed token (NaN elsewhere)."""
     filled: torch.Tensor
-    """bool ``[B, G]``: positions early stop set to EOS at this step (after a committed stop token)."""
+    """bool ``[B, G]``: positions early stop set to EOS at this step (after the first stop token, once the
+    block holding it has no masks left)."""
     tokens: torch.Tensor
     """long ``[B, G]``: the response after this step (mask id where still masked)."""
 
