@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -226,6 +225,10 @@ def test_windowed_forward_matches_full_forward_with_padding(request, kind, cache
     mask = torch.cat([mask, torch.ones(3, 16, dtype=torch.long)], dim=1)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     full = student_logits(model, x, mask, position_ids=positions)
+    for row in range(3):  # padding changes nothing: each row's logits are those of the unpadded sequence
+        pad = int((mask[row] == 0).sum())  # (Dream's aligned position 0 has no predictor: compared from 1)
+        alone = student_logits(model, x[row : row + 1, pad:])
+        torch.testing.assert_close(full[row : row + 1, pad + 1 :], alone[:, 1:], atol=1e-5, rtol=1e-5)
     forward = StudentForward(model, student_spec(model), cache, mask, positions)
     start = ids.shape[1] + 8
     torch.testing.assert_close(forward(x, start, start + 8, True), full[:, start : start + 8], atol=1e-5, rtol=1e-5)
@@ -245,6 +248,40 @@ def test_batched_equals_unbatched_with_left_padding(request, tokenizer, kind, ca
         assert batched.responses[row].tolist() == alone.responses[0].tolist()
         assert int(batched.sample_nfe[row]) == alone.nfe
     assert batched.nfe >= int(batched.sample_nfe.max())
+
+
+def _masked_lm(tokenizer, family: str) -> nn.Module:
+    """A tiny random BERT (absolute positions from 0) or RoBERTa (positions offset by a padding row)."""
+    from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+
+    torch.manual_seed(4)
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = (BertForMaskedLM(BertConfig(**sizes)) if family == "bert"
+             else RobertaForMaskedLM(RobertaConfig(max_position_embeddings=64, **sizes)))
+    return prepare_student(model.eval(), "masked_lm", tokenizer.mask_token_id)
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_masked_lm_batched_equals_unbatched_with_left_padding(tokenizer, family):
+    """Absolute positions must count real tokens: a left-padded BERT row decodes as the prompt alone."""
+    model = _masked_lm(tokenizer, family) if family == "bert" else tiny_student(tokenizer, "masked_lm", seed=4, hidden=64)
+    config = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, early_stop=False)
+    ids, mask = _left_pad(PROMPTS, tokenizer.pad_token_id)
+    batched = generate(model, ids, mask, config)
+    for row, prompt in enumerate(PROMPTS):
+        alone = generate(model, torch.tensor([prompt]), config=config)
+        assert batched.responses[row].tolist() == alone.responses[0].tolist()
+        assert int(batched.sample_nfe[row]) == alone.nfe
+
+
+def test_masked_lm_with_offset_positions_rejects_left_padding(tokenizer):
+    model = _masked_lm(tokenizer, "roberta")
+    ids, mask = _left_pad(PROMPTS, tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="offsets its positions"):
+        generate(model, ids, mask, DecodingConfig(gen_length=8, block_length=8, early_stop=False))
+    unpadded = generate(model, ids[:1], mask[:1], DecodingConfig(gen_length=8, block_length=8, early_stop=False))
+    assert unpadded.responses.shape == (1, 8)  # a batch without padding needs no position ids
 
 
 def _blind_llama(tokenizer) -> nn.Module:
@@ -384,18 +421,37 @@ def test_trajectory_decode_order_and_teacher_nll(tmp_path):
     assert (tmp_path / "order.png").stat().st_size > 0 and (tmp_path / "nll.png").stat().st_size > 0
 
 
-def test_generate_text_left_pads_and_strips_eos(tokenizer, llama):
-    recorder = TokensPerStepRecorder()
-    answers = generate_text(
-        llama,
-        tokenizer,
-        ["How many apples?", [{"role": "user", "content": "Hi"}]],
-        DecodingConfig(gen_length=16, block_length=8, threshold=0.2),
-        hooks=[recorder],
+class _LastResponses(DecodeHook):
+    def on_end(self, output) -> None:
+        self.responses = output.responses.tolist()
+
+
+def test_generate_text_left_pads_and_cuts_before_the_first_stop(tokenizer, qwen):
+    """Batched (left-padded, prompts of different lengths) answers equal each prompt decoded alone, and each
+    answer is the response decoded up to (not including) its first stop token, counted as such."""
+    prompts = ["How many apples does Natalia have left?", [{"role": "user", "content": "Hi"}]]
+    probe = _LastResponses()
+    off = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, early_stop=False)
+    generate_text(qwen, tokenizer, prompts[:1], off, hooks=[probe])
+    stop = next(t for t in probe.responses[0] if t != probe.responses[0][0])  # written mid-response: the stop token
+    first = probe.responses[0].index(stop)
+    config = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, stop_token_ids=(stop,))
+    recorder, batched = TokensPerStepRecorder(), _LastResponses()
+    answers = generate_text(qwen, tokenizer, prompts, config, hooks=[recorder, batched], sample_ids=["a", "b"])
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompts[0]}], add_generation_prompt=True,
+                                           tokenize=False),
+             tokenizer.apply_chat_template(prompts[1], add_generation_prompt=True, tokenize=False)]
+    lengths = [len(tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
+    assert lengths[0] > lengths[1]  # the second prompt really was left-padded
+    for row, prompt in enumerate(prompts):
+        assert generate_text(qwen, tokenizer, [prompt], config) == [answers[row]]
+        cut = batched.responses[row].index(stop) if stop in batched.responses[row] else 16
+        assert answers[row] == tokenizer.decode(batched.responses[row][:cut], skip_special_tokens=True)
+        assert recorder.samples["ab"[row]]["tokens"] == cut
+    assert batched.responses[0][: first + 1] == probe.responses[0][: first + 1]
+    assert answers[0] == tokenizer.decode(probe.responses[0][:first], skip_special_tokens=True) != tokenizer.decode(
+        probe.responses[0], skip_special_tokens=True
     )
-    assert len(answers) == 2 and all(isinstance(a, str) and "<eos>" not in a for a in answers)
-    assert recorder.summary()["samples"] == 2
-    assert math.isfinite(recorder.summary()["tokens_per_step"])
 
 
 def test_generate_text_stops_at_chat_end_of_turn_tokens():
