@@ -240,6 +240,11 @@ def test_windowed_forward_matches_full_forward_with_padding(request, kind, cache
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 def test_batched_equals_unbatched_with_left_padding(request, tokenizer, kind, cache):
     model = request.getfixturevalue("llama" if kind == "llada" else "qwen")
+    _assert_batched_equals_alone(model, tokenizer, cache)
+
+
+def _assert_batched_equals_alone(model: nn.Module, tokenizer, cache: str = "none") -> None:
+    """Each row of a left-padded batch decodes to the tokens, and is charged the forwards, of its prompt alone."""
     config = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, cache=cache, early_stop=False)
     ids, mask = _left_pad(PROMPTS, tokenizer.pad_token_id)
     batched = generate(model, ids, mask, config)
@@ -266,13 +271,7 @@ def _masked_lm(tokenizer, family: str) -> nn.Module:
 def test_masked_lm_batched_equals_unbatched_with_left_padding(tokenizer, family):
     """Absolute positions must count real tokens: a left-padded BERT row decodes as the prompt alone."""
     model = _masked_lm(tokenizer, family) if family == "bert" else tiny_student(tokenizer, "masked_lm", seed=4, hidden=64)
-    config = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, early_stop=False)
-    ids, mask = _left_pad(PROMPTS, tokenizer.pad_token_id)
-    batched = generate(model, ids, mask, config)
-    for row, prompt in enumerate(PROMPTS):
-        alone = generate(model, torch.tensor([prompt]), config=config)
-        assert batched.responses[row].tolist() == alone.responses[0].tolist()
-        assert int(batched.sample_nfe[row]) == alone.nfe
+    _assert_batched_equals_alone(model, tokenizer)
 
 
 def test_masked_lm_with_offset_positions_rejects_left_padding(tokenizer):
