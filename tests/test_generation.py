@@ -382,7 +382,7 @@ def test_tokens_per_step_is_a_ratio_of_totals():
     assert summary["tokens_per_step"] == pytest.approx(11 / 9)  # the mean of per-sample ratios would be 2.0
     assert summary["nfe"] == 9 and summary["model_forwards"] == 8 and summary["generated_tokens"] == 11
     assert summary["tokens_per_second"] > 0 and summary["early_stop"] is True and "tps" not in summary
-    assert recorder.per_sample()["a"] == {"tokens": 3, "nfe": 1, "tokens_per_step": 3.0}
+    assert recorder.per_sample()["a"] == {"tokens": 3, "non_eos_tokens": 3, "nfe": 1, "tokens_per_step": 3.0}
     recorder.finalize("b", 6)  # a task cut sample b at a stop string
     assert recorder.summary()["tokens_per_step"] == pytest.approx(9 / 9)
 
@@ -395,6 +395,22 @@ def test_tokens_per_step_counts_across_calls_and_with_a_callback():
     assert list(recorder.samples) == [0, 1]
     assert recorder.summary()["tokens_per_step"] == pytest.approx(11 / 9)
     assert recorder.summary()["model_forwards"] == 9
+
+
+@pytest.mark.parametrize("early_stop, nfe, non_eos", [(True, 1, 4), (False, 2, 8)])
+def test_non_eos_count_of_the_peers_counts_the_end_of_turn_token(early_stop, nfe, non_eos):
+    """Fast-dLLM / dParallel / d3LLM count every non-EOS token: the end-of-turn token, and with early stop off
+    whatever follows it; ours stops before the end-of-turn token. Both share the forwards."""
+    recorder = TokensPerStepRecorder()
+    config = DecodingConfig(gen_length=8, block_length=4, stop_token_ids=(EOS, EOT), early_stop=early_stop)
+    model = ScriptedStudent(by_position([3, 4, 5, EOT, 7, 8, 9, 10], [0.99] * 8, 2))
+    generate(model, PROMPT, config=config, hooks=[recorder])
+    assert recorder.samples[0] == {"tokens": 3, "non_eos_tokens": non_eos, "nfe": nfe}
+    summary = recorder.summary()
+    assert summary["tokens_per_step"] == pytest.approx(3 / nfe)
+    assert summary["tokens_per_forward_non_eos"] == pytest.approx(non_eos / nfe) and summary["non_eos_tokens"] == non_eos
+    recorder.finalize(0, 2)  # a task stop string cut the answer after 2 tokens: neither count goes past it
+    assert recorder.summary()["tokens_per_forward_non_eos"] == recorder.summary()["tokens_per_step"] == 2 / nfe
 
 
 def test_trajectory_decode_order_and_teacher_nll(tmp_path):
