@@ -91,6 +91,9 @@ def test_scripted_student_exact_accuracy_and_tokens_per_step(scripted, tokenizer
     assert [s.completion for s in result.samples] == scripted.texts  # the tail after the stop string is cut
     # counted tokens: the scripted answer before EOS and before the stop string
     assert [s.generated_tokens for s in result.samples] == [len(ids) for ids in scripted.kept]
+    # every answer is cut at a stop string before its EOS: the peers' non-EOS count is the same here
+    assert [s.non_eos_tokens for s in result.samples] == [len(ids) for ids in scripted.kept]
+    assert result.tokens_per_forward_non_eos == result.tokens_per_step and result.non_eos_tokens == result.generated_tokens
     # one forward per block up to the block holding the EOS (early stop skips the rest)
     nfe = [len(ids) // BLOCK + 1 for ids in scripted.full]
     assert [s.nfe for s in result.samples] == nfe and result.nfe == sum(nfe)
@@ -115,8 +118,8 @@ def test_sweep_over_thresholds(scripted, tokenizer):
                           progress=False)
     assert (loose.setting, strict.setting) == ("threshold 0.5", "threshold 0.99")
     assert loose.tokens_per_step == pytest.approx(run(scripted, tokenizer).tokens_per_step)
-    # above the model's confidence: one position per forward, EOS included
-    assert strict.nfe == sum(len(ids) + 1 for ids in scripted.full)
+    # above the model's confidence: one position per forward, up to the end of the block holding the EOS
+    assert strict.nfe == sum((len(ids) // BLOCK + 1) * BLOCK for ids in scripted.full)
     assert strict.accuracy == loose.accuracy
 
 
@@ -149,8 +152,10 @@ def test_cut_at_stop_strings():
 
 
 def result(model: str, task: str, threshold: float, accuracy: float, tokens_per_step: float) -> EvalResult:
-    return EvalResult(model, task, accuracy, tokens_per_step, 10.0, 10, 10, 1, 1.0, 1.0, True, {},
-                      {"strategy": "threshold", "threshold": threshold})
+    return EvalResult(model=model, task=task, accuracy=accuracy, tokens_per_step=tokens_per_step,
+                      tokens_per_forward_non_eos=tokens_per_step, tokens_per_second=10.0, nfe=10, generated_tokens=10,
+                      non_eos_tokens=10, num_samples=1, decode_time_s=1.0, wall_time_s=1.0, early_stop=True,
+                      prompt_format={}, decoding={"strategy": "threshold", "threshold": threshold})
 
 
 def test_table_and_frontier_plot(tmp_path):

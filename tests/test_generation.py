@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -143,13 +142,16 @@ def test_mask_token_is_never_proposed():
     assert (output.responses != MASK).all()
 
 
-def test_early_stop_fills_eos_and_skips_blocks():
+def test_early_stop_waits_for_the_block_then_fills_eos_and_skips_blocks():
+    """EOS is committed first, but positions 0, 2, 3 of its block stay masks (the context they would have
+    without early stop) until decoded; then everything after the EOS is filled and blocks 1-2 cost nothing."""
     tokens = [3, EOS, 5, 6] + [7] * 8
     confidences = [0.5, 0.99, 0.5, 0.5] + [0.99] * 8
     config = DecodingConfig(gen_length=12, block_length=4)
     output, hook, model = run(by_position(tokens, confidences, 2), config)
-    assert hook.steps == [(0, [1], list(range(2, 12))), (0, [0], [])]
-    assert output.nfe == len(model.inputs) == 2
+    assert hook.steps == [(0, [1], []), (0, [0], []), (0, [2], []), (0, [3], list(range(2, 12)))]
+    assert [int((ids[0, 2:] == MASK).sum()) for ids in model.inputs] == [12, 11, 10, 9]  # no EOS seen early
+    assert output.nfe == len(model.inputs) == 4
     assert output.responses.tolist() == [[3] + [EOS] * 11]
     off, _, _ = run(
         by_position(tokens, confidences, 2), DecodingConfig(gen_length=12, block_length=4, early_stop=False)
@@ -223,6 +225,10 @@ def test_windowed_forward_matches_full_forward_with_padding(request, kind, cache
     mask = torch.cat([mask, torch.ones(3, 16, dtype=torch.long)], dim=1)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     full = student_logits(model, x, mask, position_ids=positions)
+    for row in range(3):  # padding changes nothing: each row's logits are those of the unpadded sequence
+        pad = int((mask[row] == 0).sum())  # (Dream's aligned position 0 has no predictor: compared from 1)
+        alone = student_logits(model, x[row : row + 1, pad:])
+        torch.testing.assert_close(full[row : row + 1, pad + 1 :], alone[:, 1:], atol=1e-5, rtol=1e-5)
     forward = StudentForward(model, student_spec(model), cache, mask, positions)
     start = ids.shape[1] + 8
     torch.testing.assert_close(forward(x, start, start + 8, True), full[:, start : start + 8], atol=1e-5, rtol=1e-5)
@@ -234,6 +240,11 @@ def test_windowed_forward_matches_full_forward_with_padding(request, kind, cache
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 def test_batched_equals_unbatched_with_left_padding(request, tokenizer, kind, cache):
     model = request.getfixturevalue("llama" if kind == "llada" else "qwen")
+    _assert_batched_equals_alone(model, tokenizer, cache)
+
+
+def _assert_batched_equals_alone(model: nn.Module, tokenizer, cache: str = "none") -> None:
+    """Each row of a left-padded batch decodes to the tokens, and is charged the forwards, of its prompt alone."""
     config = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, cache=cache, early_stop=False)
     ids, mask = _left_pad(PROMPTS, tokenizer.pad_token_id)
     batched = generate(model, ids, mask, config)
@@ -242,6 +253,34 @@ def test_batched_equals_unbatched_with_left_padding(request, tokenizer, kind, ca
         assert batched.responses[row].tolist() == alone.responses[0].tolist()
         assert int(batched.sample_nfe[row]) == alone.nfe
     assert batched.nfe >= int(batched.sample_nfe.max())
+
+
+def _masked_lm(tokenizer, family: str) -> nn.Module:
+    """A tiny random BERT (absolute positions from 0) or RoBERTa (positions offset by a padding row)."""
+    from transformers import BertConfig, BertForMaskedLM, RobertaConfig, RobertaForMaskedLM
+
+    torch.manual_seed(4)
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = (BertForMaskedLM(BertConfig(**sizes)) if family == "bert"
+             else RobertaForMaskedLM(RobertaConfig(max_position_embeddings=64, **sizes)))
+    return prepare_student(model.eval(), "masked_lm", tokenizer.mask_token_id)
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_masked_lm_batched_equals_unbatched_with_left_padding(tokenizer, family):
+    """Absolute positions must count real tokens: a left-padded BERT row decodes as the prompt alone."""
+    model = _masked_lm(tokenizer, family) if family == "bert" else tiny_student(tokenizer, "masked_lm", seed=4, hidden=64)
+    _assert_batched_equals_alone(model, tokenizer)
+
+
+def test_masked_lm_with_offset_positions_rejects_left_padding(tokenizer):
+    model = _masked_lm(tokenizer, "roberta")
+    ids, mask = _left_pad(PROMPTS, tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="offsets its positions"):
+        generate(model, ids, mask, DecodingConfig(gen_length=8, block_length=8, early_stop=False))
+    unpadded = generate(model, ids[:1], mask[:1], DecodingConfig(gen_length=8, block_length=8, early_stop=False))
+    assert unpadded.responses.shape == (1, 8)  # a batch without padding needs no position ids
 
 
 def _blind_llama(tokenizer) -> nn.Module:
@@ -343,7 +382,7 @@ def test_tokens_per_step_is_a_ratio_of_totals():
     assert summary["tokens_per_step"] == pytest.approx(11 / 9)  # the mean of per-sample ratios would be 2.0
     assert summary["nfe"] == 9 and summary["model_forwards"] == 8 and summary["generated_tokens"] == 11
     assert summary["tokens_per_second"] > 0 and summary["early_stop"] is True and "tps" not in summary
-    assert recorder.per_sample()["a"] == {"tokens": 3, "nfe": 1, "tokens_per_step": 3.0}
+    assert recorder.per_sample()["a"] == {"tokens": 3, "non_eos_tokens": 3, "nfe": 1, "tokens_per_step": 3.0}
     recorder.finalize("b", 6)  # a task cut sample b at a stop string
     assert recorder.summary()["tokens_per_step"] == pytest.approx(9 / 9)
 
@@ -356,6 +395,22 @@ def test_tokens_per_step_counts_across_calls_and_with_a_callback():
     assert list(recorder.samples) == [0, 1]
     assert recorder.summary()["tokens_per_step"] == pytest.approx(11 / 9)
     assert recorder.summary()["model_forwards"] == 9
+
+
+@pytest.mark.parametrize("early_stop, nfe, non_eos", [(True, 1, 4), (False, 2, 8)])
+def test_non_eos_count_of_the_peers_counts_the_end_of_turn_token(early_stop, nfe, non_eos):
+    """Fast-dLLM / dParallel / d3LLM count every non-EOS token: the end-of-turn token, and with early stop off
+    whatever follows it; ours stops before the end-of-turn token. Both share the forwards."""
+    recorder = TokensPerStepRecorder()
+    config = DecodingConfig(gen_length=8, block_length=4, stop_token_ids=(EOS, EOT), early_stop=early_stop)
+    model = ScriptedStudent(by_position([3, 4, 5, EOT, 7, 8, 9, 10], [0.99] * 8, 2))
+    generate(model, PROMPT, config=config, hooks=[recorder])
+    assert recorder.samples[0] == {"tokens": 3, "non_eos_tokens": non_eos, "nfe": nfe}
+    summary = recorder.summary()
+    assert summary["tokens_per_step"] == pytest.approx(3 / nfe)
+    assert summary["tokens_per_forward_non_eos"] == pytest.approx(non_eos / nfe) and summary["non_eos_tokens"] == non_eos
+    recorder.finalize(0, 2)  # a task stop string cut the answer after 2 tokens: neither count goes past it
+    assert recorder.summary()["tokens_per_forward_non_eos"] == recorder.summary()["tokens_per_step"] == 2 / nfe
 
 
 def test_trajectory_decode_order_and_teacher_nll(tmp_path):
@@ -381,18 +436,37 @@ def test_trajectory_decode_order_and_teacher_nll(tmp_path):
     assert (tmp_path / "order.png").stat().st_size > 0 and (tmp_path / "nll.png").stat().st_size > 0
 
 
-def test_generate_text_left_pads_and_strips_eos(tokenizer, llama):
-    recorder = TokensPerStepRecorder()
-    answers = generate_text(
-        llama,
-        tokenizer,
-        ["How many apples?", [{"role": "user", "content": "Hi"}]],
-        DecodingConfig(gen_length=16, block_length=8, threshold=0.2),
-        hooks=[recorder],
+class _LastResponses(DecodeHook):
+    def on_end(self, output) -> None:
+        self.responses = output.responses.tolist()
+
+
+def test_generate_text_left_pads_and_cuts_before_the_first_stop(tokenizer, qwen):
+    """Batched (left-padded, prompts of different lengths) answers equal each prompt decoded alone, and each
+    answer is the response decoded up to (not including) its first stop token, counted as such."""
+    prompts = ["How many apples does Natalia have left?", [{"role": "user", "content": "Hi"}]]
+    probe = _LastResponses()
+    off = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, early_stop=False)
+    generate_text(qwen, tokenizer, prompts[:1], off, hooks=[probe])
+    stop = next(t for t in probe.responses[0] if t != probe.responses[0][0])  # written mid-response: the stop token
+    first = probe.responses[0].index(stop)
+    config = DecodingConfig(gen_length=16, block_length=8, threshold=0.2, stop_token_ids=(stop,))
+    recorder, batched = TokensPerStepRecorder(), _LastResponses()
+    answers = generate_text(qwen, tokenizer, prompts, config, hooks=[recorder, batched], sample_ids=["a", "b"])
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompts[0]}], add_generation_prompt=True,
+                                           tokenize=False),
+             tokenizer.apply_chat_template(prompts[1], add_generation_prompt=True, tokenize=False)]
+    lengths = [len(tokenizer(text, add_special_tokens=False).input_ids) for text in texts]
+    assert lengths[0] > lengths[1]  # the second prompt really was left-padded
+    for row, prompt in enumerate(prompts):
+        assert generate_text(qwen, tokenizer, [prompt], config) == [answers[row]]
+        cut = batched.responses[row].index(stop) if stop in batched.responses[row] else 16
+        assert answers[row] == tokenizer.decode(batched.responses[row][:cut], skip_special_tokens=True)
+        assert recorder.samples["ab"[row]]["tokens"] == cut
+    assert batched.responses[0][: first + 1] == probe.responses[0][: first + 1]
+    assert answers[0] == tokenizer.decode(probe.responses[0][:first], skip_special_tokens=True) != tokenizer.decode(
+        probe.responses[0], skip_special_tokens=True
     )
-    assert len(answers) == 2 and all(isinstance(a, str) and "<eos>" not in a for a in answers)
-    assert recorder.summary()["samples"] == 2
-    assert math.isfinite(recorder.summary()["tokens_per_step"])
 
 
 def test_generate_text_stops_at_chat_end_of_turn_tokens():
@@ -406,3 +480,12 @@ def test_generate_text_stops_at_chat_end_of_turn_tokens():
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
     assert _end_of_turn_ids(tokenizer) == [1, 3]
+
+
+def test_every_strategy_name_has_a_builder():
+    from typing import get_args
+
+    from trims_hf.generation.decoding import STRATEGIES
+    from trims_hf.settings import StrategyName
+
+    assert set(STRATEGIES) == set(get_args(StrategyName))

@@ -54,6 +54,14 @@ def test_tokens_per_step_is_a_ratio_of_totals() -> None:
     assert not any("tps" in key for key in result)
     with pytest.raises(ValueError, match=r"forwards\[1\] = 0"):
         metric.compute(generated_tokens=[3, 0], forwards=[1, 0])
+    assert "tokens_per_forward_non_eos" not in result
+    # the peers' count adds the end-of-turn token of each sample: (31 + 3) / 11; a short answer gives < 1
+    both = metric.compute(generated_tokens=[30, 2], forwards=[10, 1], non_eos_tokens=[31, 3])
+    assert both["tokens_per_forward_non_eos"] == pytest.approx(34 / 11) and both["tokens_per_step"] == pytest.approx(32 / 11)
+    short = metric.compute(generated_tokens=[2], forwards=[5], non_eos_tokens=[3])
+    assert (short["tokens_per_step"], short["tokens_per_forward_non_eos"]) == (pytest.approx(0.4), pytest.approx(0.6))
+    with pytest.raises(ValueError, match="non_eos_tokens needs one count"):
+        metric.compute(generated_tokens=[3, 1], forwards=[1, 1], non_eos_tokens=[3])
 
 
 def test_code_pass_at_1_refuses_without_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:

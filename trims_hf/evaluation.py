@@ -47,6 +47,7 @@ class SampleRecord:
     correct: bool
     error: str | None
     generated_tokens: int
+    non_eos_tokens: int
     nfe: int
 
 
@@ -59,10 +60,14 @@ class EvalResult:
     accuracy: float
     tokens_per_step: float
     """Counted tokens over forwards, a ratio of totals over samples (the paper's "TPS")."""
+    tokens_per_forward_non_eos: float
+    """Non-EOS response tokens (end-of-turn token included) before a task stop string over the same forwards:
+    the count of Fast-dLLM / dParallel / d3LLM's evaluation scripts (their "TPF")."""
     tokens_per_second: float
     """Counted tokens over decoding wall time (not the paper's TPS)."""
     nfe: int
     generated_tokens: int
+    non_eos_tokens: int
     num_samples: int
     decode_time_s: float
     wall_time_s: float
@@ -164,16 +169,18 @@ def evaluate_task(
             grade = task.grade(example, completion, execute_code=execute_code)
             counts = recorder.samples[example.id]
             records.append(SampleRecord(example.id, completion, grade["extracted"], bool(grade["correct"]),
-                                        grade["error"], counts["tokens"], counts["nfe"]))
+                                        grade["error"], counts["tokens"], counts["non_eos_tokens"], counts["nfe"]))
     summary = recorder.summary()
     return EvalResult(
         model=model_name or _model_name(model),
         task=task.name,
         accuracy=sum(r.correct for r in records) / len(records) if records else 0.0,
         tokens_per_step=summary["tokens_per_step"],
+        tokens_per_forward_non_eos=summary["tokens_per_forward_non_eos"],
         tokens_per_second=summary["tokens_per_second"],
         nfe=summary["nfe"],
         generated_tokens=summary["generated_tokens"],
+        non_eos_tokens=summary["non_eos_tokens"],
         num_samples=len(records),
         decode_time_s=summary["wall_time_s"],
         wall_time_s=time.perf_counter() - started,

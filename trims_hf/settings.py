@@ -186,7 +186,8 @@ class DecodingConfig:
     seed: int | None = field(default=None, metadata={"help": "Seed of the sampling generator (temperature > 0)."})
     cache: CacheMode = field(default="none", metadata={"help": "KV reuse: none | prefix | dual (Fast-dLLM)."})
     early_stop: bool = field(
-        default=True, metadata={"help": "After a committed stop token, fill the rest with EOS and skip its forwards."}
+        default=True,
+        metadata={"help": "Once the block holding a stop token is decoded, fill the rest with EOS and skip its forwards."},
     )
     stop_token_ids: list[int] | None = field(
         default=None, metadata={"help": "Tokens ending a response (e.g. LLaDA's <|eot_id|>); default: the EOS ids."}

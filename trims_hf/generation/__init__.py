@@ -19,6 +19,7 @@ from .hooks import (
     TokensPerStepRecorder,
     Trajectory,
     TrajectoryRecorder,
+    non_eos_tokens,
     teacher_nll_per_step,
     tokens_before_stop,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "TrajectoryRecorder",
     "generate",
     "generate_text",
+    "non_eos_tokens",
     "teacher_nll_per_step",
     "tokens_before_stop",
 ]

@@ -15,6 +15,7 @@ forward (NFE), cached or not. Reuse is an approximation (stale keys/values), mea
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -74,6 +75,20 @@ class BlockKVCache(Cache):
         super().__init__(layers=[_FullLengthLayer(self.window) for _ in range(num_layers)])
 
 
+def _check_left_padding_supported(model: nn.Module) -> None:
+    """A left-padded masked LM decodes like its unpadded self only if it takes position ids counted from 0 at
+    the first real token (BERT, DistilBERT; ModernBERT's rotary positions ignore the shift anyway). Models
+    whose position embeddings reserve a padding row (RoBERTa family) offset their positions: reject."""
+    parameters = inspect.signature(model.forward).parameters.values()
+    if not any(p.name == "position_ids" or p.kind is p.VAR_KEYWORD for p in parameters):
+        raise ValueError(f"{type(model).__name__} takes no position_ids, so left padding would shift its "
+                         "positions; decode masked-LM prompts one at a time (batch size 1) or without padding.")
+    for name, module in model.named_modules():
+        if name.endswith("position_embeddings") and isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            raise ValueError(f"{type(model).__name__} offsets its positions by a padding index, so left-padded "
+                             "prompts would decode differently; decode masked-LM prompts one at a time (batch size 1).")
+
+
 class StudentForward:
     """Runs the student for one decoding step and returns aligned logits of the current block.
 
@@ -97,6 +112,10 @@ class StudentForward:
         self.model, self.spec, self.mode = model, spec, mode
         self.attention_mask, self.position_ids = attention_mask, position_ids
         self.cache = BlockKVCache(model.config.get_text_config().num_hidden_layers) if mode != "none" else None
+        self.masked_lm_kwargs: dict[str, Any] = {}
+        if not spec.decoder and attention_mask is not None and not bool(attention_mask.all()):
+            _check_left_padding_supported(model)
+            self.masked_lm_kwargs = {"position_ids": position_ids}
 
     @property
     def commits_block_head_at_refresh(self) -> bool:
@@ -113,7 +132,7 @@ class StudentForward:
         # the decoder committed that position at the refresh).
         sources = (sources - window_start).clamp(min=0)
         if not self.spec.decoder:
-            return self.model(input_ids=x, attention_mask=self.attention_mask).logits[:, sources]
+            return self.model(input_ids=x, attention_mask=self.attention_mask, **self.masked_lm_kwargs).logits[:, sources]
         kwargs: dict[str, Any] = {"use_cache": False}
         if self.cache is not None:
             self.cache.window.start = window_start

@@ -6,8 +6,11 @@ and a score (the model probability of the proposal, in float64, or the entropy o
 :class:`Strategy` picks which candidates to commit, and the decoder always commits at least the best one
 so every step makes progress. Committed tokens are never remasked.
 
-Early stop (default on): once a stop token is committed in a sample, every later position becomes EOS,
-so blocks made only of EOS cost no forward; a batch skips a block only when all its samples are done.
+Early stop (default on) never changes a token up to the first stop: with bidirectional attention the masks
+of the block still being decoded see every later position, so nothing is touched while a sample's block
+has masks. Once the block holding a sample's first stop token is fully decoded, every position after that
+stop becomes EOS; later blocks made only of EOS cost no forward (a batch skips a block only when all its
+samples are done). Everything up to the stop is then committed, and committed tokens never change.
 """
 
 from __future__ import annotations
@@ -166,12 +169,14 @@ def _eos_ids(model: nn.Module) -> list[int]:
     return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
-def _early_stop_fill(response: torch.Tensor, stops: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """Positions after each row's first committed stop token that are not EOS yet (to be filled)."""
+def _early_stop_fill(response: torch.Tensor, stops: torch.Tensor, eos_id: int, finished: torch.Tensor) -> torch.Tensor:
+    """Positions to set to EOS: after the first stop token of each row whose current block is ``finished``
+    (has no masks left), not EOS yet. Rows still decoding their block are left alone, so their open masks
+    keep the context they would have without early stop."""
     is_stop = torch.isin(response, stops)
     first = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), response.shape[1])
     after = torch.arange(response.shape[1], device=response.device)[None] > first[:, None]
-    return after & (response != eos_id)
+    return after & finished[:, None] & (response != eos_id)
 
 
 @torch.no_grad()
@@ -232,9 +237,10 @@ def generate(
             if step_in_block == 0 and forward.commits_block_head_at_refresh:
                 commit[:, 0] |= masked[:, 0]
             response[:, begin:end] = torch.where(commit, tokens, response[:, begin:end])
+            masked = response[:, begin:end] == mask_id
             filled = torch.zeros_like(response, dtype=torch.bool)
             if config.early_stop:
-                filled = _early_stop_fill(response, stops, eos_id)
+                filled = _early_stop_fill(response, stops, eos_id, finished=~masked.any(dim=1))
                 response.masked_fill_(filled, eos_id)
             if hooks:
                 committed = torch.zeros_like(response, dtype=torch.bool)
@@ -246,7 +252,6 @@ def generate(
                 )
                 for hook in hooks:
                     hook.on_step(record)
-            masked = response[:, begin:end] == mask_id
             step_in_block += 1
     output = GenerationOutput(x, prompt_length, nfe, sample_nfe, config.early_stop)
     for hook in hooks:

@@ -8,6 +8,11 @@ NFE accounting (one rule everywhere): the batch's model-call count is ``model_fo
 that waits while others finish the block is not charged, so per-sample NFE does not depend on the batch
 it ran in and equals its batch-size-1 NFE. Tokens per step is the ratio of totals
 ``sum(counted tokens) / sum(charged forwards)`` over the evaluation, not a mean of per-sample ratios.
+
+Two token counts share that denominator: ours (``tokens_per_step``: tokens before the first stop token or
+task stop string) and the count of the Fast-dLLM / dParallel / d3LLM evaluation scripts
+(``tokens_per_forward_non_eos``: every response token that is not EOS, up to a task stop string, so the
+end-of-turn token and, with early stop off, non-EOS tokens after it count too).
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ class StepRecord:
     confidences: torch.Tensor
     """float64 ``[B, G]``: model probability of each committed token (NaN elsewhere)."""
     filled: torch.Tensor
-    """bool ``[B, G]``: positions early stop set to EOS at this step (after a committed stop token)."""
+    """bool ``[B, G]``: positions early stop set to EOS at this step (after the first stop token, once the
+    block holding it has no masks left)."""
     tokens: torch.Tensor
     """long ``[B, G]``: the response after this step (mask id where still masked)."""
 
@@ -75,6 +81,13 @@ class DecodeHook:
         """Called with the finished batch."""
 
 
+def non_eos_tokens(responses: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
+    """Per row, the number of tokens that are not EOS (the peers' count of generated tokens)."""
+    return (responses != eos_token_id).sum(dim=1) if eos_token_id is not None else torch.full(
+        responses.shape[:1], responses.shape[1], device=responses.device
+    )
+
+
 def tokens_before_stop(responses: torch.Tensor, stop_token_ids: Sequence[int]) -> torch.Tensor:
     """Per row, the number of tokens before the first stop token (the whole row if there is none)."""
     is_stop = torch.isin(responses, torch.tensor(list(stop_token_ids), dtype=responses.dtype, device=responses.device))
@@ -85,9 +98,10 @@ def tokens_before_stop(responses: torch.Tensor, stop_token_ids: Sequence[int]) -
 class TokensPerStepRecorder(DecodeHook):
     """Tokens per step (the paper's "TPS"), tokens per second and NFE over a whole evaluation.
 
-    Counted tokens of a sample default to the tokens before its first stop token (EOS tail excluded).
-    Tasks that cut answers at stop strings pass ``count_tokens`` (response ids -> counted tokens) or call
-    :meth:`finalize` afterwards with the sample's counted length.
+    Counted tokens of a sample default to the tokens before its first stop token (EOS tail excluded), and
+    its non-EOS tokens to every response token that is not EOS. Tasks that cut answers at stop strings pass
+    ``count_tokens`` (response ids -> counted tokens) or call :meth:`finalize` afterwards with the sample's
+    counted length; a cut before the first stop token leaves no EOS or stop token, so both counts take it.
     """
 
     def __init__(self, count_tokens: Callable[[torch.Tensor], int] | None = None) -> None:
@@ -113,14 +127,16 @@ class TokensPerStepRecorder(DecodeHook):
             counted = tokens_before_stop(output.responses, start.stop_token_ids).tolist()
         else:
             counted = [int(self.count_tokens(row)) for row in output.responses]
-        for sample_id, tokens, nfe in zip(ids, counted, output.sample_nfe.tolist()):
+        non_eos = non_eos_tokens(output.responses, start.eos_token_id).tolist()
+        for sample_id, tokens, others, nfe in zip(ids, counted, non_eos, output.sample_nfe.tolist()):
             if sample_id in self.samples:
                 raise ValueError(f"Sample id {sample_id!r} was recorded twice.")
-            self.samples[sample_id] = {"tokens": int(tokens), "nfe": int(nfe)}
+            self.samples[sample_id] = {"tokens": int(tokens), "non_eos_tokens": int(others), "nfe": int(nfe)}
 
     def finalize(self, sample_id: Hashable, counted_tokens: int) -> None:
-        """Override a sample's counted tokens (e.g. the task cut its answer at a stop string)."""
-        self.samples[sample_id]["tokens"] = int(counted_tokens)
+        """Set a sample's counts to the tokens before a task stop string that cuts its answer before the
+        first stop token (nothing after the cut is counted in either convention)."""
+        self.samples[sample_id].update(tokens=int(counted_tokens), non_eos_tokens=int(counted_tokens))
 
     def per_sample(self) -> dict[Hashable, dict[str, float]]:
         """Counted tokens, charged NFE and their ratio for every sample (diagnostics only)."""
@@ -130,11 +146,14 @@ class TokensPerStepRecorder(DecodeHook):
         }
 
     def summary(self) -> dict[str, Any]:
-        """Evaluation totals; ``tokens_per_step`` is the ratio of totals over samples."""
+        """Evaluation totals; ``tokens_per_step`` and ``tokens_per_forward_non_eos`` are ratios of totals."""
         tokens = sum(value["tokens"] for value in self.samples.values())
+        non_eos = sum(value["non_eos_tokens"] for value in self.samples.values())
         nfe = sum(value["nfe"] for value in self.samples.values())
         return {
             "tokens_per_step": tokens / nfe if nfe else 0.0,
+            "tokens_per_forward_non_eos": non_eos / nfe if nfe else 0.0,
+            "non_eos_tokens": non_eos,
             "tokens_per_second": tokens / self.wall_time_s if self.wall_time_s else 0.0,
             "nfe": nfe,
             "model_forwards": self.model_forwards,

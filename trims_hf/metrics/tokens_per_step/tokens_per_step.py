@@ -4,6 +4,11 @@ tokens_per_step = sum of generated tokens / sum of forward passes over all sampl
 totals, not a mean of per-sample ratios (that mean is reported separately, for reference only).
 Generated tokens exclude the prompt, EOS/padding and anything after the task's stop strings; every
 model call counts as one forward.
+
+Given ``non_eos_tokens`` it also reports tokens_per_forward_non_eos, the count of the Fast-dLLM /
+dParallel / d3LLM evaluation scripts: every response token that is not EOS (so the end-of-turn token
+counts, and with early stop off so do non-EOS tokens after it) over the same forwards. Values below 1 are
+possible: a response shorter than the forwards spent on it (low thresholds, an all-EOS block decoded).
 """
 
 import datasets
@@ -16,8 +21,10 @@ Args:
     generated_tokens: per sample, the number of generated tokens (no prompt, no EOS/padding, nothing
         after a stop string).
     forwards: per sample, the number of model forward passes spent on it (>= 1).
+    non_eos_tokens: optional, per sample, the response tokens that are not EOS (before a stop string).
 Returns:
     tokens_per_step: sum(generated_tokens) / sum(forwards).
+    tokens_per_forward_non_eos: sum(non_eos_tokens) / sum(forwards), when non_eos_tokens is given.
     mean_per_sample_tokens_per_step: mean over samples of generated_tokens / forwards (reference).
     total_generated_tokens, total_forwards, num_samples.
 """
@@ -35,7 +42,9 @@ class TokensPerStep(evaluate.Metric):
             features=datasets.Features({"generated_tokens": datasets.Value("int64"), "forwards": datasets.Value("int64")}),
         )
 
-    def _compute(self, generated_tokens: list[int], forwards: list[int]) -> dict:
+    def _compute(self, generated_tokens: list[int], forwards: list[int], non_eos_tokens: list[int] | None = None) -> dict:
+        if non_eos_tokens is not None and (len(non_eos_tokens) != len(forwards) or min(non_eos_tokens, default=0) < 0):
+            raise ValueError("tokens_per_step: non_eos_tokens needs one count >= 0 per sample")
         for i, (tokens, steps) in enumerate(zip(generated_tokens, forwards)):
             if tokens < 0:
                 raise ValueError(f"tokens_per_step: generated_tokens[{i}] = {tokens} is negative")
@@ -44,8 +53,10 @@ class TokensPerStep(evaluate.Metric):
         if not forwards:
             raise ValueError("tokens_per_step: no samples")
         total_tokens, total_forwards = sum(generated_tokens), sum(forwards)
+        peers = {} if non_eos_tokens is None else {"tokens_per_forward_non_eos": sum(non_eos_tokens) / total_forwards}
         return {
             "tokens_per_step": total_tokens / total_forwards,
+            **peers,
             "mean_per_sample_tokens_per_step": sum(t / f for t, f in zip(generated_tokens, forwards)) / len(forwards),
             "total_generated_tokens": total_tokens,
             "total_forwards": total_forwards,
