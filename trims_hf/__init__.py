@@ -24,11 +24,15 @@ from .tasks import (
     MBPPTask,
     SandboxLimits,
     SandboxResult,
+    SandboxUnavailable,
     Task,
     TaskDataError,
+    bubblewrap_command,
+    bubblewrap_problem,
     get_task,
     registry,
     run_program,
+    run_tests,
 )
 from .generation import (
     ConfidenceFactor,

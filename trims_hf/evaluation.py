@@ -46,6 +46,7 @@ class SampleRecord:
     error: str | None
     generated_tokens: int
     nfe: int
+    isolation: str | None = None  # code tasks: the sandbox that ran the code ("bubblewrap" or "process")
 
 
 @dataclass
@@ -162,7 +163,7 @@ def evaluate_task(
             grade = task.grade(example, completion, execute_code=execute_code)
             counts = recorder.samples[example.id]
             records.append(SampleRecord(example.id, completion, grade["extracted"], bool(grade["correct"]),
-                                        grade["error"], counts["tokens"], counts["nfe"]))
+                                        grade["error"], counts["tokens"], counts["nfe"], grade.get("isolation")))
     summary = recorder.summary()
     return EvalResult(
         model=model_name or _model_name(model),

@@ -57,6 +57,9 @@ class HumanEvalTask(CodeTask):
             return f"{stub}\n\n{code}\n"
         return stub + textwrap.indent(textwrap.dedent(code), "    ") + "\n"
 
-    def test_program(self, example: Example, completion_text: str) -> str:
+    def solution_and_tests(self, example: Example, completion_text: str) -> tuple[str, str]:
+        """The judge runs the stub itself, so ``check`` uses the trusted helpers (``poly``,
+        ``encode_cyclic``...), and hands it the solution's entry point."""
         fields = example.fields
-        return f"{self.solution(example, completion_text)}\n\n{fields['test']}\n\ncheck({fields['entry_point']})\n"
+        tests = f"{fields['prompt']}\n\n{fields['test']}\n\ncheck(__solution__.{fields['entry_point']})\n"
+        return self.solution(example, completion_text), tests

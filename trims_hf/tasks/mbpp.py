@@ -86,9 +86,9 @@ class MBPPTask(CodeTask):
             "instruction": INSTRUCTION if self.style == "instruct" else "[BEGIN]...[DONE]",
         }
 
-    def test_program(self, example: Example, completion_text: str) -> str:
-        """Solution, then ``test_setup_code`` (it builds objects from the solution's classes), then
-        the asserts."""
+    def solution_and_tests(self, example: Example, completion_text: str) -> tuple[str, str]:
+        """The solution followed by ``test_setup_code`` (it builds objects from the solution's
+        classes, so it runs on the solution's side); the asserts run in the judge."""
         fields = example.fields
-        tests = "\n".join(fields["test_list"])
-        return f"{self.extract(completion_text)}\n\n{fields.get('test_setup_code') or ''}\n{tests}\n"
+        solution = f"{self.extract(completion_text)}\n\n{fields.get('test_setup_code') or ''}\n"
+        return solution, "\n".join(fields["test_list"]) + "\n"
