@@ -324,8 +324,9 @@ class _CappedReader(threading.Thread):
             self.truncated |= len(chunk) > room
         self.stream.close()
 
-    def text(self) -> str:
-        self.join(timeout=_KILL_GRACE_S)
+    def text(self, deadline: float) -> str:
+        """What was read by ``deadline`` (a ``time.monotonic()`` value) at the latest."""
+        self.join(timeout=max(0.0, deadline - time.monotonic()))
         out = self.head.decode("utf-8", "replace")
         return out + "\n[... output truncated ...]" if self.truncated else out
 
@@ -462,8 +463,9 @@ def run_tests(solution: str, tests: str, limits: SandboxLimits | None = None,
         duration = time.monotonic() - start
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    stdout = solver.out.text() + judge.out.text()
-    judge_err, solver_err = judge.err.text(), solver.err.text()
+    deadline = time.monotonic() + _KILL_GRACE_S  # one grace period for all four pipes to drain
+    stdout = solver.out.text(deadline) + judge.out.text(deadline)
+    judge_err, solver_err = judge.err.text(deadline), solver.err.text(deadline)
     stderr = solver_err + judge_err
     if returncode is None:
         return SandboxResult("timeout", f"wall-clock timeout after {limits.timeout_s:g} s", None,
