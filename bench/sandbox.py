@@ -33,7 +33,8 @@ def reference_completions(mbpp_file: Path, limit: int | None) -> dict[str, tuple
 def grade_all(task: CodeTask, items: list[tuple[Example, str]], isolation: Isolation) -> dict:
     start, failures = time.perf_counter(), []
     for example, completion in items:
-        result = run_tests(*task.solution_and_tests(example, completion), task.limits, isolation)
+        solution, tests = task.solution_and_tests(example, completion)
+        result = run_tests(solution, tests, task.limits, isolation, task.entry_points(example))
         if not result.passed:
             failures.append(f"{example.id}: {result.reason}")
     elapsed = time.perf_counter() - start

@@ -99,9 +99,38 @@ def test_plain_values_cross_faithfully_and_exceptions_keep_their_type(isolation:
         "try:\n    boom('k')\nexcept KeyError:\n    pass\nelse:\n    raise AssertionError\n"
         "node = Node(5)\n"
         "assert value(node) == 5 and node != 5\n"  # objects stay in the solution, reachable through handles
+        "assert echo(int) is int and echo([str]) == [str]\n"  # builtin types cross by name
     )
     result = run_tests(solution, tests, FAST, isolation)
     assert result.passed, result.stderr
+
+
+def test_subclasses_of_plain_types_cross_as_their_content() -> None:
+    solution = (
+        "import collections, math\n"
+        "Point = collections.namedtuple('Point', 'x y')\n"
+        "def count(xs):\n    return collections.Counter(xs)\n"
+        "def point():\n    return Point(1, 2)\n"
+        "def group():\n    d = collections.defaultdict(list)\n    d['a'].append(1)\n    return d\n"
+    )
+    tests = ("assert count('aab') == {'a': 2, 'b': 1} and type(count('a')) is dict\n"
+             "assert point() == (1, 2) and group() == {'a': [1]}\n"
+             "assert math.isclose(math.pi, 3.141592653589793)\n")  # the solution's `import math`, the judge's copy
+    result = run_tests(solution, tests, FAST)
+    assert result.passed, result.stderr
+
+
+def test_only_the_functions_under_test_may_take_a_builtins_name() -> None:
+    solution = "def sum(a, b):\n    return a * b\n"
+    assert run_tests(solution, "assert sum(2, 3) == 6", FAST, entry_points=["sum"]).passed
+    result = run_tests(solution, "assert sum(2, 3) == 6", FAST)
+    assert result.status == "failed" and "TypeError" in result.reason  # the builtin sum, not the solution's
+
+
+def test_a_module_reaches_the_tests_only_under_its_own_name() -> None:
+    result = run_tests("import cmath as math\n" + GOOD, "assert math.isclose(square(2), 4)", FAST)
+    assert result.status == "failed"
+    assert "module 'cmath' cannot reach the tests as 'math'" in result.reason
 
 
 def test_failed_assert_fails_with_the_exception_as_reason() -> None:

@@ -136,6 +136,11 @@ class CodeTask(Task):
     def solution_and_tests(self, example: Example, completion_text: str) -> tuple[str, str]:
         """The program the solution process runs, and the tests the judge process runs against it."""
 
+    def entry_points(self, example: Example) -> tuple[str, ...]:
+        """The functions under test: the tests may take these from the solution even where they are
+        builtins' names (every other builtin name stays the builtin, so a solution cannot fake it)."""
+        return ()
+
     def extract(self, completion_text: str) -> str:
         return code_block(completion_text)
 
@@ -145,7 +150,8 @@ class CodeTask(Task):
             raise CodeExecutionDisabled(
                 f"{self.name}: grading runs model-written code; pass execute_code=True to run it in the sandbox"
             )
-        result = run_tests(*self.solution_and_tests(example, completion_text), self.limits)
+        solution, tests = self.solution_and_tests(example, completion_text)
+        result = run_tests(solution, tests, self.limits, entry_points=self.entry_points(example))
         error = None if result.passed else f"{result.status}: {result.reason}"
         return Grade(correct=result.passed, extracted=self.extract(completion_text), error=error,
                      isolation=result.isolation)

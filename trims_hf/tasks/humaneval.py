@@ -59,7 +59,11 @@ class HumanEvalTask(CodeTask):
 
     def solution_and_tests(self, example: Example, completion_text: str) -> tuple[str, str]:
         """The judge runs the stub itself, so ``check`` uses the trusted helpers (``poly``,
-        ``encode_cyclic``...), and hands it the solution's entry point."""
-        fields = example.fields
-        tests = f"{fields['prompt']}\n\n{fields['test']}\n\ncheck(__solution__.{fields['entry_point']})\n"
+        ``encode_cyclic``...); the entry point's name then means the solution's function (some checks
+        call it by name as well as ``candidate``)."""
+        fields, entry = example.fields, example.fields["entry_point"]
+        tests = f"{fields['prompt']}\n\n{entry} = __solution__.{entry}\n\n{fields['test']}\n\ncheck({entry})\n"
         return self.solution(example, completion_text), tests
+
+    def entry_points(self, example: Example) -> tuple[str, ...]:
+        return (example.fields["entry_point"],)

@@ -45,6 +45,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from collections.abc import Collection
 from typing import IO, Literal
 
 Status = Literal["passed", "failed", "timeout"]
@@ -57,23 +58,30 @@ _KILL_GRACE_S = 2.0
 
 # Shared by both children: the wire format of values (JSON with tagged containers).
 _CODEC = r'''
-import json, os, resource, sys
+import builtins, json, os, resource, sys
 
 
 def encode(x, other):
-    kind = type(x)
-    if x is None or kind in (bool, int, float, str):
+    """Plain values by content; an instance of a subclass (Counter, namedtuple, an int with an odd
+    ``__eq__``) as its base type, read through the base type's own methods; builtin types by name."""
+    if x is None or type(x) is bool:
         return x
-    if kind is list:
-        return [encode(i, other) for i in x]
-    if kind in (tuple, set, frozenset):
-        return {{tuple: "t", set: "s", frozenset: "f"}[kind]: [encode(i, other) for i in x]}
-    if kind is dict:
-        return {"d": [[encode(k, other), encode(v, other)] for k, v in x.items()]}
-    if kind is bytes:
-        return {"b": x.hex()}
-    if kind is complex:
-        return {"c": [x.real, x.imag]}
+    for base, plain in ((int, int.__int__), (float, float.__float__), (str, str.__str__)):
+        if isinstance(x, base):
+            return plain(x)
+    if isinstance(x, list):
+        return [encode(i, other) for i in list.__iter__(x)]
+    for base, tag in ((tuple, "t"), (set, "s"), (frozenset, "f")):
+        if isinstance(x, base):
+            return {tag: [encode(i, other) for i in base.__iter__(x)]}
+    if isinstance(x, dict):
+        return {"d": [[encode(k, other), encode(v, other)] for k, v in dict.items(x)]}
+    if isinstance(x, bytes):
+        return {"b": bytes.hex(x)}
+    if isinstance(x, complex):
+        return {"c": [complex.real.__get__(x), complex.imag.__get__(x)]}
+    if isinstance(x, type) and getattr(builtins, x.__name__, None) is x:
+        return {"y": x.__name__}
     return other(x)
 
 
@@ -89,6 +97,11 @@ def decode(x, handle):
         return bytes.fromhex(value)
     if tag == "c":
         return complex(*value)
+    if tag == "y":
+        kind = getattr(builtins, value)
+        if not isinstance(kind, type):
+            raise TypeError(f"not a builtin type: {value!r}")
+        return kind
     if tag == "d":
         return {decode(k, handle): decode(v, handle) for k, v in value}
     return {"t": tuple, "s": set, "f": frozenset}[tag](decode(i, handle) for i in value)
@@ -104,8 +117,6 @@ def setup():
 
 # Executed with ``python -I -B -c``; argv: limits (JSON), request fd, reply fd. Source on stdin.
 _SOLUTION = _CODEC + r'''
-import builtins
-
 
 def _make_guard(root):
     # Everything the hook consults is bound in this closure: the untrusted code could rebind
@@ -171,8 +182,7 @@ def _main():
         code = compile(source, "solution.py", "exec")
         sys.addaudithook(_make_guard(os.getcwd()))
         exec(code, namespace)
-        send({"ready": {k: encode(v, handle) for k, v in namespace.items()
-                        if not k.startswith("__") and not hasattr(builtins, k)}})
+        send({"ready": {k: encode(v, handle) for k, v in namespace.items() if not k.startswith("__")}})
     except BaseException as error:
         send(failure(error))
         raise
@@ -195,7 +205,10 @@ _main()
 
 # Executed with ``python -I -B -c``; argv: limits (JSON), request fd, reply fd. Tests on stdin.
 _JUDGE = _CODEC + r'''
-import builtins, importlib, types
+import importlib, types
+
+# Standard-library modules whose import does something (opens a browser, prints).
+_NOISY_MODULES = frozenset({"antigravity", "this", "__hello__", "__phello__"})
 
 
 class SolutionError(Exception):
@@ -226,11 +239,14 @@ def _reference(obj):
     raise TypeError(f"a test passed a {type(obj).__name__} to the solution; only plain values can cross")
 
 
-def _value(x):
-    if isinstance(x, dict) and set(x) == {"m"}:  # a standard-library module: import our own copy
-        if x["m"] not in sys.stdlib_module_names:
-            raise SolutionError(f"not a standard-library module: {x['m']!r}")
-        return importlib.import_module(x["m"])
+def _value(x, name=None):
+    """A decoded value; a module only as the solution's global of the module's own name
+    (``import math``), and then the judge's own copy of that standard-library module."""
+    if isinstance(x, dict) and set(x) == {"m"}:
+        module = x["m"]
+        if module != name or module not in sys.stdlib_module_names or module in _NOISY_MODULES:
+            raise SolutionError(f"module {module!r} cannot reach the tests as {name!r}")
+        return importlib.import_module(module)
     return decode(x, Remote)
 
 
@@ -250,10 +266,11 @@ def _receive():
 
 request_fd, reply_fd = setup()
 _requests, _replies = os.fdopen(request_fd, "wb"), os.fdopen(reply_fd, "rb")
+_entry_points = set(json.loads(sys.stdin.readline()))  # may shadow builtins' names: they are under test
 _tests = sys.stdin.read()
 sys.stdin.close()
-_names = {str(k): _value(v) for k, v in _receive()["ready"].items()
-          if not str(k).startswith("__") and not hasattr(builtins, str(k))}
+_names = {str(k): _value(v, str(k)) for k, v in _receive()["ready"].items()
+          if not str(k).startswith("__") and (str(k) in _entry_points or not hasattr(builtins, str(k)))}
 _namespace = {"__name__": "__main__", "__builtins__": builtins, "__solution__": types.SimpleNamespace(**_names)}
 _namespace.update(_names)
 exec(compile(_tests, "tests.py", "exec"), _namespace)
@@ -432,13 +449,15 @@ def _failure_reason(returncode: int, stderr: str) -> str:
     return f"exit code {returncode}: {last[-1] if last else 'no error message'}"
 
 
-def run_tests(solution: str, tests: str, limits: SandboxLimits | None = None,
-              isolation: Isolation = "auto") -> SandboxResult:
+def run_tests(solution: str, tests: str, limits: SandboxLimits | None = None, isolation: Isolation = "auto",
+              entry_points: Collection[str] = ()) -> SandboxResult:
     """Run ``solution`` and ``tests`` in two sandboxed processes; passed means the tests ran to their end.
 
     In ``tests`` every top-level name the solution defines is visible (as a proxy that calls into the
     solution's process), as is ``__solution__``, a namespace of the same proxies that the tests' own
-    definitions cannot shadow.
+    definitions cannot shadow. Names of builtins (``abs``, ``sorted``...) stay the builtins, so a
+    solution cannot fake the tests' helpers, unless listed in ``entry_points`` (the functions under
+    test, e.g. MBPP's ``sum``).
     """
     limits = limits or SandboxLimits()
     kind = resolve_isolation(isolation)
@@ -450,7 +469,8 @@ def run_tests(solution: str, tests: str, limits: SandboxLimits | None = None,
     try:
         try:
             solver = _Child(_SOLUTION, solution, (request_r, reply_w), limits, prefix, workdir)
-            judge = _Child(_JUDGE, tests, (request_w, reply_r), limits, prefix, workdir)
+            judge = _Child(_JUDGE, json.dumps(sorted(entry_points)) + "\n" + tests, (request_w, reply_r), limits,
+                           prefix, workdir)
         finally:
             for fd in (request_r, request_w, reply_r, reply_w):
                 os.close(fd)  # only the children hold the RPC pipes, so either one's death ends the other's reads
