@@ -227,7 +227,7 @@ class Remote:
         _requests.write(json.dumps({"call": self.handle, "args": encode(list(args), _reference),
                                     "kwargs": encode(kwargs, _reference)}).encode() + b"\n")
         _requests.flush()
-        return _value(_receive()["ok"])
+        return decode(_receive()["ok"], Remote)
 
     def __repr__(self):
         return f"<solution object #{self.handle}>"
@@ -237,17 +237,6 @@ def _reference(obj):
     if isinstance(obj, Remote):
         return {"h": obj.handle}
     raise TypeError(f"a test passed a {type(obj).__name__} to the solution; only plain values can cross")
-
-
-def _value(x, name=None):
-    """A decoded value; a module only as the solution's global of the module's own name
-    (``import math``), and then the judge's own copy of that standard-library module."""
-    if isinstance(x, dict) and set(x) == {"m"}:
-        module = x["m"]
-        if module != name or module not in sys.stdlib_module_names or module in _NOISY_MODULES:
-            raise SolutionError(f"module {module!r} cannot reach the tests as {name!r}")
-        return importlib.import_module(module)
-    return decode(x, Remote)
 
 
 def _receive():
@@ -269,8 +258,15 @@ _requests, _replies = os.fdopen(request_fd, "wb"), os.fdopen(reply_fd, "rb")
 _entry_points = set(json.loads(sys.stdin.readline()))  # may shadow builtins' names: they are under test
 _tests = sys.stdin.read()
 sys.stdin.close()
-_names = {str(k): _value(v, str(k)) for k, v in _receive()["ready"].items()
-          if not str(k).startswith("__") and (str(k) in _entry_points or not hasattr(builtins, str(k)))}
+_names = {}
+for _key, _value in _receive()["ready"].items():
+    _key = str(_key)
+    if _key.startswith("__") or (hasattr(builtins, _key) and _key not in _entry_points):
+        continue
+    if not (isinstance(_value, dict) and set(_value) == {"m"}):
+        _names[_key] = decode(_value, Remote)
+    elif _value["m"] == _key and _key in sys.stdlib_module_names and _key not in _NOISY_MODULES:
+        _names[_key] = importlib.import_module(_key)  # the solution's `import math`: the judge's own copy
 _namespace = {"__name__": "__main__", "__builtins__": builtins, "__solution__": types.SimpleNamespace(**_names)}
 _namespace.update(_names)
 exec(compile(_tests, "tests.py", "exec"), _namespace)
