@@ -10,6 +10,7 @@ from peft import get_peft_model
 
 from trims_hf import lora_config
 from trims_hf.cli import main
+from trims_hf.tasks.sandbox import resolve_isolation
 
 GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
 SMALL = ["--gen-length", "32", "--block-length", "16", "--limit", "3", "--no-progress"]
@@ -81,6 +82,7 @@ def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
     assert result["task"] == "humaneval" and result["num_samples"] == 2 and result["accuracy"] == 0.0
     assert all(sample["correct"] is False for sample in result["samples"])
     assert all(sample["error"] for sample in result["samples"])  # the sandbox reported why each failed
+    assert {sample["isolation"] for sample in result["samples"]} == {resolve_isolation()}  # which sandbox ran it
 
 
 def test_mbpp_three_shot_style_reaches_the_prompt(saved_student, tmp_path):

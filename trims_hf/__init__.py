@@ -27,8 +27,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "metrics": ("available_metrics", "metric_path"),
     "tasks": (
         "BOXED_INSTRUCTION", "CodeExecutionDisabled", "CodeTask", "Example", "Grade", "GSM8KTask", "HumanEvalTask",
-        "Math500Task", "MBPPTask", "SandboxLimits", "SandboxResult", "Task", "TaskDataError", "get_task", "registry",
-        "run_program",
+        "Math500Task", "MBPPTask", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "Task", "TaskDataError",
+        "get_task", "registry",
+        "run_program", "run_tests",
     ),
     "generation": (
         "ConfidenceFactor", "ConfidenceThreshold", "EntropyThreshold", "FixedSteps", "GenerationOutput",

@@ -49,6 +49,7 @@ class SampleRecord:
     generated_tokens: int
     non_eos_tokens: int
     nfe: int
+    isolation: str | None = None  # code tasks: the sandbox that ran the code ("bubblewrap" or "process")
 
 
 @dataclass
@@ -169,7 +170,8 @@ def evaluate_task(
             grade = task.grade(example, completion, execute_code=execute_code)
             counts = recorder.samples[example.id]
             records.append(SampleRecord(example.id, completion, grade["extracted"], bool(grade["correct"]),
-                                        grade["error"], counts["tokens"], counts["non_eos_tokens"], counts["nfe"]))
+                                        grade["error"], counts["tokens"], counts["non_eos_tokens"], counts["nfe"],
+                                        grade.get("isolation")))
     summary = recorder.summary()
     return EvalResult(
         model=model_name or _model_name(model),

@@ -12,7 +12,15 @@ from .gsm8k import GSM8KTask
 from .humaneval import HumanEvalTask
 from .math_task import Math500Task
 from .mbpp import MBPPTask
-from .sandbox import SandboxLimits, SandboxResult, run_program
+from .sandbox import (
+    SandboxLimits,
+    SandboxResult,
+    SandboxUnavailable,
+    bubblewrap_command,
+    bubblewrap_problem,
+    run_program,
+    run_tests,
+)
 
 registry: dict[str, type[Task]] = {
     "gsm8k": GSM8KTask,
@@ -41,9 +49,13 @@ __all__ = [
     "Math500Task",
     "SandboxLimits",
     "SandboxResult",
+    "SandboxUnavailable",
     "Task",
     "TaskDataError",
+    "bubblewrap_command",
+    "bubblewrap_problem",
     "get_task",
     "registry",
     "run_program",
+    "run_tests",
 ]

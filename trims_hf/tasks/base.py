@@ -11,14 +11,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import datasets
 
 from ..prompts import Prompt, join_messages, render_prompt, resolved_format, uses_chat_template
 from ..settings import PromptFormat
 from .extraction import code_block
-from .sandbox import SandboxLimits, run_program
+from .sandbox import SandboxLimits, run_tests
 
 Messages = list[dict[str, str]]
 
@@ -40,6 +40,7 @@ class Grade(TypedDict):
     correct: bool
     extracted: Any  # the answer or program that was judged (None when nothing was found)
     error: str | None  # why it is wrong or could not be judged (None when correct)
+    isolation: NotRequired[str]  # code tasks: the sandbox that ran the code ("bubblewrap" or "process")
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,13 @@ class CodeTask(Task):
         self.limits = limits or SandboxLimits()
 
     @abstractmethod
-    def test_program(self, example: Example, completion_text: str) -> str:
-        """The full program to run: the extracted solution followed by the example's tests."""
+    def solution_and_tests(self, example: Example, completion_text: str) -> tuple[str, str]:
+        """The program the solution process runs, and the tests the judge process runs against it."""
+
+    def entry_points(self, example: Example) -> tuple[str, ...]:
+        """The functions under test: the tests may take these from the solution even where they are
+        builtins' names (every other builtin name stays the builtin, so a solution cannot fake it)."""
+        return ()
 
     def extract(self, completion_text: str) -> str:
         return code_block(completion_text)
@@ -144,9 +150,11 @@ class CodeTask(Task):
             raise CodeExecutionDisabled(
                 f"{self.name}: grading runs model-written code; pass execute_code=True to run it in the sandbox"
             )
-        result = run_program(self.test_program(example, completion_text), self.limits)
+        solution, tests = self.solution_and_tests(example, completion_text)
+        result = run_tests(solution, tests, self.limits, entry_points=self.entry_points(example))
         error = None if result.passed else f"{result.status}: {result.reason}"
-        return Grade(correct=result.passed, extracted=self.extract(completion_text), error=error)
+        return Grade(correct=result.passed, extracted=self.extract(completion_text), error=error,
+                     isolation=result.isolation)
 
 
 def read_json_rows(path: str | Path) -> list[dict[str, Any]]:

@@ -57,6 +57,13 @@ class HumanEvalTask(CodeTask):
             return f"{stub}\n\n{code}\n"
         return stub + textwrap.indent(textwrap.dedent(code), "    ") + "\n"
 
-    def test_program(self, example: Example, completion_text: str) -> str:
-        fields = example.fields
-        return f"{self.solution(example, completion_text)}\n\n{fields['test']}\n\ncheck({fields['entry_point']})\n"
+    def solution_and_tests(self, example: Example, completion_text: str) -> tuple[str, str]:
+        """The judge runs the stub itself, so ``check`` uses the trusted helpers (``poly``,
+        ``encode_cyclic``...); the entry point's name then means the solution's function (some checks
+        call it by name as well as ``candidate``)."""
+        fields, entry = example.fields, example.fields["entry_point"]
+        tests = f"{fields['prompt']}\n\n{entry} = __solution__.{entry}\n\n{fields['test']}\n\ncheck({entry})\n"
+        return self.solution(example, completion_text), tests
+
+    def entry_points(self, example: Example) -> tuple[str, ...]:
+        return (example.fields["entry_point"],)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -86,9 +87,16 @@ class MBPPTask(CodeTask):
             "instruction": INSTRUCTION if self.style == "instruct" else "[BEGIN]...[DONE]",
         }
 
-    def test_program(self, example: Example, completion_text: str) -> str:
-        """Solution, then ``test_setup_code`` (it builds objects from the solution's classes), then
-        the asserts."""
+    def solution_and_tests(self, example: Example, completion_text: str) -> tuple[str, str]:
+        """The solution followed by ``test_setup_code`` (it builds objects from the solution's
+        classes, so it runs on the solution's side); the asserts run in the judge."""
         fields = example.fields
-        tests = "\n".join(fields["test_list"])
-        return f"{self.extract(completion_text)}\n\n{fields.get('test_setup_code') or ''}\n{tests}\n"
+        solution = f"{self.extract(completion_text)}\n\n{fields.get('test_setup_code') or ''}\n"
+        return solution, "\n".join(fields["test_list"]) + "\n"
+
+    def entry_points(self, example: Example) -> tuple[str, ...]:
+        """Functions the reference solution defines and the asserts call (e.g. task 126's ``sum``)."""
+        defined = {node.name for node in ast.parse(example.fields["code"]).body if isinstance(node, ast.FunctionDef)}
+        called = {node.func.id for test in example.fields["test_list"] for node in ast.walk(ast.parse(test))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        return tuple(sorted(defined & called))

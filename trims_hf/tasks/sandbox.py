@@ -1,35 +1,41 @@
-"""Run untrusted, model-written Python in a throw-away child process and say whether it passed.
+"""Run untrusted, model-written Python against a task's tests and decide, out of its reach, whether it passed.
 
-Layers, each covering a gap in the others:
+Two processes per run, wired by pipes the parent creates:
 
-* a fresh ``python -I -B`` process (no user site, no ``PYTHONPATH``, no bytecode writes) in a new
-  session, with a clean environment (``PATH`` only, plus ``HOME``/``TMPDIR`` pointing into the
-  sandbox) and a fresh temporary directory as its working directory;
-* resource limits (CPU seconds, address space, file size, open files, processes, no core dumps) set
-  by the child before it reads the untrusted code, so no ``preexec_fn`` runs in a forked copy of a
-  possibly multi-threaded evaluator;
-* a PEP 578 audit hook, installed before the untrusted code and impossible to remove from Python,
-  that refuses process creation and signals (``os.fork``, ``os.system``, ``subprocess.Popen``,
-  ``os.exec*``, ``os.kill``...), ``ctypes``, sockets, and deletions, renames, permission changes and
-  writes outside the sandbox directory. Unlike replacing ``os.remove`` & co. with stubs, it also covers the
-  same functions reached through ``posix``, ``pathlib`` or ``shutil``;
-* a wall-clock timeout after which the whole process group is killed, and a kill of the group after
-  every run so that nothing the program started outlives it. ``RLIMIT_NPROC`` is set too, but the
-  kernel ignores it for root (CAP_SYS_RESOURCE / CAP_SYS_ADMIN): there the audit hook and the group
-  kill are what stop a fork bomb;
-* stdout and stderr read through pipes with a size cap (the excess is drained and discarded).
+* the *solution* process runs the model's code, then serves calls to the names it defined;
+* the *judge* process runs the task's tests, in which every name the solution defined (except
+  builtins' names) is a proxy: calling it asks the solution process and gets back a plain value
+  (None, bool, int, float, complex, str, bytes and lists, tuples, dicts, sets of them), or an
+  opaque handle for anything else. The verdict is the judge's exit status.
 
-A run passes only if the program reached its very end: the child prints a random per-run token
-after the program returns, and the parent requires it as the last line of stdout. ``sys.exit(0)``
-or ``os._exit(0)`` before the asserts therefore counts as a failure.
+So the solution can neither read nor forge the verdict (it shares no memory, frame, file or fd
+with the judge), and an object with an always-true ``__eq__`` never reaches a test: it arrives as
+a handle, equal only to itself. What the solution can still do is answer each call with any plain
+value, which is no more than a solution that hard-codes the expected outputs.
+
+Each process is isolated, in layers:
+
+* bubblewrap (``bwrap``) by default: no network, own pid/ipc/uts/cgroup/mount namespaces, uid
+  65534 in its own user namespace (no further user namespaces), only the system and Python
+  directories mounted, read-only, plus a size-capped tmpfs as its working directory (so nothing
+  is ever written to the evaluator's disk), a clean environment, a new session, death with the
+  parent. Where bwrap is missing or cannot run, a one-time warning names what is missing and the
+  runs fall back to plain processes (``isolation="process"``);
+* a fresh ``python -I -B`` in a new session, with a clean environment;
+* resource limits (CPU, address space, file size, open files, processes, no core dumps) set by the
+  child before it reads any untrusted code;
+* in the solution process, a PEP 578 audit hook (second layer) refusing process creation, signals,
+  ctypes, sockets and writes outside its working directory;
+* a wall-clock timeout for the whole run, after which both processes are killed; they are killed
+  after every run anyway, and output is read through size-capped pipes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -37,18 +43,80 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass
+from collections.abc import Collection
 from typing import IO, Literal
 
 Status = Literal["passed", "failed", "timeout"]
+Isolation = Literal["auto", "bubblewrap", "process"]
 
-_PROGRAM_FILE = "program.py"
-_TAIL_BYTES = 256  # kept past the output cap so the success token is still seen
+_SANDBOX_DIR = "/sandbox"  # the working directory inside bubblewrap (a tmpfs)
+_BWRAP_UID = "65534"  # "nobody"
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_KILL_GRACE_S = 2.0
 
-# Executed with ``python -I -B -c``; argv: program path, sandbox dir, limits (JSON). Token on stdin.
-_CHILD = r'''
-import json, os, resource, sys
+# Shared by both children: the wire format of values (JSON with tagged containers).
+_CODEC = r'''
+import builtins, json, os, resource, sys
 
+
+def encode(x, other):
+    """Plain values by content; an instance of a subclass (Counter, namedtuple, an int with an odd
+    ``__eq__``) as its base type, read through the base type's own methods; builtin types by name."""
+    if x is None or type(x) is bool:
+        return x
+    for base, plain in ((int, int.__int__), (float, float.__float__), (str, str.__str__)):
+        if isinstance(x, base):
+            return plain(x)
+    if isinstance(x, list):
+        return [encode(i, other) for i in list.__iter__(x)]
+    for base, tag in ((tuple, "t"), (set, "s"), (frozenset, "f")):
+        if isinstance(x, base):
+            return {tag: [encode(i, other) for i in base.__iter__(x)]}
+    if isinstance(x, dict):
+        return {"d": [[encode(k, other), encode(v, other)] for k, v in dict.items(x)]}
+    if isinstance(x, bytes):
+        return {"b": bytes.hex(x)}
+    if isinstance(x, complex):
+        return {"c": [complex.real.__get__(x), complex.imag.__get__(x)]}
+    if isinstance(x, type) and getattr(builtins, x.__name__, None) is x:
+        return {"y": x.__name__}
+    return other(x)
+
+
+def decode(x, handle):
+    if isinstance(x, list):
+        return [decode(i, handle) for i in x]
+    if not isinstance(x, dict):
+        return x
+    (tag, value), = x.items()
+    if tag == "h":
+        return handle(value)
+    if tag == "b":
+        return bytes.fromhex(value)
+    if tag == "c":
+        return complex(*value)
+    if tag == "y":
+        kind = getattr(builtins, value)
+        if not isinstance(kind, type):
+            raise TypeError(f"not a builtin type: {value!r}")
+        return kind
+    if tag == "d":
+        return {decode(k, handle): decode(v, handle) for k, v in value}
+    return {"t": tuple, "s": set, "f": frozenset}[tag](decode(i, handle) for i in value)
+
+
+def setup():
+    """Limits from argv[1]; returns the two RPC fds from argv[2:4]."""
+    for name, value in json.loads(sys.argv[1]).items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    sys.set_int_max_str_digits(0)
+    return int(sys.argv[2]), int(sys.argv[3])
+'''
+
+# Executed with ``python -I -B -c``; argv: limits (JSON), request fd, reply fd. Source on stdin.
+_SOLUTION = _CODEC + r'''
 
 def _make_guard(root):
     # Everything the hook consults is bound in this closure: the untrusted code could rebind
@@ -57,7 +125,7 @@ def _make_guard(root):
         "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.startfile",
         "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "os.setuid", "os.chroot",
         "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function", "socket.connect",
-        "socket.bind",
+        "socket.bind", "socket.sendto", "socket.sendmsg",
     })
     # Allowed only on paths inside the sandbox (tempfile, for one, creates and removes files there).
     path_events = frozenset({
@@ -90,31 +158,130 @@ def _make_guard(root):
 
 
 def _main():
-    program, root, limits = sys.argv[1], os.path.realpath(sys.argv[2]), json.loads(sys.argv[3])
-    for name, value in limits.items():
-        resource.setrlimit(getattr(resource, name), (value, value))
-    # The token lives in this frame, not in __main__'s globals where `import __main__` would see it.
-    token = sys.stdin.readline().strip()
+    request_fd, reply_fd = setup()
+    requests, replies = os.fdopen(request_fd, "rb"), os.fdopen(reply_fd, "wb")
+    source = sys.stdin.read()
     sys.stdin.close()
-    with open(program, encoding="utf-8") as f:
-        code = compile(f.read(), program, "exec")
-    sys.addaudithook(_make_guard(root))
-    exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    objects = []  # handle -> object, for everything that is not a plain value
+
+    def handle(obj):
+        if isinstance(obj, type(sys)) and obj.__name__ in sys.stdlib_module_names:
+            return {"m": obj.__name__}
+        objects.append(obj)
+        return {"h": len(objects) - 1}
+
+    def send(message):
+        replies.write(json.dumps(message).encode() + b"\n")
+        replies.flush()
+
+    def failure(error):
+        return {"raise": [type(error).__name__, str(error)]}
+
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        code = compile(source, "solution.py", "exec")
+        sys.addaudithook(_make_guard(os.getcwd()))
+        exec(code, namespace)
+        send({"ready": {k: encode(v, handle) for k, v in namespace.items() if not k.startswith("__")}})
+    except BaseException as error:
+        send(failure(error))
+        raise
     sys.stdout.flush()
-    os.write(1, ("\n" + token + "\n").encode())
+    for line in requests:
+        try:
+            call = json.loads(line)
+            function = objects[call["call"]]
+            args = decode(call["args"], objects.__getitem__)
+            kwargs = decode(call["kwargs"], objects.__getitem__)
+            reply = {"ok": encode(function(*args, **kwargs), handle)}
+        except BaseException as error:
+            reply = failure(error)
+        sys.stdout.flush()
+        send(reply)
 
 
 _main()
 '''
 
+# Executed with ``python -I -B -c``; argv: limits (JSON), request fd, reply fd. Tests on stdin.
+_JUDGE = _CODEC + r'''
+import importlib, types
+
+# Standard-library modules whose import does something (opens a browser, prints).
+_NOISY_MODULES = frozenset({"antigravity", "this", "__hello__", "__phello__"})
+
+
+class SolutionError(Exception):
+    """The solution raised an exception that is not a builtin one, or its process went away."""
+
+
+class Remote:
+    """A name or object of the solution: calling it asks the solution process."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __call__(self, *args, **kwargs):
+        _requests.write(json.dumps({"call": self.handle, "args": encode(list(args), _reference),
+                                    "kwargs": encode(kwargs, _reference)}).encode() + b"\n")
+        _requests.flush()
+        return decode(_receive()["ok"], Remote)
+
+    def __repr__(self):
+        return f"<solution object #{self.handle}>"
+
+
+def _reference(obj):
+    if isinstance(obj, Remote):
+        return {"h": obj.handle}
+    raise TypeError(f"a test passed a {type(obj).__name__} to the solution; only plain values can cross")
+
+
+def _receive():
+    line = _replies.readline()
+    if not line:
+        raise SolutionError("the solution process ended before answering (it exited, was killed or hit a limit)")
+    message = json.loads(line)
+    if "raise" in message:
+        name, text = message["raise"]
+        kind = getattr(builtins, str(name), None)
+        if not (isinstance(kind, type) and issubclass(kind, Exception)):
+            kind, text = SolutionError, f"{name}: {text}"
+        raise kind(text)
+    return message
+
+
+request_fd, reply_fd = setup()
+_requests, _replies = os.fdopen(request_fd, "wb"), os.fdopen(reply_fd, "rb")
+_entry_points = set(json.loads(sys.stdin.readline()))  # may shadow builtins' names: they are under test
+_tests = sys.stdin.read()
+sys.stdin.close()
+_names = {}
+for _key, _value in _receive()["ready"].items():
+    _key = str(_key)
+    if _key.startswith("__") or (hasattr(builtins, _key) and _key not in _entry_points):
+        continue
+    if not (isinstance(_value, dict) and set(_value) == {"m"}):
+        _names[_key] = decode(_value, Remote)
+    elif _value["m"] == _key and _key in sys.stdlib_module_names and _key not in _NOISY_MODULES:
+        _names[_key] = importlib.import_module(_key)  # the solution's `import math`: the judge's own copy
+_namespace = {"__name__": "__main__", "__builtins__": builtins, "__solution__": types.SimpleNamespace(**_names)}
+_namespace.update(_names)
+exec(compile(_tests, "tests.py", "exec"), _namespace)
+'''
+
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Limits for one run; the defaults suit one HumanEval/MBPP test program."""
+    """Limits for one run (each of its two processes); the defaults suit one HumanEval/MBPP problem."""
 
     timeout_s: float = 10.0
     memory_bytes: int = 2 * 1024**3
     file_size_bytes: int = 16 * 1024**2
+    disk_bytes: int = 64 * 1024**2
+    """Size of the writable tmpfs under bubblewrap (the process fallback has no such cap)."""
     max_open_files: int = 64
     max_processes: int = 64
     output_bytes: int = 64 * 1024
@@ -133,7 +300,8 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """Outcome of one run. ``reason`` says why it did not pass (empty when it passed)."""
+    """Outcome of one run. ``reason`` says why it did not pass (empty when it passed); ``isolation``
+    says which sandbox ran it ("bubblewrap" or "process")."""
 
     status: Status
     reason: str
@@ -141,40 +309,131 @@ class SandboxResult:
     stdout: str
     stderr: str
     duration_s: float
+    isolation: str
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
 
+class SandboxUnavailable(RuntimeError):
+    """``isolation="bubblewrap"`` was asked for, but bwrap cannot run here."""
+
+
 class _CappedReader(threading.Thread):
-    """Drain a pipe, keeping its first ``cap`` bytes and its last few, so the child never blocks."""
+    """Drain a pipe, keeping its first ``cap`` bytes, so the child never blocks on a full pipe."""
 
     def __init__(self, stream: IO[bytes], cap: int) -> None:
         super().__init__(daemon=True)
         self.stream, self.cap = stream, cap
-        self.head, self.tail, self.truncated = bytearray(), b"", False
+        self.head, self.truncated = bytearray(), False
+        self.start()
 
     def run(self) -> None:
         while chunk := self.stream.read1(65536):
             room = self.cap - len(self.head)
             if room > 0:
                 self.head += chunk[:room]
-            if len(chunk) > room:
-                self.truncated = True
-            self.tail = (self.tail + chunk)[-_TAIL_BYTES:]
+            self.truncated |= len(chunk) > room
         self.stream.close()
 
-    def text(self) -> str:
+    def text(self, deadline: float) -> str:
+        """What was read by ``deadline`` (a ``time.monotonic()`` value) at the latest."""
+        self.join(timeout=max(0.0, deadline - time.monotonic()))
         out = self.head.decode("utf-8", "replace")
         return out + "\n[... output truncated ...]" if self.truncated else out
 
 
-def _kill_group(pgid: int) -> None:
+def bubblewrap_command(limits: SandboxLimits) -> list[str]:
+    """The bwrap command line up to the program: namespaces, uid, read-only mounts, a capped tmpfs."""
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", _BWRAP_UID, "--gid", _BWRAP_UID,
+            "--die-with-parent", "--new-session", "--clearenv", "--proc", "/proc", "--dev", "/dev"]
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    python_dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    for path in sorted(python_dirs):
+        argv += ["--ro-bind", path, path]
+    argv += ["--size", str(limits.disk_bytes), "--tmpfs", _SANDBOX_DIR, "--chdir", _SANDBOX_DIR]
+    for key, value in _child_env(_SANDBOX_DIR).items():
+        argv += ["--setenv", key, value]
+    return argv + ["--"]
+
+
+def _child_env(home: str) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+
+
+@functools.cache
+def bubblewrap_problem() -> str | None:
+    """Why bubblewrap cannot isolate programs here (None when it can), found by running a trivial one."""
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    argv = bubblewrap_command(SandboxLimits()) + [sys.executable, "-I", "-B", "-c", "print('ok')"]
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
+        probe = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bwrap could not start a program ({e})"
+    if probe.returncode != 0 or probe.stdout.strip() != b"ok":
+        last = probe.stderr.decode("utf-8", "replace").strip().splitlines()
+        return f"bwrap could not start a program ({last[-1] if last else f'exit code {probe.returncode}'})"
+    return None
+
+
+@functools.cache
+def _warn_fallback(problem: str) -> None:
+    warnings.warn(
+        f"trims_hf sandbox: {problem}; model code runs WITHOUT network, pid, mount and user namespaces "
+        "(only rlimits, an audit hook and a separate judge process protect the evaluator)",
+        RuntimeWarning, stacklevel=4,
+    )
+
+
+def resolve_isolation(isolation: Isolation = "auto") -> Literal["bubblewrap", "process"]:
+    """The isolation a run will get: bubblewrap when usable (``auto`` warns once when it falls back)."""
+    if isolation not in ("auto", "bubblewrap", "process"):
+        raise ValueError(f"isolation must be 'auto', 'bubblewrap' or 'process', not {isolation!r}")
+    if isolation == "process":
+        return "process"
+    problem = bubblewrap_problem()
+    if problem is None:
+        return "bubblewrap"
+    if isolation == "bubblewrap":
+        raise SandboxUnavailable(f"isolation='bubblewrap' asked for, but {problem}")
+    _warn_fallback(problem)
+    return "process"
+
+
+class _Child:
+    """One sandboxed Python child: started in its own session, its stdin fed, its output capped."""
+
+    def __init__(self, script: str, stdin_text: str, fds: tuple[int, int], limits: SandboxLimits,
+                 prefix: list[str], workdir: str) -> None:
+        argv = prefix + [sys.executable, "-I", "-B", "-c", script, json.dumps(limits.rlimits()), *map(str, fds)]
+        self.proc = subprocess.Popen(
+            argv, cwd=workdir, env=_child_env(workdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds,
+        )
+        self.out = _CappedReader(self.proc.stdout, limits.output_bytes)
+        self.err = _CappedReader(self.proc.stderr, limits.output_bytes)
+        threading.Thread(target=self._feed, args=(stdin_text,), daemon=True).start()
+
+    def _feed(self, text: str) -> None:
+        try:
+            self.proc.stdin.write(text.encode("utf-8", "surrogateescape"))
+            self.proc.stdin.close()
+        except (BrokenPipeError, ValueError):
+            pass  # the child died before reading its input; its exit status says why
+
+    def kill(self) -> int:
+        """Kill the child's whole process group (under bwrap, its pid namespace dies with it)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is already gone
+        return self.proc.wait()
 
 
 def _failure_reason(returncode: int, stderr: str) -> str:
@@ -182,54 +441,63 @@ def _failure_reason(returncode: int, stderr: str) -> str:
         name = signal.Signals(-returncode).name
         hint = {"SIGXCPU": "CPU time limit", "SIGXFSZ": "file size limit", "SIGKILL": "killed (limit)"}
         return f"terminated by {name}" + (f" ({hint[name]})" if name in hint else "")
-    if returncode == 0:
-        return "program exited before its end (sys.exit/os._exit?): success token missing"
     last = [line for line in stderr.strip().splitlines() if line.strip()]
     return f"exit code {returncode}: {last[-1] if last else 'no error message'}"
 
 
-def run_program(program: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Run ``program`` (source text, e.g. solution + asserts) in a sandbox and report the outcome."""
+def run_tests(solution: str, tests: str, limits: SandboxLimits | None = None, isolation: Isolation = "auto",
+              entry_points: Collection[str] = ()) -> SandboxResult:
+    """Run ``solution`` and ``tests`` in two sandboxed processes; passed means the tests ran to their end.
+
+    In ``tests`` every top-level name the solution defines is visible (as a proxy that calls into the
+    solution's process), as is ``__solution__``, a namespace of the same proxies that the tests' own
+    definitions cannot shadow. Names of builtins (``abs``, ``sorted``...) stay the builtins, so a
+    solution cannot fake the tests' helpers, unless listed in ``entry_points`` (the functions under
+    test, e.g. MBPP's ``sum``).
+    """
     limits = limits or SandboxLimits()
-    token = f"TRIMS_SANDBOX_OK_{secrets.token_hex(16)}"
-    workdir = tempfile.mkdtemp(prefix="trims_sandbox_")
+    kind = resolve_isolation(isolation)
+    workdir = tempfile.mkdtemp(prefix="trims_sandbox_")  # the fallback's working directory; bwrap uses a tmpfs
+    prefix = bubblewrap_command(limits) if kind == "bubblewrap" else []
+    request_r, request_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    start = time.monotonic()
     try:
-        path = os.path.join(workdir, _PROGRAM_FILE)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(program)
-        env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
-        argv = [sys.executable, "-I", "-B", "-c", _CHILD, path, workdir, json.dumps(limits.rlimits())]
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-        )
-        readers = [_CappedReader(proc.stdout, limits.output_bytes), _CappedReader(proc.stderr, limits.output_bytes)]
-        for reader in readers:
-            reader.start()
         try:
-            proc.stdin.write(token.encode() + b"\n")
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass  # the child died before reading its token; its exit status says why
-        timed_out = False
+            solver = _Child(_SOLUTION, solution, (request_r, reply_w), limits, prefix, workdir)
+            judge = _Child(_JUDGE, json.dumps(sorted(entry_points)) + "\n" + tests, (request_w, reply_r), limits,
+                           prefix, workdir)
+        finally:
+            for fd in (request_r, request_w, reply_r, reply_w):
+                os.close(fd)  # only the children hold the RPC pipes, so either one's death ends the other's reads
         try:
-            returncode: int | None = proc.wait(timeout=limits.timeout_s)
+            returncode: int | None = judge.proc.wait(timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
-            timed_out = True
-        _kill_group(proc.pid)
-        if timed_out:
-            returncode = proc.wait()
-        for reader in readers:
-            reader.join(timeout=2.0)
+            returncode = None
+        judge.kill()
+        solver_code = solver.kill()
         duration = time.monotonic() - start
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    deadline = time.monotonic() + _KILL_GRACE_S  # one grace period for all four pipes to drain
+    stdout = solver.out.text(deadline) + judge.out.text(deadline)
+    judge_err, solver_err = judge.err.text(deadline), solver.err.text(deadline)
+    stderr = solver_err + judge_err
+    if returncode is None:
+        return SandboxResult("timeout", f"wall-clock timeout after {limits.timeout_s:g} s", None,
+                             stdout, stderr, duration, kind)
+    if returncode == 0:
+        return SandboxResult("passed", "", 0, stdout, stderr, duration, kind)
+    reason = _failure_reason(returncode, judge_err)
+    if "the solution process ended" in reason:
+        reason += f" [solution: {_failure_reason(solver_code, solver_err)}]"
+    return SandboxResult("failed", reason, returncode, stdout, stderr, duration, kind)
 
-    out, err = readers
-    stdout, stderr = out.text(), err.text()
-    if timed_out:
-        return SandboxResult("timeout", f"wall-clock timeout after {limits.timeout_s:g} s", None, stdout, stderr, duration)
-    if returncode == 0 and out.tail.rstrip().endswith(token.encode()):
-        return SandboxResult("passed", "", 0, stdout.replace(token, "").rstrip(), stderr, duration)
-    return SandboxResult("failed", _failure_reason(returncode, stderr), returncode, stdout, stderr, duration)
+
+def run_program(program: str, limits: SandboxLimits | None = None, isolation: Isolation = "auto") -> SandboxResult:
+    """Run a whole program (e.g. code with its own asserts): passed means it ran to its end.
+
+    Its asserts run inside the untrusted process, so unlike :func:`run_tests` this verdict is only
+    as strong as the program's honesty; grading uses :func:`run_tests`.
+    """
+    return run_tests(program, "", limits, isolation)
