@@ -314,12 +314,14 @@ def generate_text(
     config: DecodingConfig | None = None,
     hooks: Sequence[DecodeHook] = (),
     sample_ids: Sequence[Hashable] | None = None,
+    apply_chat_template: bool = True,
 ) -> list[str]:
     """Chat-format, left-pad and decode ``prompts`` (strings become one user message); returns the answers
     cut before their first stop token. Stop ids default to the model's and the tokenizer's EOS ids plus the
-    chat end-of-turn tokens the vocabulary has (LLaDA's ``<|eot_id|>``, Dream's ``<|im_end|>``)."""
+    chat end-of-turn tokens the vocabulary has (LLaDA's ``<|eot_id|>``, Dream's ``<|im_end|>``).
+    ``apply_chat_template=False`` decodes string prompts verbatim (e.g. already formatted by a harness)."""
     config = config or DecodingConfig()
-    if tokenizer.chat_template is not None:
+    if tokenizer.chat_template is not None and apply_chat_template:
         conversations = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
         texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
     elif all(isinstance(p, str) for p in prompts):
