@@ -8,17 +8,19 @@ from __future__ import annotations
 import importlib
 import sys
 
+# command -> (module with main(argv), one-line help)
 COMMANDS = {
-    "score": "Score completions with an autoregressive teacher (NLL, entropy, buckets) into a dataset folder.",
-    "train": "Fine-tune a masked diffusion student with TRIMS (or the MDLM baseline) from a YAML recipe.",
-    "eval": "Evaluate a student on a benchmark: accuracy and tokens per step.",
-    "demo": "Run the whole TRIMS chain offline on a small embedded task (teacher, buckets, MDLM vs TRIMS, evaluation).",
+    "score": ("trims_hf.commands.score", "Score completions with an autoregressive teacher (NLL, entropy, buckets)."),
+    "train": ("trims_hf.commands.train", "Fine-tune a masked diffusion student with TRIMS (or MDLM) from a YAML recipe."),
+    "eval": ("trims_hf.commands.eval", "Evaluate a student on a benchmark: accuracy and tokens per step."),
+    "lm-eval": ("trims_hf.harness.__main__", "lm-evaluation-harness with the `trims` model (pip install trims_hf[lm_eval])."),
+    "demo": ("trims_hf.commands.demo", "Run the whole TRIMS chain offline on a small embedded task."),
 }
 
 
 def usage() -> str:
     lines = ["usage: trims <command> [flags]   (`trims <command> --help` lists a command's flags)", "", "commands:"]
-    return "\n".join(lines + [f"  {name:<7} {help}" for name, help in COMMANDS.items()])
+    return "\n".join(lines + [f"  {name:<8} {help}" for name, (_, help) in COMMANDS.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.", file=sys.stderr)
         return 2
     try:
-        return int(importlib.import_module(f"trims_hf.commands.{argv[0]}").main(argv[1:]) or 0)
+        return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
     except SystemExit as exit:  # argparse's --help and usage errors, as an exit code for callers of main()
         return exit.code if isinstance(exit.code, int) else 1
 

@@ -46,8 +46,12 @@ def render_prompt(tokenizer: Any, prompt: Prompt, fmt: PromptFormat) -> tuple[st
     """
     if uses_chat_template(tokenizer, fmt):
         return tokenizer.apply_chat_template(_messages(prompt, fmt), add_generation_prompt=True, tokenize=False), False
+    if fmt.prompt_format == "verbatim":
+        if not isinstance(prompt, str):
+            raise ValueError("prompt_format 'verbatim' needs a text prompt, not chat messages.")
+        return prompt, False
     text = prompt if isinstance(prompt, str) else join_messages(prompt)
-    if fmt.prompt_format not in ("chat_template", "plain"):
+    if fmt.prompt_format != "plain" and fmt.prompt_format != "chat_template":
         if not isinstance(prompt, str):
             raise ValueError(f"prompt_format {fmt.prompt_format!r} needs a text prompt, not chat messages.")
         text = fmt.prompt_format.replace("{prompt}", prompt)

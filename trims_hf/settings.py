@@ -27,7 +27,7 @@ CacheMode = Literal["none", "prefix", "dual"]
 
 MAX_BUCKETS = 127  # bucket ids are stored as int8
 DEFAULT_TEACHER = "Qwen/Qwen3-8B"  # the paper's teacher
-PROMPT_FORMATS = ("chat_template", "plain")
+PROMPT_FORMATS = ("chat_template", "plain", "verbatim")
 
 
 def _check_choice(name: str, value: Any, kind: Any) -> None:
@@ -48,7 +48,8 @@ class PromptFormat:
         default="chat_template",
         metadata={"help": "chat_template: the tokenizer's chat template (user turn + generation prompt; plain when the "
                   "tokenizer has none); plain: the prompt text (chat messages joined by a blank line) with the "
-                  "tokenizer's special tokens; or a format string containing {prompt}."},
+                  "tokenizer's special tokens; verbatim: text already rendered (e.g. by lm-evaluation-harness), "
+                  "no special tokens added; or a format string containing {prompt}."},
     )
     system_prompt: str | None = field(
         default=None, metadata={"help": "Optional system message placed before the prompt (chat template only)."}

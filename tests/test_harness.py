@@ -1,0 +1,216 @@
+"""lm-evaluation-harness integration: the MC log-likelihood against exact enumeration, GSM8K CoT through
+the harness with a scripted student (stop strings, token counts, the harness's answer extraction against
+ours), the ``python -m trims_hf.harness`` command on a tiny saved student, and early errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import SHARED, read_jsonl, tiny_student
+from torch import nn
+from transformers import PreTrainedConfig
+
+from trims_hf import prepare_student, student_logits
+from trims_hf.harness import TASKS_DIR
+from trims_hf.harness.likelihood import masked_diffusion_loglikelihood, masked_elbo_terms
+from trims_hf.tasks import GSM8KTask
+
+DATA = SHARED / "data"
+REPO = Path(__file__).resolve().parents[1]
+GEN, BLOCK, CONFIDENCE = 128, 32, 0.95
+
+
+# --- Monte Carlo log-likelihood ---------------------------------------------------------------------------
+
+def exact_elbo_terms(model: nn.Module, context: list[int], continuation: list[int]) -> dict[tuple, tuple]:
+    """Every mask subset M of the continuation -> (its probability under the estimator,
+    P(M) = (1/L) / C(L, |M|), and its term (L/|M|) * sum_{i in M} log p(x_i)), one forward each."""
+    length, mask_id = len(continuation), model.config.mask_token_id
+    terms = {}
+    for size in range(1, length + 1):
+        for subset in itertools.combinations(range(length), size):
+            ids = list(context) + [mask_id if i in subset else t for i, t in enumerate(continuation)]
+            log_probs = torch.log_softmax(student_logits(model, torch.tensor([ids]))[0].double(), dim=-1)
+            term = length / size * sum(float(log_probs[len(context) + i, continuation[i]]) for i in subset)
+            terms[subset] = (1 / length / math.comb(length, size), term)
+    return terms
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_mc_loglikelihood_converges_to_exact_expectation(tokenizer, kind):
+    model = tiny_student(tokenizer, kind, seed=3).eval()
+    context, continuation = [5, 17, 42, 99, 7], [120, 33, 250]
+    with torch.no_grad():
+        exact = exact_elbo_terms(model, context, continuation)
+        patterns = torch.tensor([[i in subset for i in range(3)] for subset in exact])
+        batched = masked_elbo_terms(model, context, continuation, patterns)
+    # The batched terms are the enumerated ones (all 7 subsets, one batch).
+    assert batched.tolist() == pytest.approx([term for _, term in exact.values()], rel=1e-5)
+    assert sum(p for p, _ in exact.values()) == pytest.approx(1.0)
+    mean = sum(p * term for p, term in exact.values())
+    variance = sum(p * term**2 for p, term in exact.values()) - mean**2
+    samples = 6000
+    estimate = masked_diffusion_loglikelihood(model, context, continuation, samples=samples, batch_size=1000,
+                                              generator=torch.Generator().manual_seed(0))
+    standard_error = math.sqrt(variance / samples)
+    assert variance > 0 and abs(estimate - mean) < 4 * standard_error, (estimate, mean, standard_error)
+    few = masked_diffusion_loglikelihood(model, context, continuation, samples=2,
+                                         generator=torch.Generator().manual_seed(1))
+    assert few != pytest.approx(estimate, abs=1e-9)  # a real estimate: it moves with the draws
+
+
+def test_mc_loglikelihood_rejects_empty_inputs(tokenizer):
+    model = tiny_student(tokenizer)
+    with pytest.raises(ValueError, match="continuation"):
+        masked_diffusion_loglikelihood(model, [1, 2], [])
+    with pytest.raises(ValueError, match="context"):
+        masked_diffusion_loglikelihood(model, [], [3])
+
+
+# --- GSM8K CoT through the harness with a scripted student ------------------------------------------------
+
+class ScriptedStudent(nn.Module):
+    """Finds which test question its prompt ends with and proposes the scripted response (then EOS) with
+    probability ``CONFIDENCE`` at every generated position, so a threshold of 0.9 commits a block per forward."""
+
+    def __init__(self, tokenizer, scripts: dict[str, list[int]]) -> None:
+        super().__init__()
+        self.config = PreTrainedConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+        self.tokenizer, self.scripts = tokenizer, scripts
+        self.weight = nn.Parameter(torch.zeros(1))
+        prepare_student(self, "llada", tokenizer.mask_token_id)
+
+    def forward(self, input_ids, attention_mask=None, logits_to_keep=None, **kwargs):
+        vocab = self.config.vocab_size
+        low = math.log((1 - CONFIDENCE) / (vocab - 1))
+        logits = torch.full((*input_ids.shape, vocab), low)
+        for row, ids in enumerate(input_ids):
+            prompt = self.tokenizer.decode(ids[:-GEN], skip_special_tokens=True)
+            question = max((q for q in self.scripts if q in prompt), key=prompt.rfind)
+            script = self.scripts[question] + [self.tokenizer.eos_token_id] * (GEN - len(self.scripts[question]))
+            logits[row, torch.arange(len(ids) - GEN, len(ids)), torch.tensor(script)] = math.log(CONFIDENCE)
+        return SimpleNamespace(logits=logits if logits_to_keep is None else logits[:, logits_to_keep])
+
+
+# Hidden-answer formats for the first GSM8K test problems (gold 18, 3, 70000, 540, 20, 64, 260) and what each
+# extractor makes of them: (text, tail after a stop string, harness strict-match, flexible-extract, ours).
+CASES = [
+    ("Janet sells 16 - 3 - 4 = 9 eggs for $2 each. #### 18", "", False, True, True),
+    ("It takes 2 + 1 = 3 bolts. The answer is 3.\n\n", "Q: one more question 99", True, True, True),
+    ("The profit is $70,000. The answer is 70,000.", "", True, True, True),
+    ("He runs 3 * 3 * 60 = 540 meters, so \\boxed{540}", "", False, True, True),
+    ("She needs 20 cups. The answer is 20 cups.", "", True, True, True),
+    ("The answer is 64. Check: 64 / 8 = 8", "", True, False, False),
+    ("Toulouse has 260 sheep. The answer is $260.", "", False, True, True),
+]
+
+
+@pytest.fixture(scope="module")
+def gsm8k_cot_run(tokenizer):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from trims_hf.harness.model import TrimsLM
+
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    docs = read_jsonl(DATA / "gsm8k" / "test.jsonl", len(CASES))
+    kept = [encode(text) for text, *_ in CASES]
+    tails = [encode(tail) if tail else [] for _, tail, *_ in CASES]
+    scripts = {doc["question"]: k + t for doc, k, t in zip(docs, kept, tails)}
+    lm = TrimsLM(ScriptedStudent(tokenizer, scripts), tokenizer=tokenizer, batch_size=3, device="cpu",
+                 gen_length=GEN, block_length=BLOCK)
+    manager = TaskManager(include_path=str(TASKS_DIR), metadata={"data_dir": str(DATA)})
+    results = simple_evaluate(model=lm, tasks=["gsm8k_cot_local"], limit=len(CASES), task_manager=manager,
+                              log_samples=True, bootstrap_iters=0)
+    return SimpleNamespace(results=results, docs=docs, kept=kept, full=[k + t for k, t in zip(kept, tails)])
+
+
+def test_gsm8k_cot_through_harness_counts_and_stop_strings(gsm8k_cot_run):
+    results = gsm8k_cot_run.results
+    samples = sorted((s for s in results["samples"]["gsm8k_cot"] if s["filter"] == "strict-match"),
+                     key=lambda s: s["doc_id"])
+    assert results["n-shot"]["gsm8k_cot"] == 8  # the leaderboard CoT prompt, from the harness's own config
+    responses = [s["resps"][0][0] for s in samples]
+    assert responses == [text for text, *_ in CASES]  # the tail after "Q:" is cut, EOS dropped
+    trims = results["config"]["trims"]
+    counts = trims["tokens_per_step"]["gsm8k_cot"]
+    nfe = [len(ids) // BLOCK + 1 for ids in gsm8k_cot_run.full]  # one forward per block up to the EOS block
+    assert counts["generated_tokens"] == sum(len(ids) for ids in gsm8k_cot_run.kept)
+    assert counts["nfe"] == sum(nfe) and counts["samples"] == len(CASES)
+    assert counts["tokens_per_step"] == pytest.approx(counts["generated_tokens"] / counts["nfe"])
+    assert trims["decoding"]["gen_length"] == GEN and trims["decoding"]["strategy"] == "threshold"
+    assert results["results"]["gsm8k_cot"]["exact_match,strict-match"] == pytest.approx(
+        sum(case[2] for case in CASES) / len(CASES))
+
+
+def test_harness_and_trims_extraction_agree_on_hidden_answers(gsm8k_cot_run):
+    """Documented in the README: strict-match reads only "The answer is N" (not "#### N", boxed or "$N");
+    flexible-extract and ours take the last number, so a check written after the answer fools both."""
+    ours = GSM8KTask()
+    by_filter = {(s["doc_id"], s["filter"]): s["exact_match"] for s in gsm8k_cot_run.results["samples"]["gsm8k_cot"]}
+    for doc_id, ((text, _, strict, flexible, expected_ours), doc) in enumerate(zip(CASES, gsm8k_cot_run.docs)):
+        assert bool(by_filter[(doc_id, "strict-match")]) is strict, text
+        assert bool(by_filter[(doc_id, "flexible-extract")]) is flexible, text
+        assert ours.grade_answer(text, doc["answer"])["correct"] is expected_ours, text
+
+
+# --- the command, local data and early errors ---------------------------------------------------------------
+
+def test_local_data_loaders_match_hub_splits():
+    from trims_hf.harness.tasks import local_data
+
+    gsm8k = local_data.gsm8k(data_dir=str(DATA), pretrained="ignored")
+    assert {k: len(v) for k, v in gsm8k.items()} == {"train": 7473, "test": 1319}
+    assert {k: len(v) for k, v in local_data.mbpp(data_dir=str(DATA)).items()} == {
+        "prompt": 10, "test": 500, "validation": 90, "train": 374}
+    assert len(local_data.math500(data_dir=str(DATA))["test"]) == 500
+    with pytest.raises(FileNotFoundError, match="TRIMS_HARNESS_DATA"):
+        local_data.gsm8k()
+
+
+def test_harness_command_writes_results_and_tokens_per_step(tokenizer, tmp_path):
+    model_dir = tmp_path / "tiny"
+    tiny_student(tokenizer, "llada").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    args = ["--model", "trims", "--model_args",
+            f"pretrained={model_dir},dtype=float32,strategy=fixed_steps,gen_length=16,block_length=16,steps=2",
+            "--tasks", "gsm8k_cot_local", "--limit", "2", "--batch_size", "2", "--device", "cpu",
+            "--output_path", str(tmp_path / "out")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRIMS_HARNESS_DATA": str(DATA), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "trims_hf.harness", *args], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results_file = next((tmp_path / "out").rglob("results_*.json"))
+    trims_file = results_file.with_name(results_file.name.replace("results_", "trims_"))
+    results, trims = json.loads(results_file.read_text()), json.loads(trims_file.read_text())
+    assert "exact_match,strict-match" in results["results"]["gsm8k_cot"]
+    assert trims["decoding"]["strategy"] == "fixed_steps" and trims["decoding"]["steps"] == 2
+    counts = trims["tokens_per_step"]["gsm8k_cot"]
+    # fixed_steps with 2 steps on one 16-token block: at most 2 forwards per sample, 1 if EOS ends it early
+    assert counts["samples"] == 2 and 2 <= counts["nfe"] <= 4 and counts["model_forwards"] <= 2
+    assert counts["tokens_per_step"] == pytest.approx(counts["generated_tokens"] / counts["nfe"])
+    assert trims["results_file"] == results_file.name and trims["student"] == "llada"
+
+
+def test_bad_arguments_fail_before_loading(monkeypatch):
+    from trims_hf.harness.__main__ import main
+    from trims_hf.harness.model import TrimsLM
+
+    with pytest.raises(ValueError, match="unknown decoding argument.*treshold"):
+        TrimsLM("/nonexistent/model", treshold=0.9)
+    with pytest.raises(ValueError, match="multiple of block_length"):
+        TrimsLM("/nonexistent/model", gen_length=100, block_length=32)
+    with pytest.raises(ValueError, match="batch size"):
+        TrimsLM("/nonexistent/model", batch_size="auto")
+    monkeypatch.delenv("TRIMS_HARNESS_DATA", raising=False)
+    with pytest.raises(FileNotFoundError, match="TRIMS_HARNESS_DATA"):
+        main(["--model", "trims", "--model_args", "pretrained=/nonexistent", "--tasks", "gsm8k_cot_local"])

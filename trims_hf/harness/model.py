@@ -1,0 +1,231 @@
+"""The ``trims`` model of lm-evaluation-harness: a masked-diffusion student decoded by trims_hf.
+
+``--model trims --model_args pretrained=PATH[,adapter=LORA][,<any DecodingConfig field>=VALUE...]``.
+Generation goes through :func:`trims_hf.generation.generate_text` (prompts verbatim: chat formatting is
+the harness's ``--apply_chat_template``), answers are cut at the request's ``until`` strings, and a
+:class:`~trims_hf.generation.TokensPerStepRecorder` per task counts tokens and forwards the same way
+``trims eval`` does. The counts and the decoding settings land in the results file under
+``config.trims`` (the harness asks the model for :meth:`TrimsLM.get_model_info` after evaluating).
+Importing this module registers the model; it needs the ``lm_eval`` package.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, fields, replace
+from typing import Any
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import Collator, normalize_gen_kwargs
+from torch import nn
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from ..evaluation import cut_at_stop_strings, tokens_covering
+from ..generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text, tokens_before_stop
+from ..settings import PromptFormat
+from ..students import load_student, student_spec
+from .likelihood import masked_diffusion_loglikelihood
+
+logger = logging.getLogger(__name__)
+
+DECODING_ARGS = frozenset(f.name for f in fields(DecodingConfig))
+"""Model arguments (and ``--gen_kwargs`` keys) that set the decoder: every :class:`DecodingConfig` field."""
+
+ESTIMATOR = "LLaDA Monte Carlo ELBO: l ~ U{1..L} masks on the continuation, (L/l)-weighted log-probs, mean"
+
+
+class _StopStringRecorder(TokensPerStepRecorder):
+    """Counts a sample's tokens up to the earlier of its first stop token and the request's ``until`` strings."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        super().__init__(count_tokens=self._count)
+        self.tokenizer = tokenizer
+        self.until: Sequence[str] = ()
+
+    def _count(self, response: torch.Tensor) -> int:
+        ids = response[: int(tokens_before_stop(response[None], self._start.stop_token_ids)[0])].tolist()
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        cut = cut_at_stop_strings(text, self.until)
+        return len(ids) if cut == text else tokens_covering(self.tokenizer, ids, len(cut))
+
+
+def _decoding_config(arguments: dict[str, Any], base: DecodingConfig | None = None) -> DecodingConfig:
+    """A :class:`DecodingConfig` from harness arguments (lists become tuples); rejects unknown keys."""
+    unknown = sorted(set(arguments) - DECODING_ARGS)
+    if unknown:
+        raise ValueError(f"unknown decoding argument(s) {unknown}; accepted: {sorted(DECODING_ARGS)}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in arguments.items()}
+    return replace(base, **values) if base is not None else DecodingConfig(**values)
+
+
+@register_model("trims")
+class TrimsLM(TemplateLM):
+    """A trims_hf student as an lm-eval model; see the module docstring for the arguments."""
+
+    def __init__(
+        self,
+        pretrained: str | nn.Module,
+        tokenizer: str | PreTrainedTokenizerBase | None = None,
+        adapter: str | None = None,
+        kind: str | None = None,
+        dtype: str = "auto",
+        device: str | None = None,
+        batch_size: int | str = 1,
+        max_batch_size: int | None = None,
+        mc_samples: int = 128,
+        mc_batch_size: int = 32,
+        mc_seed: int = 0,
+        revision: str | None = None,
+        **decoding: Any,
+    ) -> None:
+        super().__init__()
+        # Every argument is checked before the (possibly 8B) model is loaded.
+        self.decoding = _decoding_config(decoding)
+        if not str(batch_size).isdigit() or int(batch_size) < 1:
+            raise ValueError(f"batch_size={batch_size!r}: the trims model takes a positive integer batch size")
+        if int(mc_samples) < 1 or int(mc_batch_size) < 1:
+            raise ValueError(f"mc_samples={mc_samples} and mc_batch_size={mc_batch_size} must be positive")
+        if tokenizer is None and not isinstance(pretrained, str):
+            raise ValueError("a model object needs its tokenizer: pass tokenizer=...")
+        self.batch_size = int(batch_size)
+        self.mc_samples, self.mc_batch_size = int(mc_samples), int(mc_batch_size)
+        self.generator = torch.Generator().manual_seed(int(mc_seed))
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            # The harness CLI asks for cuda by default; like its hf model, run where the machine can.
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._device = torch.device(device)
+        if isinstance(pretrained, str):
+            model = load_student(pretrained, kind, revision=revision, dtype=dtype)
+        else:
+            model = pretrained
+        if adapter is not None:
+            from peft import PeftModel
+
+            # Merged: the decoder then runs the plain student, as fast as without an adapter.
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        self.model = model.to(self._device).eval()
+        self.spec = student_spec(self.model)
+        if isinstance(tokenizer, PreTrainedTokenizerBase):
+            self.tokenizer = tokenizer
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or adapter or pretrained, revision=revision)
+        self.names = {"pretrained": pretrained if isinstance(pretrained, str) else type(pretrained).__name__,
+                      "adapter": adapter}
+        self.recorders: dict[str, _StopStringRecorder] = {}
+        self.generate_overrides: dict[str, dict[str, Any]] = {}
+        self.loglikelihood_forwards = 0
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.tokenizer.name_or_path.replace("/", "__")
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        """Token ids of ``string``; no special tokens unless asked (chat templates carry their own BOS)."""
+        return self.tokenizer(string, add_special_tokens=bool(add_special_tokens))["input_ids"]
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def _request_config(self, gen_kwargs: dict[str, Any]) -> tuple[DecodingConfig, list[str]]:
+        """Decoding settings and stop strings of one request; its ``DecodingConfig`` keys override the model's."""
+        kwargs = normalize_gen_kwargs(gen_kwargs)
+        until = kwargs.pop("until")
+        # The canvas length is gen_length (a decoding setting that moves accuracy and tokens per step),
+        # so the harness's max_gen_toks is not used; sampling is on iff do_sample, as in the harness.
+        kwargs.pop("max_gen_toks")
+        if not kwargs.pop("do_sample"):
+            kwargs["temperature"] = 0.0
+        ignored = sorted(set(kwargs) - DECODING_ARGS)
+        if ignored:
+            logger.warning("trims model ignores generation arguments %s", ignored)
+        return _decoding_config({k: v for k, v in kwargs.items() if k in DECODING_ARGS}, self.decoding), until
+
+    def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
+        """Batched parallel decoding, one batch per (task, generation arguments); answers cut at ``until``."""
+        by_task: dict[str, list[int]] = {}
+        for index, request in enumerate(requests):
+            by_task.setdefault(request.task_name or "", []).append(index)
+        answers: list[str] = [""] * len(requests)
+        progress = tqdm(total=len(requests), desc="trims generate_until", disable=disable_tqdm)
+        for task, indices in by_task.items():
+            recorder = self.recorders.setdefault(task, _StopStringRecorder(self.tokenizer))
+            collator = Collator(
+                [(i, *requests[i].args) for i in indices],
+                sort_fn=lambda item: -len(item[1]),
+                group_fn=lambda item: item[2],
+                group_by="gen_kwargs",
+            )
+            for batch in collator.get_batched(n=self.batch_size):
+                config, until = self._request_config(batch[0][2])
+                self.generate_overrides[task] = {
+                    k: v for k, v in asdict(config).items() if v != getattr(self.decoding, k)
+                }
+                recorder.until = until
+                contexts = [context for _, context, _ in batch]
+                texts = generate_text(self.model, self.tokenizer, contexts, config, [recorder],
+                                      prompt_format=PromptFormat("verbatim"))
+                for (index, context, gen_kwargs), text in zip(batch, texts):
+                    answers[index] = cut_at_stop_strings(text, until)
+                    self.cache_hook.add_partial("generate_until", (context, gen_kwargs), answers[index])
+                progress.update(len(batch))
+        progress.close()
+        return answers
+
+    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        """Monte Carlo ELBO (``mc_samples`` draws) and whether the decoder's greedy answer is the continuation."""
+        results = []
+        for key, context, continuation in tqdm(requests, desc="trims loglikelihood", disable=disable_tqdm):
+            score = masked_diffusion_loglikelihood(
+                self.model, context, continuation, self.mc_samples, self.mc_batch_size, self.generator
+            )
+            greedy = self._is_greedy(context, continuation)
+            self.loglikelihood_forwards += -(-self.mc_samples // self.mc_batch_size) + len(continuation)
+            results.append((score, greedy))
+            self.cache_hook.add_partial("loglikelihood", key, (score, greedy))
+        return results
+
+    def _is_greedy(self, context: Sequence[int], continuation: Sequence[int]) -> bool:
+        """Whether LLaDA's one-token-per-step low-confidence decoding of ``len(continuation)`` masks gives it."""
+        length = len(continuation)
+        config = DecodingConfig(strategy="fixed_steps", gen_length=length, block_length=length, steps=length,
+                                early_stop=False, cache="none")
+        output = generate(self.model, torch.tensor([list(context)], device=self._device), config=config)
+        return output.responses[0].tolist() == list(continuation)
+
+    def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
+        raise NotImplementedError(
+            "the trims model has no rolling (perplexity) log-likelihood: a masked-diffusion student only gives "
+            "an ELBO of a continuation given a context; use loglikelihood or generate_until tasks"
+        )
+
+    def tokens_per_step(self) -> dict[str, dict[str, Any]]:
+        """Per task: tokens per step (counted tokens / charged forwards), NFE, forwards and counts so far."""
+        return {task: recorder.summary() | {"decoding_overrides": self.generate_overrides.get(task, {})}
+                for task, recorder in self.recorders.items()}
+
+    def get_model_info(self) -> dict[str, Any]:
+        """What the harness writes under ``config`` of its results file: our settings and counts."""
+        return {
+            "trims": {
+                **self.names,
+                "student": self.spec.kind,
+                "batch_size": self.batch_size,
+                "decoding": asdict(self.decoding),
+                "tokens_per_step": self.tokens_per_step(),
+                "loglikelihood": {"estimator": ESTIMATOR, "mc_samples": self.mc_samples,
+                                  "forwards": self.loglikelihood_forwards},
+            }
+        }
+
+
+__all__ = ["DECODING_ARGS", "ESTIMATOR", "TrimsLM"]
