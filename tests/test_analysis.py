@@ -105,8 +105,10 @@ def test_bucket_statistics_by_hand():
 
 
 def result(model: str, threshold: float, accuracy: float, tokens_per_step: float, strategy: str = "threshold") -> EvalResult:
-    return EvalResult(model, "arith", accuracy, tokens_per_step, 1.0, 10, 10, 1, 1.0, 1.0, True, {},
-                      {"strategy": strategy, "threshold": threshold})
+    return EvalResult(model=model, task="arith", accuracy=accuracy, tokens_per_step=tokens_per_step,
+                      tokens_per_forward_non_eos=tokens_per_step, tokens_per_second=1.0, nfe=10, generated_tokens=10,
+                      non_eos_tokens=10, num_samples=1, decode_time_s=1.0, wall_time_s=1.0, early_stop=True,
+                      prompt_format={}, decoding={"strategy": strategy, "threshold": threshold})
 
 
 STUDY = [(None, result("base", 0.9, 0.1, 1.0)),
