@@ -46,16 +46,13 @@ def render_prompt(tokenizer: Any, prompt: Prompt, fmt: PromptFormat) -> tuple[st
     """
     if uses_chat_template(tokenizer, fmt):
         return tokenizer.apply_chat_template(_messages(prompt, fmt), add_generation_prompt=True, tokenize=False), False
+    if fmt.prompt_format in ("plain", "chat_template"):  # chat_template lands here for a tokenizer without one
+        return (prompt if isinstance(prompt, str) else join_messages(prompt)), True
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt_format {fmt.prompt_format!r} needs a text prompt, not chat messages.")
     if fmt.prompt_format == "verbatim":
-        if not isinstance(prompt, str):
-            raise ValueError("prompt_format 'verbatim' needs a text prompt, not chat messages.")
         return prompt, False
-    text = prompt if isinstance(prompt, str) else join_messages(prompt)
-    if fmt.prompt_format != "plain" and fmt.prompt_format != "chat_template":
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt_format {fmt.prompt_format!r} needs a text prompt, not chat messages.")
-        text = fmt.prompt_format.replace("{prompt}", prompt)
-    return text, True
+    return fmt.prompt_format.replace("{prompt}", prompt), True
 
 
 def prompt_token_ids(tokenizer: Any, prompt: Prompt, fmt: PromptFormat) -> list[int]:

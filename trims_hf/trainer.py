@@ -29,7 +29,6 @@ from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
 from .preparation import is_prepared, prepare_dataset
 from . import schema
-from .schema import SchemaError, has_teacher_scores
 from .settings import MaskingConfig, StudentFormat
 from .students import mask_token_id, student_spec
 
@@ -101,14 +100,13 @@ class MDLMTrainer(Trainer):
     @staticmethod
     def _prepare(dataset: Any, tokenizer: Any, fmt: StudentFormat, masking: MaskingConfig, args: TrainingArguments) -> Any:
         """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator."""
-        columns = set(getattr(dataset, "column_names", None) or ())
-        if is_prepared(dataset) or not columns & {schema.PROMPT, schema.MESSAGES}:
+        if is_prepared(dataset) or not set(getattr(dataset, "column_names", None) or ()) & {schema.PROMPT, schema.MESSAGES}:
             return dataset
         if tokenizer is None:
             raise ValueError("MDLMTrainer prepares scored rows for the student: pass processing_class=<student tokenizer>.")
-        scored = has_teacher_scores(dataset.column_names, masking.metric)
+        scored = schema.has_teacher_scores(dataset.column_names, masking.metric)
         if masking.trajectory_ratio > 0 and not scored:
-            raise SchemaError(f"The data set has no teacher scores (columns {dataset.column_names}), which trajectory "
+            raise schema.SchemaError(f"The data set has no teacher scores (columns {dataset.column_names}), which trajectory "
                               "masking needs; score it with `trims score`, or set trajectory_ratio=0 for plain MDLM.")
         with args.main_process_first(desc="preparing the data set for the student"):
             return prepare_dataset(dataset, tokenizer, fmt, masking)
