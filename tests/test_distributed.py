@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from trims_hf.training import parse_recipe
+from trims_hf.jobs.train import parse_recipe
 
 TESTS = Path(__file__).resolve().parent
 SCRIPT = TESTS / "ddp_train_script.py"

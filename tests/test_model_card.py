@@ -55,7 +55,7 @@ def never_called(*args, **kwargs):
     ("offline", "HF_HUB_OFFLINE"),
 ])
 def test_push_access_fails_before_training(tmp_path, monkeypatch, capsys, case, message):
-    monkeypatch.setattr("trims_hf.training.AutoTokenizer.from_pretrained", never_called)
+    monkeypatch.setattr("trims_hf.jobs.train.AutoTokenizer.from_pretrained", never_called)
     monkeypatch.setattr(hub, "get_token", lambda: None if case == "no_token" else "hf_fake")
     monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", case == "offline")
     whoami = {"name": "me", "orgs": [], "auth": {"accessToken": {"role": "read", "displayName": "ro"}}}

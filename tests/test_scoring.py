@@ -15,17 +15,10 @@ from trims_hf.hub import read_card_metadata
 from trims_hf.schema import SchemaError
 from trims_hf.prompts import prompt_template
 from trims_hf.settings import BucketConfig, PromptFormat
-from trims_hf.scoring import (
-    ScoringOptions,
-    add_teacher_buckets,
-    build_scored_dataset,
-    encode_dataset,
-    load_teacher,
-    plan_batches,
-    score_dataset,
-    score_rows,
-    work_dir_for,
-)
+from trims_hf.jobs.score import add_teacher_buckets, build_scored_dataset, score_dataset, work_dir_for
+from trims_hf.scoring import plan_batches
+from trims_hf.settings import ScoringOptions
+from trims_hf.teacher import encode_dataset, load_teacher, score_rows
 
 ATOL = 1e-5
 

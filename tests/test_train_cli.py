@@ -18,7 +18,7 @@ from transformers import LlamaConfig
 from conftest import synthetic_scored_rows
 from helpers_tokenizers import make_tokenizer
 from trims_hf.cli import main
-from trims_hf.training import RecipeError, parse_recipe, read_recipe
+from trims_hf.jobs.train import RecipeError, parse_recipe, read_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TOY = RECIPES / "toy" / "trims_toy.yaml"

@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 
 # submodule -> the public names it defines
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "settings": ("BucketConfig", "DecodingConfig", "MaskingConfig", "PromptFormat", "StudentFormat"),
+    "settings": ("DEFAULT_TEACHER", "BucketConfig", "DecodingConfig", "MaskingConfig", "PromptFormat", "ScoringOptions",
+                 "StudentFormat"),
     "prompts": ("prompt_token_ids", "render_prompt"),
     "students": ("StudentSpec", "load_student", "mask_token_id", "prepare_student", "student_logits", "student_spec"),
     "buckets": ("bucket_rows", "equal_mass_buckets", "project_scores"),
@@ -37,15 +38,16 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "hub": ("HubAccessError", "check_push_access", "load_source_dataset", "read_card_metadata", "save_dataset_folder",
             "scored_dataset_card"),
-    "scoring": ("DEFAULT_TEACHER", "ScoringOptions", "add_teacher_buckets", "build_scored_dataset", "load_teacher",
-                "score_dataset", "token_scores"),
+    "scoring": ("token_scores",),
+    "teacher": ("load_teacher",),
+    "jobs.score": ("add_teacher_buckets", "build_scored_dataset", "score_dataset"),
     "evaluation": ("EvalResult", "SampleRecord", "evaluate_task", "format_table", "plot_frontier", "sweep"),
     "analysis": ("bucket_statistics", "format_study", "hard_first_correlation", "spearman_correlation", "steps_into_block",
                  "study_rows", "teacher_nll_scorer"),
     "reports": ("markdown_table",),
     "callbacks": ("DecodeEvalCallback",),
     "model_card": ("trims_model_card",),
-    "training": ("DataArguments", "ModelArguments", "RecipeError", "parse_recipe", "train"),
+    "jobs.train": ("DataArguments", "ModelArguments", "RecipeError", "parse_recipe", "train"),
 }
 _OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_OWNER)

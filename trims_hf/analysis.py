@@ -20,7 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .settings import BucketConfig
 from .generation.hooks import Trajectory
 from .reports import markdown_table
-from .scoring import ScoringOptions, encode_row, score_batch
+from .settings import ScoringOptions
+from .teacher import encode_row, score_batch
 
 if TYPE_CHECKING:
     from .evaluation import EvalResult

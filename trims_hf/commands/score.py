@@ -55,7 +55,7 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
     """Load the rows (``load()``), score them, report the result; user mistakes exit with code 2."""
     from ..hub import HubAccessError
     from ..schema import SchemaError
-    from ..scoring import build_scored_dataset
+    from ..jobs.score import build_scored_dataset
 
     try:
         folder = build_scored_dataset(

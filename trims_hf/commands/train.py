@@ -1,6 +1,6 @@
 """``trims train --config recipes/<model>/<recipe>.yaml [--key value ...]``: train a student from a recipe.
 
-The logic lives in :mod:`trims_hf.training`; this module only reads the command line and reports errors.
+The logic lives in :mod:`trims_hf.jobs.train`; this module only reads the command line and reports errors.
 Launch on several GPUs with ``accelerate launch --config_file recipes/accelerate/<setup>.yaml -m trims_hf.cli train ...``.
 """
 
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
         print(USAGE)
         return 0 if argv else 2
     if argv[0] == "--help-keys":
-        from ..training import recipe_help
+        from ..jobs.train import recipe_help
 
         print(recipe_help())
         return 0
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
         return fail("trims train needs --config RECIPE.yaml first (see `trims train --help`)")
     from ..hub import HubAccessError
     from ..schema import SchemaError
-    from ..training import RecipeError, parse_recipe, train
+    from ..jobs.train import RecipeError, parse_recipe, train
 
     try:
         train(*parse_recipe(argv[1], argv[2:]))

@@ -41,7 +41,9 @@ from ..evaluation import EvalResult, evaluate_task, format_table, plot_frontier
 from ..generation import DecodingConfig, TrajectoryRecorder, teacher_nll_per_step
 from ..generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from ..preparation import prepare_dataset, tokenize_example
-from ..scoring import ScoringOptions, build_scored_dataset, load_teacher
+from ..jobs.score import build_scored_dataset
+from ..settings import ScoringOptions
+from ..teacher import load_teacher
 from ..settings import BucketConfig, StudentFormat
 from ..students import prepare_student
 from ..tasks.base import read_json_rows

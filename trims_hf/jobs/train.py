@@ -20,14 +20,14 @@ from peft import get_peft_model
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, HfArgumentParser, set_seed
 
-from .callbacks import DecodeEvalCallback
-from .config import MDLMConfig
-from .hub import check_push_access, load_source_dataset
-from .lora import lora_config
-from .model_card import evaluation_from_logs, trims_model_card
-from .settings import DecodingConfig
-from .students import STUDENTS, detect_student_kind, load_student, prepare_student
-from .trainer import MDLMTrainer
+from ..callbacks import DecodeEvalCallback
+from ..config import MDLMConfig
+from ..hub import check_push_access, load_source_dataset
+from ..lora import lora_config
+from ..model_card import evaluation_from_logs, trims_model_card
+from ..settings import DecodingConfig
+from ..students import STUDENTS, detect_student_kind, load_student, prepare_student
+from ..trainer import MDLMTrainer
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 

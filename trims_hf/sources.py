@@ -1,0 +1,83 @@
+"""Where a model or a data set comes from, checked in seconds before anything loads.
+
+transformers and datasets report a missing path as a malformed Hub id and an unreachable Hub only after
+their retries (half a minute); these checks name the flag the user typed, the path or id, and what works
+offline (a local folder, a ``.gguf`` file, a local data file), so a mistake never costs a model load.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LOCAL_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class SourceError(ValueError):
+    """A model or data set the user named cannot be found or reached; the message names the flag."""
+
+
+def _looks_like_path(value: str) -> bool:
+    """A Hub id is ``name`` or ``namespace/name``; anything else (``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x.gguf``) is a path."""
+    return value.startswith((".", "/", "~")) or value.count("/") > 1 or os.sep != "/" and os.sep in value or value.endswith(
+        (".gguf", *LOCAL_DATA_SUFFIXES))
+
+
+def _hub_error(flag: str, value: str, error: Exception, repo_type: str, offline_hint: str) -> SourceError:
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(error, GatedRepoError):
+        return SourceError(f"{flag} {value}: gated on the Hub; accept its terms and log in (`hf auth login`).")
+    if isinstance(error, RepositoryNotFoundError):
+        return SourceError(f"{flag} {value}: no such {repo_type} on the Hub (or it is private) and no such local path.")
+    if isinstance(error, RevisionNotFoundError):
+        return SourceError(f"{flag} {value}: the requested revision does not exist on the Hub.")
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return SourceError(f"{flag} {value}: not a local path, and the Hugging Face Hub is unreachable ({reason}); {offline_hint}.")
+
+
+def _check_hub(flag: str, value: str, revision: str | None, repo_type: str, offline_hint: str) -> None:
+    """The id must be in the local cache (offline mode) or answer on the Hub; fails in well under a second offline."""
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    try:  # already downloaded: fine with or without network
+        snapshot_download(value, repo_type=repo_type, revision=revision, local_files_only=True, allow_patterns=[])
+        return
+    except Exception:
+        pass
+    if constants.HF_HUB_OFFLINE:
+        raise SourceError(f"{flag} {value}: not a local path and not in the Hugging Face cache, and HF_HUB_OFFLINE is set; "
+                          f"{offline_hint}.")
+    try:
+        HfApi().repo_info(value, repo_type=repo_type, revision=revision, timeout=10)
+    except Exception as error:  # transport errors come as the HTTP client's own classes or OSError
+        raise _hub_error(flag, value, error, repo_type, offline_hint) from None
+
+
+def check_model_source(flag: str, value: str, revision: str | None = None, gguf_file: str | None = None) -> None:
+    """``value`` (a Hub id, a local folder, or a ``.gguf`` file) can be loaded as a model, or one line says why not."""
+    path = Path(value).expanduser()
+    offline_hint = f"pass a local model folder or .gguf file to {flag}"
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file() and not (gguf_file and (path / gguf_file).is_file()):
+            found = sorted(p.name for p in path.glob("*.gguf"))
+            hint = f"; it holds {', '.join(found)}: pass one of them" if found else ""
+            raise SourceError(f"{flag} {value}: the folder has no config.json{hint}.")
+        return
+    if _looks_like_path(value):
+        raise SourceError(f"{flag} {value}: no such file or folder.")
+    _check_hub(flag, value, revision, "model", offline_hint)
+
+
+def check_dataset_source(flag: str, value: str) -> None:
+    """``value`` (a Hub dataset id, a local dataset folder, or a .jsonl/.json/.parquet file) exists, or one line says why not."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        if path.suffix not in LOCAL_DATA_SUFFIXES:
+            raise SourceError(f"{flag} {value}: unsupported file type '{path.suffix}' (use {', '.join(LOCAL_DATA_SUFFIXES)}).")
+        return
+    if path.is_dir():
+        return
+    if _looks_like_path(value):
+        raise SourceError(f"{flag} {value}: no such file or folder.")
+    _check_hub(flag, value, None, "dataset", f"pass a local {'/'.join(LOCAL_DATA_SUFFIXES)} file or dataset folder to {flag}")
