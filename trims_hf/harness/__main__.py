@@ -72,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         argv += ["--include_path", str(TASKS_DIR)]
     from lm_eval.__main__ import cli_evaluate
 
-    from . import model  # noqa: F401  (registers "trims")
+    if not {"-h", "--help"} & set(argv):  # help needs no model class: keep it as fast as the harness's own
+        from . import model  # noqa: F401  (registers "trims")
 
     output_path = _flag(argv, "--output_path")
     before = _results_files(output_path)

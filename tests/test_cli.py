@@ -1,0 +1,24 @@
+"""The `trims` command: help for every sub-command imports only that command's dataclasses (fast `--help`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trims_hf.cli import COMMANDS
+
+HEAVY = ("trims_hf.trainer", "trims_hf.generation.decoding", "trims_hf.harness.model", "trims_hf.jobs.score",
+         "trims_hf.jobs.train", "trims_hf.demo.pipeline", "peft", "datasets")
+
+
+@pytest.mark.parametrize("argv", [["--help"], *[[name, "--help"] for name in COMMANDS]], ids=lambda a: " ".join(a))
+def test_help_imports_no_library_module(argv):
+    code = ("import sys, json; from trims_hf.cli import main; code = main(%r); "
+            "print(json.dumps([code, sorted(m for m in %r if m in sys.modules)]))" % (argv, HEAVY))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    exit_code, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert exit_code == 0, done.stderr
+    assert loaded == [], f"`trims {' '.join(argv)}` imported {loaded}"
