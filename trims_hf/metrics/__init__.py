@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import evaluate
 
 _ROOT = Path(__file__).resolve().parent
 
@@ -18,3 +22,16 @@ def metric_path(name: str) -> str:
     if name not in available_metrics():
         raise KeyError(f"unknown metric {name!r}; shipped metrics: {', '.join(available_metrics())}")
     return str(_ROOT / name)
+
+
+def metric_info(description: str, inputs_description: str, **columns: str) -> evaluate.MetricInfo:
+    """The ``MetricInfo`` every shipped metric returns: its docs and one ``datasets.Value`` dtype per input column."""
+    import datasets
+    import evaluate
+
+    return evaluate.MetricInfo(
+        description=description,
+        citation="",
+        inputs_description=inputs_description,
+        features=datasets.Features({name: datasets.Value(dtype) for name, dtype in columns.items()}),
+    )

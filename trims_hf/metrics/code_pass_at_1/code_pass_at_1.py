@@ -8,9 +8,9 @@ Running model-written code is opt-in: set ``TRIMS_ALLOW_CODE_EXECUTION=1`` or pa
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import datasets
 import evaluate
 
+from trims_hf.metrics import metric_info
 from trims_hf.tasks import SandboxLimits
 from trims_hf.tasks import get_task
 
@@ -49,12 +49,7 @@ class CodePassAt1(evaluate.Metric):
     """pass@1 computed with the same extraction, test programs and sandbox as the benchmark tasks."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation="",
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, predictions="string", references="string")
 
     def _compute(
         self,

@@ -4,9 +4,9 @@
 ``compute(predictions=completions, references=gold_answers, task="gsm8k" | "math500")``.
 """
 
-import datasets
 import evaluate
 
+from trims_hf.metrics import metric_info
 from trims_hf.tasks import GSM8KTask
 from trims_hf.tasks import Math500Task
 
@@ -34,12 +34,7 @@ class MathAccuracy(evaluate.Metric):
     the benchmark runner can never disagree."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation="",
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, predictions="string", references="string")
 
     def _compute(self, predictions: list[str], references: list[str], task: str = "gsm8k") -> dict:
         if task not in _TASKS:

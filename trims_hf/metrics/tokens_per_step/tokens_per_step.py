@@ -11,9 +11,9 @@ counts, and with early stop off so do non-EOS tokens after it) over the same for
 possible: a response shorter than the forwards spent on it (low thresholds, an all-EOS block decoded).
 """
 
-import datasets
 import evaluate
 
+from trims_hf.metrics import metric_info
 _DESCRIPTION = "Generated tokens per forward pass, as a ratio of totals over all samples."
 
 _KWARGS_DESCRIPTION = """
@@ -35,12 +35,7 @@ class TokensPerStep(evaluate.Metric):
     """Named tokens_per_step, never "tps", which elsewhere means tokens per second."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation="",
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"generated_tokens": datasets.Value("int64"), "forwards": datasets.Value("int64")}),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, generated_tokens="int64", forwards="int64")
 
     def _compute(self, generated_tokens: list[int], forwards: list[int], non_eos_tokens: list[int] | None = None) -> dict:
         if non_eos_tokens is not None and (len(non_eos_tokens) != len(forwards) or min(non_eos_tokens, default=0) < 0):
