@@ -232,6 +232,10 @@ ERRORS = {
     "output under a file": (["--task", "gsm8k", "--output", "{tmp}/empty.jsonl/r.json"],
                             "--output {tmp}/empty.jsonl/r.json: {tmp}/empty.jsonl is not a folder you can write to. "
                             "(see `trims eval --help`)", None),
+    "system prompt without a chat template": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--prompt-format", "plain",
+                                               "--system-prompt", "Be brief."],
+                                              "--system-prompt goes into the chat template, and this run has none "
+                                              "(--prompt-format plain, tokenizer with one).", None),
     "cuda without a GPU": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "cuda"],
                            "--device cuda: no CUDA device is available here; use --device cpu.", no_cuda),
     "device name": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "gpu0"],

@@ -178,9 +178,10 @@ def _device(args: EvalArguments) -> str:
     return args.device
 
 
-def check_inputs(args: EvalArguments, config: DecodingConfig) -> Inputs:
+def check_inputs(args: EvalArguments, config: DecodingConfig, prompt_format: PromptFormat) -> Inputs:
     """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
     from ..evaluation import check_task_inputs, load_examples, sweep_configs
+    from ..prompts import uses_chat_template
     from ..tasks import CodeExecutionDisabled, get_task
 
     try:
@@ -200,6 +201,9 @@ def check_inputs(args: EvalArguments, config: DecodingConfig) -> Inputs:
     device = _device(args)
     _check_sources(args, task)
     tokenizer = _tokenizer(args)
+    if prompt_format.system_prompt is not None and not uses_chat_template(tokenizer, prompt_format):
+        raise InputError("--system-prompt goes into the chat template, and this run has none (--prompt-format "
+                         f"{prompt_format.prompt_format}, tokenizer with{'' if tokenizer.chat_template else 'out'} one).")
     kind, mask_id = _student(args, tokenizer)
     examples = load_examples(task, args.data_file, args.limit, args.allow_code_execution)
     return Inputs(task, examples, configs, tokenizer, kind, mask_id, device)
@@ -213,7 +217,7 @@ def main(argv: list[str]) -> int:
     from ..tasks import TaskDataError
 
     try:
-        inputs = check_inputs(args, config)
+        inputs = check_inputs(args, config, prompt_format)
     except (InputError, SourceError, TaskDataError) as error:
         return fail(str(error))
     except KeyboardInterrupt:
