@@ -125,6 +125,19 @@ def test_interrupted_eval_resumes_to_the_uninterrupted_result(saved_student, tmp
     assert not records.exists()
 
 
+def test_interrupt_before_the_first_problem_writes_nothing(saved_student, tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "generate_text", interrupted)
+    output = tmp_path / "out" / "results.json"
+    assert main(["eval", "--model", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST, "--output", str(output),
+                 *SMALL]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "error: interrupted before the first problem was graded; nothing was written."
+    assert not (tmp_path / "out").exists()
+
+
 def test_plain_causal_lm_runs_with_model_kind_and_the_tokenizers_mask(plain_llama, tokenizer, tmp_path):
     output = tmp_path / "llama.json"
     code = main(["eval", "--model", plain_llama, "--model-kind", "dream", "--task", "gsm8k", "--data-file", GSM8K_TEST,

@@ -245,6 +245,8 @@ def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int
                                  prompt_format=prompt_format, examples=inputs.examples, records_file=records)
                    for config in inputs.configs]
     except EvaluationInterrupted as stop:
+        if not stop.records_file.exists():
+            return fail("interrupted before the first problem was graded; nothing was written.", INTERRUPTED)
         return fail(f"interrupted: {stop.done} of {stop.total} {stop.task} problems ({stop.setting}) saved in "
                     f"{stop.records_file}; rerun the same command to resume.", INTERRUPTED)
     except KeyboardInterrupt:
