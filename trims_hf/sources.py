@@ -69,8 +69,9 @@ def check_model_source(flag: str, value: str, revision: str | None = None, gguf_
     _check_hub(flag, value, revision, "model", offline_hint)
 
 
-def check_dataset_source(flag: str, value: str) -> None:
-    """``value`` (a Hub dataset id, a local dataset folder, or a .jsonl/.json/.parquet file) exists, or one line says why not."""
+def check_dataset_source(flag: str, value: str, offline_hint: str | None = None) -> None:
+    """``value`` (a Hub dataset id, a local dataset folder, or a .jsonl/.json/.parquet file) exists, or one line says why
+    not; ``offline_hint`` replaces the default advice (a local file for ``flag``) when the Hub cannot be asked."""
     path = Path(value).expanduser()
     if path.is_file():
         if path.suffix not in LOCAL_DATA_SUFFIXES:
@@ -80,4 +81,5 @@ def check_dataset_source(flag: str, value: str) -> None:
         return
     if _looks_like_path(value):
         raise SourceError(f"{flag} {value}: no such file or folder.")
-    _check_hub(flag, value, None, "dataset", f"pass a local {'/'.join(LOCAL_DATA_SUFFIXES)} file or dataset folder to {flag}")
+    _check_hub(flag, value, None, "dataset",
+               offline_hint or f"pass a local {'/'.join(LOCAL_DATA_SUFFIXES)} file or dataset folder to {flag}")

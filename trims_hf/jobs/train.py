@@ -24,9 +24,9 @@ from ..callbacks import DecodeEvalCallback
 from ..config import MDLMConfig
 from ..hub import check_push_access, load_source_dataset
 from ..lora import lora_config
-from ..model_card import evaluation_from_logs, trims_model_card
+from ..model_card import trims_model_card
 from ..settings import DecodingConfig
-from ..students import STUDENTS, detect_student_kind, load_student, prepare_student
+from ..students import STUDENTS, detect_student_kind, load_student, prepare_student, student_mask_token_id
 from ..trainer import MDLMTrainer
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -43,6 +43,9 @@ class ModelArguments:
     model_name_or_path: str = field(metadata={"help": "Student Hub id or local folder (weights, config and tokenizer)."})
     model_kind: str | None = field(
         default=None, metadata={"help": "Student family; default: detected from the config.", "choices": sorted(STUDENTS)}
+    )
+    mask_token_id: int | None = field(
+        default=None, metadata={"help": "Mask token id; default: the student config's, else its tokenizer's mask token."}
     )
     model_revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit) of the student."})
     dtype: str = field(default="auto", metadata={"help": "Weight dtype to load the student in.", "choices": list(DTYPES)})
@@ -141,13 +144,12 @@ def build_student(model_args: ModelArguments, tokenizer: Any) -> nn.Module:
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if not model_args.init_from_config:
         return load_student(model_args.model_name_or_path, model_args.model_kind, revision=model_args.model_revision,
-                            dtype=dtype, **kwargs)
+                            mask_token_id=model_args.mask_token_id, dtype=dtype, **kwargs)
     config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
     kind = model_args.model_kind or detect_student_kind(config.to_dict())
     auto_class = AutoModelForCausalLM if STUDENTS[kind].decoder else AutoModelForMaskedLM
     model = auto_class.from_config(config, dtype=None if dtype == "auto" else dtype, **kwargs)
-    mask_id = getattr(config, "mask_token_id", None)
-    return prepare_student(model, kind, mask_id if mask_id is not None else tokenizer.mask_token_id)
+    return prepare_student(model, kind, student_mask_token_id(config.to_dict(), kind, model_args.mask_token_id, tokenizer))
 
 
 def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointing: bool) -> nn.Module:
@@ -166,7 +168,7 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
     """Every setting that defines a TRIMS run, grouped for the model card."""
     world = args.world_size
     optimisation = {
-        "learning_rate": args.learning_rate, "lr_scheduler_type": str(args.lr_scheduler_type),
+        "learning_rate": args.learning_rate, "lr_scheduler_type": args.lr_scheduler_type,
         "warmup_steps": args.warmup_steps, "weight_decay": args.weight_decay, "num_train_epochs": args.num_train_epochs,
         "max_steps": args.max_steps, "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps, "num_devices": world,
@@ -210,7 +212,10 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
         card = trims_model_card(
             base_model=model_args.model_name_or_path, base_model_revision=model_args.model_revision,
             dataset=data_args.dataset_name, hyperparameters=hyperparameters(model_args, data_args, args),
-            evaluation=evaluation_from_logs(trainer.state.log_history), model_name=trainer.hub_model_id or args.output_dir,
+            log_history=trainer.state.log_history, model_kind=model_args.model_kind,
+            mask_token_id=model_args.mask_token_id, model_name=trainer.hub_model_id or args.output_dir,
+            decoding=data_args.decoding_config() if data_args.decode_eval_task else None,
+            eval_data_file=data_args.decode_eval_data_file,
         )
         card.save(Path(args.output_dir) / "README.md")
         if args.push_to_hub:
