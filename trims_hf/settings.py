@@ -120,8 +120,12 @@ class BucketConfig:
 
     @property
     def end_bucket(self) -> int:
-        """Bucket of end-of-response tokens and EOS padding: the easiest tokens' bucket (last, or first for easy_to_hard)."""
-        return 0 if self.bucket_ordering == "easy_to_hard" else self.num_buckets - 1
+        """Bucket of end-of-response tokens and EOS padding: the last one, revealed last, under every ordering.
+
+        They are not teacher-scored, so the orderings then differ only in the scored tokens; and a trajectory
+        sample keeps the end of the response hidden until its last stage, as block-wise decoding reaches it last.
+        """
+        return self.num_buckets - 1
 
 
 @dataclass
