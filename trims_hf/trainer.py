@@ -89,7 +89,8 @@ class MDLMTrainer(Trainer):
         self._metric_sums: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
         collator_masking = getattr(data_collator, "masking", None)
         if (isinstance(collator_masking, MaskingConfig) and collator_masking.train_on_padding
-                and collator_masking.padding == "longest" and args.per_device_train_batch_size > 1):
+                and collator_masking.padding == "longest" and args.per_device_train_batch_size > 1
+                and (args.gradient_accumulation_steps > 1 or args.world_size > 1)):
             logger.warning("padding='longest' with trained EOS padding: each micro-batch is padded to its own longest "
                            "row, so the loss depends on how the global batch is split; padding='max_length' does not.")
         if hasattr(data_collator, "epoch"):
