@@ -33,11 +33,10 @@ def prepared(scored, tokenizer):
     return list(prepare_dataset(Dataset.from_list(scored), tokenizer))
 
 
-def reference_loss(model, batch, shift: bool, normalization: str = "token") -> torch.Tensor:
-    """The MDLM/TRIMS objective written out position by position."""
+def reference_per_sample(model, batch, shift: bool) -> torch.Tensor:
+    """Each sample's weighted cross-entropy over its masked tokens, written out position by position."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    response = batch["labels"] != -100
-    total = torch.zeros(())
+    samples = []
     for b in range(logits.shape[0]):
         sample = torch.zeros(())
         for i in range(logits.shape[1]):
@@ -45,12 +44,17 @@ def reference_loss(model, batch, shift: bool, normalization: str = "token") -> t
                 continue
             source = max(i - 1, 0) if shift else i
             sample = sample + F.cross_entropy(logits[b, source].float(), batch["labels"][b, i])
-        sample = sample * batch["loss_weights"][b]
-        if normalization == "sequence":
-            sample = sample / response[b].sum()
-        total = total + sample
-    denominator = response.sum() if normalization == "token" else logits.shape[0]
-    return total / denominator
+        samples.append(sample * batch["loss_weights"][b])
+    return torch.stack(samples)
+
+
+def reference_loss(model, batch, shift: bool, normalization: str = "token") -> torch.Tensor:
+    """The MDLM/TRIMS objective: token (or sequence) normalised sum of the per-sample losses."""
+    per_sample = reference_per_sample(model, batch, shift)
+    response = batch["labels"] != -100
+    if normalization == "sequence":
+        return (per_sample / response.sum(1)).mean()
+    return per_sample.sum() / response.sum()
 
 
 @pytest.mark.parametrize("kind,normalization", [("llada", "token"), ("dream", "token"), ("llada", "sequence"),
@@ -70,13 +74,15 @@ def test_loss_matches_reference(tmp_path, tokenizer, scored, prepared, kind, nor
 def test_dream_shift_reads_previous_position(tmp_path, tokenizer, scored, prepared):
     model = tiny_student(tokenizer, "dream")
     trainer = MDLMTrainer(model, make_args(tmp_path), processing_class=tokenizer)
-    batch = trainer.data_collator(prepared[:2])
+    batch = trainer.data_collator(prepared[:8])
     with torch.no_grad():
-        shifted = trainer.compute_loss(model, batch)
-        unshifted = reference_loss(model, batch, shift=False)
-        expected = reference_loss(model, batch, shift=True)
-    assert torch.allclose(shifted, expected, rtol=1e-5)
-    assert not torch.allclose(shifted, unshifted, rtol=1e-3)
+        model.lm_head.weight.mul_(30)  # peaked logits: neighbouring positions predict clearly different tokens
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        per_sample = trainer.per_sample_loss(logits, batch)
+        shifted = reference_per_sample(model, batch, shift=True)
+        unshifted = reference_per_sample(model, batch, shift=False)
+    assert torch.allclose(per_sample, shifted, rtol=1e-5)
+    assert ((per_sample - unshifted).abs() / shifted).max() > 1e-2  # the unshifted reading is far outside that tolerance
 
 
 def flat_weights(model) -> torch.Tensor:

@@ -66,12 +66,11 @@ class TrimsDataCollator:
     def needs_buckets(self) -> bool:
         return self.masking.trajectory_ratio > 0
 
-    def _generator(self, input_ids: Sequence[int], example_id: Any) -> torch.Generator:
+    def _generator(self, ids: np.ndarray, example_id: Any) -> torch.Generator:
         """A row's own generator: its masks do not depend on which rows share its batch."""
-        ids = np.asarray(input_ids, dtype=np.int64)
-        digest = hashlib.blake2b(ids.tobytes(), digest_size=8, key=str(example_id).encode()[:64]).digest()
-        entropy = [self.seed, self.epoch, int.from_bytes(digest, "little")]
-        return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1))
+        key = f"{self.seed}/{self.epoch}/{example_id}".encode()[-64:]
+        digest = hashlib.blake2b(ids.tobytes(), digest_size=8, key=key).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
     def _checked(self, row: Mapping[str, Any], index: int) -> Mapping[str, Any]:
         where = row.get(schema.EXAMPLE_ID, index)
@@ -125,7 +124,8 @@ class TrimsDataCollator:
             maskable &= real
         attention_mask = np.ones_like(input_ids) if masking.train_on_padding else real.astype(np.int64)
 
-        generators = [self._generator(row[schema.INPUT_IDS], row.get(schema.EXAMPLE_ID)) for row in rows]
+        generators = [self._generator(input_ids[b, :length], row.get(schema.EXAMPLE_ID))
+                      for b, (row, length) in enumerate(zip(rows, lengths))]
         clean = torch.from_numpy(input_ids)
         if masking.trajectory_selection == "fixed_subset":
             if any(schema.EXAMPLE_ID not in row for row in features):
