@@ -32,24 +32,41 @@ def free_port() -> int:
 
 
 def run(command: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS)}
+    # This checkout's trims_hf (not whichever is installed) and the test helpers.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
     result = subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
-    single, ddp = tmp_path / "single", tmp_path / "ddp"
-    single.mkdir(), ddp.mkdir()
-    run([sys.executable, str(SCRIPT), str(single), "8"])
+METRICS = ("loss", "mask_ratio", "trajectory_share", "loss_standard", "loss_trajectory")
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("single")
+    run([sys.executable, str(SCRIPT), str(out), "8", "1"])
+    return torch.load(out / "rank0.pt")
+
+
+@pytest.mark.parametrize("per_device,accumulation", [(4, 1), (2, 2)])
+def test_two_processes_match_one_with_the_same_global_batch(tmp_path, single_process, per_device, accumulation):
+    """Rows of different lengths, not pre-padded: 1 x 8 == 2 processes x 4 == 2 processes x 2 x GA 2."""
     run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-         str(SCRIPT), str(ddp), "4"])
-    reference = torch.load(single / "rank0.pt")
-    ranks = [torch.load(ddp / f"rank{rank}.pt") for rank in (0, 1)]
-    assert reference["world_size"] == 1 and ranks[0]["world_size"] == 2
-    assert ranks[0]["losses"] == pytest.approx(reference["losses"], rel=1e-5) and len(reference["losses"]) == 3
+         str(SCRIPT), str(tmp_path), str(per_device), str(accumulation)])
+    reference = single_process
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    assert reference["world_size"] == 1 and ranks[0]["world_size"] == 2 and len(reference["logs"]) == 3
+    for expected, logged in zip(reference["logs"], ranks[0]["logs"], strict=True):
+        for name in METRICS:
+            assert (name in logged) == (name in expected), name
+            if name in expected:
+                assert logged[name] == pytest.approx(expected[name], rel=1e-5), name
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # DDP kept the replicas identical
     assert torch.allclose(ranks[0]["weights"], reference["weights"], atol=1e-5)
+    # The statistics cross processes once per log, not at every micro-step.
+    assert ranks[0]["reductions"] == ranks[1]["reductions"] == len(ranks[0]["logs"])
+    assert reference["reductions"] == 0
 
 
 # Set in zero2.json (filled from TrainingArguments); accelerate refuses them in the YAML as well.

@@ -140,7 +140,10 @@ def test_tiny_random_student_on_gsm8k(tokenizer):
     result = evaluate_task(model, tokenizer, "gsm8k", DecodingConfig(gen_length=32, block_length=16), limit=3,
                            data_file=str(GSM8K_TEST), progress=False, hooks=[trajectories], model_name="tiny")
     assert result.num_samples == 3 and [s.prompt_id for s in result.samples] == ["0", "1", "2"]
-    assert result.accuracy == sum(s.correct for s in result.samples) / 3
+    task, examples = GSM8KTask(), GSM8KTask().load(str(GSM8K_TEST), limit=3)
+    regraded = [task.grade(example, sample.completion)["correct"] for example, sample in zip(examples, result.samples)]
+    assert [sample.correct for sample in result.samples] == regraded
+    assert result.accuracy == sum(regraded) / 3
     assert result.nfe == sum(s.nfe for s in result.samples) and all(1 <= s.nfe <= 32 for s in result.samples)
     assert result.generated_tokens == sum(s.generated_tokens for s in result.samples)
     assert result.tokens_per_step == pytest.approx(result.generated_tokens / result.nfe)

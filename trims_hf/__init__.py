@@ -22,6 +22,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "collator": ("TrimsDataCollator",),
     "config": ("MDLMConfig",),
     "masking": ("noise_batch",),
+    "loss": ("mdlm_loss", "per_sample_loss"),
     "preparation": ("prepare_dataset",),
     "schema": ("SchemaError",),
     "trainer": ("MDLMTrainer",),

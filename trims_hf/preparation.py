@@ -6,8 +6,8 @@ The teacher's per-token scores are projected onto the student's tokens (characte
 :func:`trims_hf.buckets.project_scores`) and cut into equal-mass buckets over the student tokens that
 survive truncation to ``max_length``, the tokens training actually sees.
 
-End-of-response tokens (appended after the completion) and EOS padding are kept out of the quantiles and
-go to :attr:`BucketConfig.end_bucket`: they are trivially predictable, the easiest tokens of every row.
+End-of-response tokens (appended after the completion) and EOS padding are not scored: they are kept out of
+the quantiles and go to :attr:`BucketConfig.end_bucket`, the last bucket under every ordering.
 """
 
 from __future__ import annotations

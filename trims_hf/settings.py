@@ -22,6 +22,7 @@ Metric = Literal["nll", "entropy"]
 TrajectorySelection = Literal["per_draw", "fixed_subset"]
 TrajectoryLossWeight = Literal["elbo", "inverse_mask_ratio", "none"]
 NoiseScheduleName = Literal["linear", "cosine"]
+Padding = Literal["longest", "max_length"]
 StrategyName = Literal["threshold", "fixed_steps", "entropy", "factor"]
 CacheMode = Literal["none", "prefix", "dual"]
 
@@ -120,8 +121,12 @@ class BucketConfig:
 
     @property
     def end_bucket(self) -> int:
-        """Bucket of end-of-response tokens and EOS padding: the easiest tokens' bucket (last, or first for easy_to_hard)."""
-        return 0 if self.bucket_ordering == "easy_to_hard" else self.num_buckets - 1
+        """Bucket of end-of-response tokens and EOS padding: the last one, revealed last, under every ordering.
+
+        They are not teacher-scored, so the orderings then differ only in the scored tokens; and a trajectory
+        sample keeps the end of the response hidden until its last stage, as block-wise decoding reaches it last.
+        """
+        return self.num_buckets - 1
 
 
 @dataclass
@@ -153,8 +158,14 @@ class MaskingConfig(BucketConfig):
     train_on_padding: bool = field(
         default=True, metadata={"help": "Attend to, mask and train on EOS padding (LLaDA convention)."}
     )
+    padding: Padding = field(
+        default="longest",
+        metadata={"help": "Batch width: longest (each batch's longest row, as the dLLM code base; with train_on_padding "
+                  "the EOS padding, and so the loss, then depends on how the global batch is split) or max_length "
+                  "(every batch padded to max_length: the same objective for every split)."},
+    )
     pad_to_multiple_of: int | None = field(
-        default=None, metadata={"help": "Pad every batch to a multiple of this many tokens."}
+        default=None, metadata={"help": "Then round the batch width up to a multiple of this many tokens."}
     )
 
     def __post_init__(self) -> None:
@@ -164,6 +175,7 @@ class MaskingConfig(BucketConfig):
         _check_choice("trajectory_selection", self.trajectory_selection, TrajectorySelection)
         _check_choice("trajectory_loss_weight", self.trajectory_loss_weight, TrajectoryLossWeight)
         _check_choice("noise_schedule", self.noise_schedule, NoiseScheduleName)
+        _check_choice("padding", self.padding, Padding)
         if not 0.0 < self.min_t < 1.0:
             raise ValueError(f"min_t must be in (0, 1), got {self.min_t}.")
 

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from .base import StudentSpec, make_bidirectional
+from .base import StudentSpec, make_bidirectional, use_mdlm_loss
 from .dream import qwen2_config_from_dream
 from .llada import KEY_MAPPING as LLADA_KEY_MAPPING
 from .llada import llama_config_from_llada
@@ -64,7 +64,9 @@ def _checked_mask_id(mask_token_id: int | None, vocab_size: int | None) -> int:
 
 
 def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = None) -> nn.Module:
-    """Mark ``model`` as a student of ``kind`` and make its attention bidirectional, in place.
+    """Mark ``model`` as a student of ``kind``, make its attention bidirectional and, called on a
+    :class:`trims_hf.TrimsDataCollator` batch, make it return the MDLM loss (so a plain ``transformers.Trainer``
+    trains the same objective as :class:`trims_hf.MDLMTrainer`), in place.
 
     Use this on models you build yourself (e.g. a tiny ``LlamaForCausalLM`` in a test); models from
     :func:`load_student` are already prepared. The mask id defaults to the one on the model's config.
@@ -77,6 +79,7 @@ def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = Non
     config.trims_student = kind
     if STUDENTS[kind].decoder:
         make_bidirectional(model)
+    use_mdlm_loss(model, STUDENTS[kind])
     return model
 
 
