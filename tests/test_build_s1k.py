@@ -70,4 +70,5 @@ def test_wrong_schema_is_refused_without_output(gsm8k_rows, teacher_dir, tmp_pat
     Dataset.from_list([{"question": "q", "answer": "a"}]).to_json(str(source))
     out = tmp_path / "out"
     assert build_s1k_trims.main(["--source", str(source), "--teacher", str(teacher_dir), "--output", str(out)]) == 2
-    assert "row 0: missing fields" in capsys.readouterr().err and not out.exists()
+    assert "error: the --source rows have neither the columns thinking_trajectories, attempt (s1K)" in capsys.readouterr().err
+    assert not out.exists()

@@ -108,5 +108,5 @@ def test_trims_score_command_on_a_local_jsonl(tokenizer, gsm8k_rows, tmp_path):
     assert loaded["id"] == list(range(5)) and loaded["prompt"] == [r["prompt"] for r in gsm8k_rows[:5]]
     meta = read_card_metadata(out)
     assert (meta["num_buckets"], meta["metric"], meta["bucket_ordering"], meta["prompt_template"]) == (4, "entropy", "easy_to_hard", "Q: {prompt}\nA:")
-    assert len(meta["thresholds"]) == 3 and meta["teacher"] == str(teacher)
+    assert len(meta["thresholds"]) == 3 and (meta["teacher"], meta["teacher_source"]) == ("teacher", "local folder")
     assert trims_main(["score", "--teacher", str(teacher), "--dataset", str(source), "--output", str(out)]) == 2  # missing column

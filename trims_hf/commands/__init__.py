@@ -6,7 +6,10 @@ the library's heavy modules only inside ``main``, so ``trims <command> --help`` 
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import sys
+from collections.abc import Iterable
 from typing import NoReturn
 
 from transformers import HfArgumentParser
@@ -27,7 +30,23 @@ class CommandParser(HfArgumentParser):
         try:
             return self.parse_args_into_dataclasses(args=argv)
         except ValueError as error:
-            self.error(str(error))
+            self.error(self.in_flag_terms(str(error)))
+
+    def in_flag_terms(self, message: str) -> str:
+        """A library message as the command-line user reads it: the parsed settings named by their flags."""
+        return flag_terms(message, (f.name for cls in self.dataclass_types for f in dataclasses.fields(cls)))
+
+
+def flag_terms(message: str, names: Iterable[str]) -> str:
+    """Say ``max_length``, ``truncate=True`` and ``metric='x'`` as the flags typed: ``--max-length``, ``--truncate``,
+    ``--metric 'x'``. Bare names are rewritten only when they hold an underscore, so plain words stay words."""
+    for name in sorted(set(names), key=len, reverse=True):
+        flag, before = "--" + name.replace("_", "-"), r"(?<![\w'\-])"
+        message = re.sub(rf"{before}{name}=True\b", flag, message)
+        message = re.sub(rf"{before}{name}=", f"{flag} ", message)
+        if "_" in name:
+            message = re.sub(rf"{before}{name}\b(?!')", flag, message)
+    return message
 
 
 def fail(message: str) -> int:
