@@ -18,10 +18,9 @@ from typing import Any, Literal
 from datasets import Dataset
 
 from trims_hf.commands import CommandParser
-from trims_hf.commands.score import SCORING_TYPES, score
+from trims_hf.commands.score import SCORING_TYPES, DataSource, score
 from trims_hf.hub import load_source_dataset
 from trims_hf.schema import COMPLETION, PROMPT, SchemaError
-from trims_hf.sources import check_dataset_source
 
 DEFAULT_SOURCE = "simplescaling/s1K"
 QUESTION = "question"
@@ -79,12 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     s1k, limit, teacher, options, buckets, out = parser.parse(sys.argv[1:] if argv is None else argv)
 
     def load() -> Dataset:
-        check_dataset_source("--source", s1k.source, default=DEFAULT_SOURCE)
         rows = load_source_dataset(s1k.source, "train", limit.limit, flag="--source")
         return format_s1k(rows, s1k.trace, s1k.completion_template)
 
     fields = {PROMPT: f"column '{QUESTION}'", COMPLETION: "the completion built by --completion-template"}
-    return score(load, teacher, options, buckets, out, source=s1k.source, parser=parser, fields=fields,
+    return score(load, teacher, options, buckets, out, DataSource("--source", s1k.source, DEFAULT_SOURCE), parser, fields,
                  extra_metadata={"completion_template": s1k.completion_template, "s1k_trace": s1k.trace})
 
 

@@ -96,24 +96,6 @@ def _fine_grained_write(access: Mapping[str, Any], namespace: str) -> bool:
     return any("repo.write" in s.get("permissions", []) for s in scoped) or "repo.write" in grants.get("global", [])
 
 
-class OutputFolderError(ValueError):
-    """The output folder exists (and may not be replaced) or cannot be created; raised before any work starts."""
-
-
-def check_output_folder(folder: str | os.PathLike, overwrite: bool = False) -> None:
-    """Fail in a line, before any expensive work, when ``folder`` exists (without ``overwrite``) or cannot be made."""
-    folder = Path(folder)
-    if folder.exists() and not overwrite:
-        raise OutputFolderError(f"{folder} already exists; choose another output folder or pass overwrite=True.")
-    parent = folder.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputFolderError(f"{folder} cannot be created: {parent} is a file, not a folder.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputFolderError(f"{folder} cannot be created: {parent} is not writable.")
-
-
 def write_folder_atomically(folder: str | os.PathLike, fill: Callable[[Path], None], overwrite: bool = False) -> Path:
     """Build a folder with ``fill(temp_path)`` in a temporary sibling, then rename it into place.
 

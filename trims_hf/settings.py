@@ -117,10 +117,10 @@ class ScoringOptions(PromptFormat):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"max_length must be at least 2 (one prompt and one completion token), got {self.max_length}.")
+            raise ValueError(f"max_length={self.max_length}: must be at least 2 (one prompt and one completion token).")
         for name in ("train_max_length", "max_tokens_per_batch", "rows_per_work_chunk", "min_work_chunks", "logits_chunk_elements"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
         _check_choice("padding_side", self.padding_side, PaddingSide)
 
     def rows_per_chunk(self, num_rows: int) -> int:

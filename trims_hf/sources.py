@@ -1,4 +1,4 @@
-"""Where a model or a data set comes from, checked in seconds before anything loads.
+"""Where a model or a data set comes from, and where results go, checked in seconds before anything loads.
 
 transformers and datasets report a missing path as a malformed Hub id and an unreachable Hub only after
 their retries (half a minute); these checks name the flag the user typed, the path or id, and what works
@@ -15,6 +15,24 @@ LOCAL_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 class SourceError(ValueError):
     """A model or data set the user named cannot be found or reached; the message names the flag."""
+
+
+class OutputFolderError(ValueError):
+    """The output folder exists (and may not be replaced) or cannot be created; raised before any work starts."""
+
+
+def check_output_folder(folder: str | os.PathLike, overwrite: bool = False) -> None:
+    """Fail in a line, before any expensive work, when ``folder`` exists (without ``overwrite``) or cannot be made."""
+    folder = Path(folder)
+    if folder.exists() and not overwrite:
+        raise OutputFolderError(f"output={folder}: already exists; choose another folder or pass overwrite=True.")
+    parent = folder.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputFolderError(f"output={folder}: cannot be created, {parent} is a file.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputFolderError(f"output={folder}: cannot be created, {parent} is not writable.")
 
 
 def _looks_like_path(value: str) -> bool:

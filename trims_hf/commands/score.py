@@ -39,7 +39,7 @@ class RowLimit:
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be at least 1, got {self.limit}.")
+            raise ValueError(f"limit={self.limit}: must be at least 1.")
 
 
 @dataclass
@@ -88,25 +88,41 @@ def _job_messages() -> logging.Handler:
     return handler
 
 
+@dataclass
+class DataSource:
+    """The data set the rows come from, as the command names it."""
+
+    flag: str
+    value: str
+    default: str | None = None
+
+
 def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOptions, buckets: BucketConfig,
-          out: OutputArguments, source: str, parser: CommandParser, fields: Mapping[str, str],
+          out: OutputArguments, data: DataSource, parser: CommandParser, fields: Mapping[str, str],
           extra_metadata: dict[str, Any] | None = None) -> int:
-    """Check the teacher source, then score the rows ``load()`` returns (after the output and Hub checks).
+    """Check the teacher, the data source and the output folder (in a second, before the heavy imports), then
+    score the rows ``load()`` returns (after the Hub access check).
 
     User mistakes exit with code 2 and one line in the user's terms (``fields`` names the schema fields as the
     user knows them); Ctrl-C exits with 130 and says what was kept.
     """
-    from ..hub import HubAccessError, OutputFolderError
+    from ..sources import OutputFolderError, SourceError, check_dataset_source, check_model_source, check_output_folder
+
+    try:
+        check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
+        check_dataset_source(data.flag, data.value, default=data.default)
+        check_output_folder(out.output, out.overwrite)
+    except (SourceError, OutputFolderError) as error:
+        return fail(in_user_terms(str(error), parser, fields))
+    from ..hub import HubAccessError
     from ..jobs.score import ScoringInterrupted, build_scored_dataset, work_dir_for
     from ..schema import SchemaError
-    from ..sources import SourceError, check_model_source
 
     handler = _job_messages()
     try:
-        check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
         folder = build_scored_dataset(
             load, out.output, teacher.teacher, gguf_file=teacher.gguf_file, revision=teacher.revision, options=options,
-            buckets=buckets, source=source, license=out.license, push_to_hub=out.push_to_hub, token=out.token,
+            buckets=buckets, source=data.value, license=out.license, push_to_hub=out.push_to_hub, token=out.token,
             private=out.private or None, overwrite=out.overwrite, extra_metadata=extra_metadata,
         )
     except (SchemaError, SourceError, HubAccessError, OutputFolderError) as error:
@@ -140,13 +156,12 @@ def main(argv: list[str]) -> int:
     parser = CommandParser((SourceArguments, *SCORING_TYPES), prog="trims score",
                            description="Score completions with an autoregressive teacher (NLL, entropy, buckets).")
     source, limit, teacher, options, buckets, out = parser.parse(argv)
-    from ..hub import load_source_dataset
-    from ..sources import check_dataset_source
 
     def load() -> Any:
-        check_dataset_source("--dataset", source.dataset)
+        from ..hub import load_source_dataset
+
         rows = load_source_dataset(source.dataset, source.split, limit.limit, flag="--dataset")
         return as_prompt_completion(rows, source.prompt_column, source.completion_column)
 
-    return score(load, teacher, options, buckets, out, source.dataset, parser,
+    return score(load, teacher, options, buckets, out, DataSource("--dataset", source.dataset), parser,
                  column_terms(source.prompt_column, source.completion_column))
