@@ -59,7 +59,7 @@ def test_eval_sweep_with_adapter_prints_table_and_writes_plot(saved_student, tok
 @pytest.mark.parametrize("arguments,message", [
     (["--task", "humaneval"], "--allow-code-execution"),
     (["--task", "gsm8k", "--data-file", "missing.jsonl"], "data file not found"),
-    (["--task", "gsm8k", "--gen-length", "30"], "multiple of block_length"),
+    (["--task", "gsm8k", "--gen-length", "30"], "multiple of --block-length"),
 ])
 def test_eval_input_errors(tmp_path, capsys, arguments, message):
     code = main(["eval", "--model", str(tmp_path / "never-loaded"), "--output", str(tmp_path / "r.json"), *arguments])

@@ -104,10 +104,11 @@ def bucket_rows(
 
 
 def _same_spans(teacher_starts: Sequence[int], teacher_ends: Sequence[int], student_spans: Sequence[tuple[int, int]]) -> bool:
-    """The student's tokens are the teacher's (spans compared as the scorer stores them, see :func:`disjoint_spans`)."""
-    return len(student_spans) == len(teacher_starts) and all(
-        (s, e) == (ts, te) for (s, e), ts, te in zip(disjoint_spans(student_spans), teacher_starts, teacher_ends)
-    )
+    """The student's tokens are the teacher's: its spans equal the teacher's raw, or as the scorer stores them
+    (:func:`~trims_hf.schema.disjoint_spans`, which moves a split character's later pieces to zero width)."""
+    teacher = list(zip(teacher_starts, teacher_ends))
+    return len(student_spans) == len(teacher) and (
+        [tuple(span) for span in student_spans] == teacher or list(disjoint_spans(student_spans)) == teacher)
 
 
 def _starts(spans: Sequence[tuple[int, int]]) -> np.ndarray:
@@ -152,10 +153,16 @@ def project_scores(
     point = np.zeros(n_chars + 1, dtype=np.float64)
     np.add.at(point, np.minimum(starts[~wide], max(n_chars - 1, 0)), values[~wide])
     per_char = per_char + point[:n_chars] if n_chars else point[:1]
-    cumulative = np.concatenate([[0.0], np.cumsum(per_char)])
+    return _owned_sums(per_char, student_spans, n_chars)
+
+
+def _owned_sums(per_char: np.ndarray, student_spans: Sequence[tuple[int, int]], n_chars: int) -> np.ndarray:
+    """Per student token, the sum of ``per_char`` over the characters it owns (from its start to the next
+    token's start; the first from 0, the last to the end of the text)."""
+    cumulative = np.concatenate([np.zeros(1, dtype=per_char.dtype), np.cumsum(per_char)])
     s_starts = _starts(student_spans).clip(0, n_chars)
     if s_starts.size == 0:
-        return np.zeros(0)
+        return np.zeros(0, dtype=per_char.dtype)
     s_starts[0] = 0
     s_ends = _contiguous_ends(s_starts, len(cumulative) - 1)
     return cumulative[s_ends] - cumulative[s_starts]
@@ -181,10 +188,4 @@ def teacher_coverage(
     covering = np.cumsum(covering)[:n_chars]
     if n_chars:
         np.add.at(covering, np.minimum(starts[~wide], n_chars - 1), 1)
-    cumulative = np.concatenate([[0], np.cumsum(covering > 0)])
-    s_starts = _starts(student_spans).clip(0, n_chars)
-    if s_starts.size == 0:
-        return np.zeros(0, dtype=bool)
-    s_starts[0] = 0
-    s_ends = _contiguous_ends(s_starts, n_chars)
-    return cumulative[s_ends] > cumulative[s_starts]
+    return _owned_sums((covering > 0).astype(np.int64), student_spans, n_chars) > 0
