@@ -19,6 +19,8 @@ from typing import Any, Literal, TypeVar, get_args
 
 Ordering = Literal["hard_to_easy", "easy_to_hard", "random"]
 Metric = Literal["nll", "entropy"]
+QuantileTokens = Literal["kept", "all"]
+PaddingSide = Literal["right", "left"]
 TrajectorySelection = Literal["per_draw", "fixed_subset"]
 TrajectoryLossWeight = Literal["elbo", "inverse_mask_ratio", "none"]
 NoiseScheduleName = Literal["linear", "cosine"]
@@ -29,6 +31,7 @@ CacheMode = Literal["none", "prefix", "dual"]
 MAX_BUCKETS = 127  # bucket ids are stored as int8
 DEFAULT_TEACHER = "Qwen/Qwen3-8B"  # the paper's teacher
 PROMPT_FORMATS = ("chat_template", "plain", "verbatim")
+SEQUENCE_LENGTH = 1024  # the paper's training sequence length (§4)
 
 
 def _check_choice(name: str, value: Any, kind: Any) -> None:
@@ -72,7 +75,7 @@ class StudentFormat(PromptFormat):
                   "(LLaDA: <|eot_id|> <|endoftext|>; Dream: <|im_end|> <|endoftext|>)."},
     )
     max_length: int = field(
-        default=1024, metadata={"help": "Maximum student sequence length; the completion is cut, the prompt never is."}
+        default=SEQUENCE_LENGTH, metadata={"help": "Maximum student sequence length; the completion is cut, the prompt never is."}
     )
 
     def __post_init__(self) -> None:
@@ -94,11 +97,37 @@ class ScoringOptions(PromptFormat):
     max_tokens_per_batch: int = field(
         default=8192, metadata={"help": "Padded tokens per forward (rows x longest row); a longer row gets a batch of its own."}
     )
-    rows_per_work_chunk: int = field(default=256, metadata={"help": "Rows per resumable unit of work (one saved file each)."})
+    train_max_length: int = field(
+        default=SEQUENCE_LENGTH,
+        metadata={"help": "Sequence length training cuts rows to, counted in teacher tokens (prompt included): with "
+                  "quantile_tokens=kept the teacher-side buckets (teacher_bucket, the card's thresholds) are cut over "
+                  "the completion tokens within it. Students recompute buckets over their own tokens."},
+    )
+    rows_per_work_chunk: int = field(
+        default=256, metadata={"help": "Most rows per resumable unit of work (one saved file each)."}
+    )
+    min_work_chunks: int = field(
+        default=16, metadata={"help": "Fewest work chunks a run is cut into (fewer only with fewer rows), so small runs "
+                              "keep their progress too."}
+    )
     logits_chunk_elements: int = field(
         default=2**24, metadata={"help": "Logits computed at once (positions x vocab); bounds the scorer's extra memory."}
     )
-    padding_side: str = field(default="right", metadata={"help": "Padding side of teacher batches (scores do not depend on it)."})
+    padding_side: PaddingSide = field(default="right", metadata={"help": "Padding side of teacher batches (scores do not depend on it)."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"max_length={self.max_length}: must be at least 2 (one prompt and one completion token).")
+        for name in ("train_max_length", "max_tokens_per_batch", "rows_per_work_chunk", "min_work_chunks", "logits_chunk_elements"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
+        _check_choice("padding_side", self.padding_side, PaddingSide)
+
+    def rows_per_chunk(self, num_rows: int) -> int:
+        """Rows per work chunk for a run of ``num_rows``: at most ``rows_per_work_chunk``, and small enough for at
+        least ``min_work_chunks`` chunks, so an interrupted small run keeps most of its work."""
+        return max(1, min(self.rows_per_work_chunk, -(-num_rows // self.min_work_chunks)))
 
 
 @dataclass
@@ -112,12 +141,19 @@ class BucketConfig:
     )
     metric: Metric = field(default="nll", metadata={"help": "Teacher score the buckets are cut on: nll (paper) or entropy."})
     bucket_seed: int = field(default=0, metadata={"help": "Seed of the random ordering."})
+    quantile_tokens: QuantileTokens = field(
+        default="kept",
+        metadata={"help": "Tokens the equal-mass quantiles are cut over: kept (the completion tokens that survive "
+                  "truncation to the training length, the tokens training sees) or all (whole completions). Tokens "
+                  "without a teacher score never enter the quantiles."},
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_buckets <= MAX_BUCKETS:
             raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {self.num_buckets}.")
         _check_choice("bucket_ordering", self.bucket_ordering, Ordering)
         _check_choice("metric", self.metric, Metric)
+        _check_choice("quantile_tokens", self.quantile_tokens, QuantileTokens)
 
     @property
     def end_bucket(self) -> int:

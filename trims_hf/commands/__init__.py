@@ -6,8 +6,10 @@ the library's heavy modules only inside ``main``, so ``trims <command> --help`` 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
+from collections.abc import Iterable
 from typing import NoReturn
 
 from transformers import HfArgumentParser
@@ -32,18 +34,20 @@ class CommandParser(HfArgumentParser):
             self.error(self.in_flag_terms(str(error)))
 
     def in_flag_terms(self, message: str) -> str:
-        """A settings message as the user typed it: ``gen_length=30`` -> ``--gen-length 30``, ``prompt_format`` ->
-        ``--prompt-format`` (bare one-word names such as ``threshold`` stay prose)."""
-        names = sorted({a.dest for a in self._actions if a.dest != "help"}, key=len, reverse=True)
-        pattern = re.compile(rf"(?<![\w-])({'|'.join(map(re.escape, names))})(?:=(\S+?))?(?=[\s,.;:)]|$)")
+        """A library message as the command-line user reads it: the parsed settings named by their flags."""
+        return flag_terms(message, (f.name for cls in self.dataclass_types for f in dataclasses.fields(cls)))
 
-        def flag(match: re.Match) -> str:
-            name, value = match[1], match[2]
-            if value is None and "_" not in name:
-                return match[0]
-            return f"--{name.replace('_', '-')}" + (f" {value}" if value is not None else "")
 
-        return pattern.sub(flag, message)
+def flag_terms(message: str, names: Iterable[str]) -> str:
+    """Say ``max_length``, ``truncate=True`` and ``metric='x'`` as the flags typed: ``--max-length``, ``--truncate``,
+    ``--metric 'x'``. Bare names are rewritten only when they hold an underscore, so plain words stay words."""
+    for name in sorted(set(names), key=len, reverse=True):
+        flag, before = "--" + name.replace("_", "-"), r"(?<![\w'\-])"
+        message = re.sub(rf"{before}{name}=True\b", flag, message)
+        message = re.sub(rf"{before}{name}=", f"{flag} ", message)
+        if "_" in name:
+            message = re.sub(rf"{before}{name}\b(?!')", flag, message)
+    return message
 
 
 def fail(message: str, code: int = 2) -> int:
