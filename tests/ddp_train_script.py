@@ -1,7 +1,8 @@
 """Train a tiny student for a few steps on fixed pre-noised batches; run by tests/test_distributed.py.
 
-Usage: ``python tests/ddp_train_script.py OUT PER_DEVICE_BATCH`` or the same under
-``accelerate launch --cpu --num_processes N``. Each rank writes ``OUT/rank<i>.pt`` (flat weights and losses).
+Usage: ``python tests/ddp_train_script.py OUT PER_DEVICE_BATCH`` or the same under ``accelerate launch`` (DDP, or
+DeepSpeed with ``--config_file recipes/accelerate/zero2.yaml``). Each rank writes ``OUT/rank<i>.pt`` (flat weights
+before and after, losses, world size, ZeRO stage or None).
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ def main(out: Path, per_device: int) -> None:
                       learning_rate=1e-2, optim="adamw_torch", lr_scheduler_type="constant", save_strategy="no",
                       report_to="none", use_cpu=True, seed=0, disable_tqdm=True, train_sampling_strategy="sequential")
     model = tiny_student(tokenizer, "llada", seed=1)
+    initial = torch.cat([p.detach().flatten() for p in model.parameters()])
     trainer = MDLMTrainer(model, args, data_collator=FixedBatches(batch),
                           train_dataset=Dataset.from_dict({"row": list(range(len(rows)))}))
     trainer.train()
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    torch.save({"weights": weights, "losses": losses, "world_size": args.world_size}, out / f"rank{args.process_index}.pt")
+    zero_stage = trainer.model_wrapped.zero_optimization_stage() if trainer.is_deepspeed_enabled else None
+    torch.save({"initial": initial, "weights": weights, "losses": losses, "world_size": args.world_size,
+                "zero_stage": zero_stage}, out / f"rank{args.process_index}.pt")
 
 
 if __name__ == "__main__":

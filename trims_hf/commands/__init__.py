@@ -6,10 +6,19 @@ the library's heavy modules only inside ``main``, so ``trims <command> --help`` 
 
 from __future__ import annotations
 
+import difflib
 import sys
+from collections.abc import Iterable
 from typing import NoReturn
 
 from transformers import HfArgumentParser
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the candidates ``word`` starts (``--model``), else its closest spelling; or ``""``."""
+    candidates = sorted(set(candidates))
+    close = [c for c in candidates if c.startswith(word)][:3] or difflib.get_close_matches(word, candidates, n=1)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 class CommandParser(HfArgumentParser):
@@ -23,11 +32,19 @@ class CommandParser(HfArgumentParser):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
     def parse(self, argv: list[str]) -> tuple:
-        """Parse ``argv`` into one instance per dataclass; a value a dataclass rejects is an ``error:`` line too."""
+        """Parse ``argv`` into one instance per dataclass; an unknown flag or a value a dataclass rejects is an
+        ``error:`` line too."""
         try:
-            return self.parse_args_into_dataclasses(args=argv)
+            *parsed, rest = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
         except ValueError as error:
             self.error(str(error))
+        if rest:
+            flag = rest[0].split("=")[0]
+            if flag.startswith("-"):
+                options = (option for action in self._actions for option in action.option_strings)
+                self.error(f"unknown flag {flag}{did_you_mean(flag, options)}")
+            self.error(f"unexpected argument {flag!r}")
+        return tuple(parsed)
 
 
 def fail(message: str) -> int:

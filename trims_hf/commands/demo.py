@@ -40,8 +40,18 @@ class DemoArguments:
         default=None, metadata={"help": "Optimizer steps of each MDLM/TRIMS continuation of the base (default 150)."}
     )
     threads: int | None = field(
-        default=None, metadata={"help": "torch CPU threads (default 2; use 1 on a machine shared with other jobs)."}
+        default=None,
+        metadata={"help": "torch CPU threads (default: torch's own setting, which follows OMP_NUM_THREADS; use 1 on a "
+                  "machine shared with other jobs)."},
     )
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--threads", self.threads), ("--sft-steps", self.sft_steps)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} {value}: must be at least 1")
+        for threshold in self.thresholds or ():
+            if not 0 < threshold <= 1:
+                raise ValueError(f"--thresholds {threshold}: a confidence threshold lies in (0, 1]")
 
 
 def main(argv: list[str]) -> int:
@@ -53,6 +63,6 @@ def main(argv: list[str]) -> int:
                                 thresholds=tuple(args.thresholds) if args.thresholds else None, teacher=args.teacher,
                                 data_file=args.data_file, threads=args.threads, variant_steps=args.sft_steps)
         run_demo(args.output, settings)
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, NotADirectoryError, ValueError) as error:
         return fail(str(error))
     return 0
