@@ -55,7 +55,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 class RecipeError(ValueError):
-    """A recipe or an override names an unknown key or cannot be read."""
+    """A recipe, an override, or an input they name is wrong; the message is one line in the recipe's terms."""
 
 
 @dataclass
