@@ -14,8 +14,8 @@ DESCRIPTION = (
     "Trains a small causal Llama (the teacher) on embedded arithmetic word problems, scores and buckets them, turns it "
     "into a bidirectional MDLM base, continues the base with MDLM and three TRIMS orderings, and reports accuracy and "
     "tokens per step at several thresholds (table, JSON, frontier, decode-order and teacher-NLL plots). Caches in "
-    "--output make reruns faster. Measured on a 2-core CPU: the default run 6 min 21 s (load ~1.5); --fast 2 min 7 s "
-    "and 5 min 1 s with the machine shared with other jobs (load ~6.5 and ~8)."
+    "--output make reruns faster. Measured on a 2-core CPU: the default run 6 min 21 s (load ~1.5); --fast 13 s idle, "
+    "2 min 7 s and 5 min 1 s with the machine shared with other jobs (load ~6.5 and ~8)."
 )
 
 
@@ -26,8 +26,8 @@ class DemoArguments:
     output: str = field(default="./trims-demo", metadata={"help": "Output folder (also holds the caches)."})
     fast: bool = field(
         default=False,
-        metadata={"help": "Smoke run with tiny sizes: every step runs, nothing is learned well (measured 2 min 7 s and "
-                  "5 min 1 s on a 2-core CPU shared with other jobs, load ~6.5 and ~8)."},
+        metadata={"help": "Smoke run with tiny sizes: every step runs, nothing is learned well (measured on a 2-core "
+                  "CPU: 13 s idle; 2 min 7 s and 5 min 1 s shared with other jobs, load ~6.5 and ~8)."},
     )
     study: bool = field(default=False, metadata={"help": "Repeat the SFT variants over seeds 0,1,2 and report mean and spread."})
     seeds: list[int] | None = field(default=None, metadata={"help": "SFT seeds (default 0; --study: 0 1 2)."})
