@@ -1,9 +1,11 @@
 """Train a tiny student for a few steps on GSM8K rows of different lengths; run by tests/test_distributed.py.
 
 Usage: ``python tests/ddp_train_script.py OUT PER_DEVICE_BATCH GRADIENT_ACCUMULATION`` or the same under
-``accelerate launch --multi_gpu --num_processes N``. The real collator pads every batch to max_length and
-draws each row's masks from the row alone, so any split of the global batch of 8 sees the same samples.
-Each rank writes ``OUT/rank<i>.pt``: flat weights, the training logs and how many metric reductions ran.
+``accelerate launch`` (DDP with ``--multi_gpu --num_processes N``, or DeepSpeed with ``--config_file
+recipes/accelerate/zero2.yaml``). The real collator pads every batch to max_length and draws each row's masks
+from the row alone, so any split of the global batch of 8 sees the same samples. Each rank writes
+``OUT/rank<i>.pt``: flat weights before and after, the training logs, how many metric reductions ran, the world
+size and the ZeRO stage (or None).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main(out: Path, per_device: int, accumulation: int) -> None:
                       save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
                       train_sampling_strategy="sequential", trajectory_ratio=0.3, padding="max_length", max_length=MAX_LENGTH)
     model = tiny_student(tokenizer, "llada", seed=1)
+    initial = torch.cat([p.detach().flatten() for p in model.parameters()])
     trainer = MDLMTrainer(model, args, train_dataset=Dataset.from_list(synthetic_scored_rows(rows, tokenizer)),
                           processing_class=tokenizer)
     reductions = []
@@ -37,8 +40,9 @@ def main(out: Path, per_device: int, accumulation: int) -> None:
     trainer.train()
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    torch.save({"weights": weights, "logs": logs, "reductions": len(reductions), "world_size": args.world_size},
-               out / f"rank{args.process_index}.pt")
+    zero_stage = trainer.model_wrapped.zero_optimization_stage() if trainer.is_deepspeed_enabled else None
+    torch.save({"initial": initial, "weights": weights, "logs": logs, "reductions": len(reductions),
+                "world_size": args.world_size, "zero_stage": zero_stage}, out / f"rank{args.process_index}.pt")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from trims_hf.cli import main
 from trims_hf.demo.task import DemoTask, make_splits
@@ -48,20 +49,35 @@ def test_tokenizer_splits_digits_and_round_trips():
 
 
 @pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict]:
+def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict, list[int]]:
+    """Two ``--fast`` runs into one folder: the first leaves torch's thread setting alone, the second sets 2."""
     output = tmp_path_factory.mktemp("demo")
-    argv = ["demo", "--fast", "--output", str(output), "--threads", "1"]
-    assert main(argv) == 0
-    first = json.loads((output / "results.json").read_text())
-    base_weights = output / "base" / "model.safetensors"
-    written = base_weights.stat().st_mtime_ns
-    assert main(argv) == 0
+    argv = ["demo", "--fast", "--output", str(output)]
+    before = torch.get_num_threads()
+    threads = []
+    try:
+        torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 would
+        assert main(argv) == 0
+        threads.append(torch.get_num_threads())
+        first = json.loads((output / "results.json").read_text())
+        base_weights = output / "base" / "model.safetensors"
+        written = base_weights.stat().st_mtime_ns
+        torch.set_num_threads(1)
+        assert main([*argv, "--threads", "2"]) == 0
+        threads.append(torch.get_num_threads())
+    finally:
+        torch.set_num_threads(before)
     assert base_weights.stat().st_mtime_ns == written
-    return output, first, json.loads((output / "results.json").read_text())
+    return output, first, json.loads((output / "results.json").read_text()), threads
+
+
+def test_threads_follow_torch_unless_given(demo_runs):
+    *_, threads = demo_runs
+    assert threads == [1, 2]
 
 
 def test_outputs_are_complete_and_consistent(demo_runs):
-    output, first, _ = demo_runs
+    output, first, _, _ = demo_runs
     assert {"settings", "variants", "timings_s", "buckets", "results", "study", "teacher_nll_per_step",
             "nll_vs_decode_step_spearman"} <= set(first)
     results = first["results"]
@@ -87,7 +103,7 @@ def test_outputs_are_complete_and_consistent(demo_runs):
 
 
 def test_rerun_reuses_the_caches(demo_runs):
-    _, first, second = demo_runs
+    _, first, second, _ = demo_runs
     assert first["cached"] == []
     assert {"causal-lm", "scored", "base"} <= set(second["cached"])
     assert "base student" in second["timings_s"]
@@ -105,6 +121,35 @@ def test_demo_flags_reach_the_settings(monkeypatch, tmp_path):
     assert (seen[0].variant_steps, seen[0].thresholds, seen[1].seeds) == (600, (0.5, 0.9), (0, 1))
     assert pipeline.settings_for(False, False, variant_steps=None).variant_steps == 150
     assert main(["demo", "--sft-step", "600"]) == 2 and len(seen) == 2  # an abbreviation never silently sets a flag
+
+
+GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer": "2 + 3 = 5\n#### 5"}
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--fats"], r"unknown flag --fats \(did you mean --fast\?\)"),
+    (["extra"], r"unexpected argument 'extra'"),
+    (["--threads", "0"], r"--threads 0: must be at least 1"),
+    (["--threads", "two"], r"argument --threads: invalid int value: 'two'"),
+    (["--sft-steps", "0"], r"--sft-steps 0: must be at least 1"),
+    (["--thresholds", "0.5", "1.5"], r"--thresholds 1.5: a confidence threshold lies in \(0, 1\]"),
+    (["--teacher", "qwen"], r"argument --teacher: invalid choice: 'qwen' \(choose from 'embedded', 'smollm2'\)"),
+    (["--data-file", "{w}/missing.jsonl"], r"--data-file .*missing\.jsonl: no such file\.$"),
+    (["--data-file", "{w}/prompts.jsonl"], r"--data-file .*prompts\.jsonl: row 0 has no field 'question'"),
+    (["--data-file", "{w}/no-answer.jsonl"], r"--data-file .*no-answer\.jsonl: row 0 field 'answer' ends with no '#### N'"),
+    (["--data-file", "{w}/few.jsonl"], r"--data-file .*few\.jsonl has 3 rows; the demo needs more than 8\.$"),
+    (["--output", "{w}/a-file"], r"--output .*a-file: a file stands where the output folder should be\.$"),
+])
+def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path, capsys):
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "1 + 1?", "completion": "2"}) + "\n")
+    (tmp_path / "no-answer.jsonl").write_text(json.dumps({**GSM8K_ROW, "answer": "five"}) + "\n")
+    (tmp_path / "few.jsonl").write_text((json.dumps(GSM8K_ROW) + "\n") * 3)
+    (tmp_path / "a-file").write_text("")
+    output = tmp_path / "out"
+    assert main(["demo", "--fast", "--output", str(output), *(flag.format(w=tmp_path) for flag in flags)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and re.match(rf"error: {expected}", err), err
+    assert not output.exists()
 
 
 def test_importing_the_pipeline_leaves_matplotlib_alone():

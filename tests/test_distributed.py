@@ -1,4 +1,4 @@
-"""Distributed training on CPU (2 gloo processes) and the ZeRO-2 launch configuration.
+"""Distributed training on CPU (2 gloo processes): DDP, and DeepSpeed ZeRO-2 from the shipped launch configuration.
 
 ``accelerate launch --cpu --num_processes 2`` starts a single process (accelerate's multi-CPU mode needs
 mpirun), so the test launches with ``--multi_gpu``, i.e. torchrun; ``use_cpu=True`` in the training
@@ -8,6 +8,7 @@ arguments then gives a gloo process group on CPU.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -31,10 +32,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run(command: list[str]) -> None:
-    # This checkout's trims_hf (not whichever is installed) and the test helpers.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
-    result = subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=120)
+def run(command: list[str], cwd: Path = TESTS) -> None:
+    path = os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}  # this checkout's trims_hf, whatever is installed
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
@@ -76,7 +77,8 @@ JSON_OWNED = {"mixed_precision", "gradient_accumulation_steps", "gradient_clippi
 
 def test_zero2_configuration():
     from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DeepSpeedPlugin, DistributedType
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
     raw = yaml.safe_load((ACCELERATE / "zero2.yaml").read_text())
     assert not JSON_OWNED & (set(raw) | set(raw["deepspeed_config"]))
@@ -84,11 +86,6 @@ def test_zero2_configuration():
     assert config.distributed_type == DistributedType.DEEPSPEED and config.num_processes == 8
     json_file = TESTS.parent / config.deepspeed_config["deepspeed_config_file"]
     assert json_file.exists()
-
-    pytest.importorskip("deepspeed")
-    from accelerate.utils import DeepSpeedPlugin
-    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
-
     assert DeepSpeedPlugin(hf_ds_config=str(json_file)).zero_stage == 2
     _, _, args = parse_recipe(ACCELERATE.parent / "llada" / "trims_s1k.yaml", ["--use_cpu", "true"])
     filled = HfTrainerDeepSpeedConfig(str(json_file))
@@ -97,3 +94,24 @@ def test_zero2_configuration():
     assert "auto" not in json.dumps(filled.config)
     assert filled.config["bf16"]["enabled"] is True and filled.config["gradient_accumulation_steps"] == 4
     assert filled.config["train_micro_batch_size_per_gpu"] == 1 and filled.config["gradient_clipping"] == 1.0
+
+
+def test_zero2_step_on_cpu_matches_one_process(tmp_path):
+    """The shipped zero2.yaml/zero2.json, launched as users do (only --num_processes 2), on DeepSpeed's CPU
+    accelerator (gloo + its shared-memory allreduce): ZeRO-2 trains, and its steps equal one process's."""
+    single, zero2 = tmp_path / "single", tmp_path / "zero2"
+    single.mkdir(), zero2.mkdir()
+    run([sys.executable, str(SCRIPT), str(single), "8", "1"])
+    run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE / "zero2.yaml"),
+         "--num_processes", "2", "--main_process_port", str(free_port()), str(SCRIPT), str(zero2), "4", "1"],
+        cwd=TESTS.parent)  # zero2.yaml names zero2.json from the repository root, where users launch
+    reference = torch.load(single / "rank0.pt")
+    ranks = [torch.load(zero2 / f"rank{rank}.pt") for rank in (0, 1)]
+    assert reference["zero_stage"] is None and [r["zero_stage"] for r in ranks] == [2, 2]
+    assert ranks[0]["world_size"] == 2
+    losses, expected = ([entry["loss"] for entry in r["logs"]] for r in (ranks[0], reference))
+    assert all(math.isfinite(loss) for loss in losses) and len(losses) == 3
+    assert losses == pytest.approx(expected, rel=1e-5)
+    assert not torch.allclose(ranks[0]["weights"], ranks[0]["initial"], atol=1e-3)  # the steps moved the weights
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
+    assert torch.allclose(ranks[0]["weights"], reference["weights"], atol=1e-5)

@@ -6,18 +6,20 @@ Run as a script to build the toy recipe's inputs: ``python tests/test_train_cli.
 from __future__ import annotations
 
 import json
-import sys
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import load_file
-from transformers import LlamaConfig
+from transformers import AutoTokenizer, LlamaConfig
 
 from conftest import synthetic_scored_rows
 from helpers_tokenizers import make_tokenizer
 from trims_hf.cli import main
+from trims_hf.commands.train import split_config
 from trims_hf.jobs.train import RecipeError, parse_recipe, read_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -49,10 +51,15 @@ def write_toy_assets(folder: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory) -> list[str]:
-    """Overrides pointing the toy recipe at freshly written inputs."""
+def toy_inputs(tmp_path_factory) -> dict[str, str]:
+    """Overrides pointing the toy recipe at freshly written inputs, by key."""
     student, scored = write_toy_assets(tmp_path_factory.mktemp("toy"))
-    return ["--model_name_or_path", str(student), "--dataset_name", str(scored), "--init_from_config", "true", "--model_kind", "llada"]
+    return {"model_name_or_path": str(student), "dataset_name": str(scored), "init_from_config": "true", "model_kind": "llada"}
+
+
+@pytest.fixture(scope="module")
+def toy(toy_inputs) -> list[str]:
+    return [arg for key, value in toy_inputs.items() for arg in (f"--{key}", value)]
 
 
 def train_cli(toy: list[str], output_dir: Path, *overrides: str) -> int:
@@ -80,14 +87,158 @@ def test_overrides_win_and_are_typed():
 def test_unknown_keys_are_errors(tmp_path, toy, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(TOY.read_text() + "lerning_rate: 0.1\n")
-    with pytest.raises(RecipeError, match=r"'lerning_rate'.*bad\.yaml"):
+    with pytest.raises(RecipeError, match=r"bad\.yaml: unknown key\(s\) 'lerning_rate' \(did you mean learning_rate\?\)"):
         read_recipe(bad)
     assert main(["train", "--config", str(bad)]) == 2
     assert "lerning_rate" in capsys.readouterr().err
     assert train_cli(toy, tmp_path / "out", "--num_bukets", "4") == 2
-    assert "--num_bukets" in capsys.readouterr().err
+    assert "--num_bukets: no such recipe key (did you mean --num_buckets?)" in capsys.readouterr().err
     assert train_cli(toy, tmp_path / "out", "--num_bucket", "4") == 2  # abbreviations never silently set a key
-    assert "--num_bucket" in capsys.readouterr().err
+    assert "--num_bucket: no such recipe key" in capsys.readouterr().err
+
+
+def edit_recipe(key: str, line: str | None) -> Callable[[str], str]:
+    """A recipe text edit: replace (or, with ``line=None``, drop) the ``key:`` line; add ``line`` if there was none."""
+    def edit(text: str) -> str:
+        kept = [row for row in text.splitlines() if not row.startswith(f"{key}:")]
+        return "\n".join(kept + ([line] if line else [])) + "\n"
+    return edit
+
+
+UNSCHEDULED = {"eval_split": "train", "eval_strategy": "epoch"}
+# id, recipe edit, overrides by key (None: drop the toy's), raw arguments after them ({w}: the workspace), the error
+MISTAKES = [
+    ("recipe-not-yaml", lambda text: text + "  dtype: float32\n", {}, [], r"^--config .*: not valid YAML \(.* at line \d+, column \d+\)\.$"),
+    ("recipe-a-list", lambda text: "- a\n- b\n", {}, [], r"a recipe is a YAML mapping of key: value lines, got list\.$"),
+    ("recipe-missing-key", edit_recipe("dataset_name", None), {"dataset_name": None}, [],
+     r"^.*\.yaml sets no dataset_name: add to the recipe or pass --dataset_name VALUE\.$"),
+    ("recipe-bad-int", edit_recipe("num_buckets", "num_buckets: 4.5"), {}, [], r"^num_buckets in .*\.yaml: invalid int value: '4.5'$"),
+    ("recipe-bad-choice", edit_recipe("metric", "metric: perplexity"), {}, [],
+     r"^metric in .*\.yaml: invalid choice: 'perplexity' \(choose from 'nll', 'entropy'\)$"),
+    ("recipe-null", edit_recipe("max_length", "max_length: null"), {}, [], r"^max_length in .*: null is not allowed; expected int\.$"),
+    ("recipe-list-for-scalar", edit_recipe("learning_rate", "learning_rate: [1.0e-3, 1.0e-4]"), {}, [],
+     r"^learning_rate in .*: expected one float, got the list \[0\.001, 0\.0001\]\.$"),
+    ("unknown-override", None, {}, ["--dataset", "x"], r"^--dataset: no such recipe key \(did you mean --dataset_name\?\)"),
+    ("stray-argument", None, {}, ["{w}/scored"], r"^unexpected argument '.*scored': overrides are --key value pairs\.$"),
+    ("override-bad-int", None, {}, ["--num_buckets", "four"], r"^--num_buckets: invalid int value: 'four'$"),
+    ("override-no-value", None, {}, ["--num_buckets"], r"^--num_buckets: expected one argument$"),
+    ("override-bad-choice", None, {"bucket_ordering": "hard-to-easy"}, [],
+     r"^--bucket_ordering: invalid choice: 'hard-to-easy' \(choose from 'hard_to_easy', 'easy_to_hard', 'random'\)$"),
+    ("override-bad-bool", None, {"use_lora": "maybe"}, [], r"^--use_lora: Truthy value expected: got maybe"),
+    ("override-out-of-range", None, {"p_context": "1.5"}, [], r"^p_context must be in \[0, 1\], got 1.5\.$"),
+    ("model-missing", None, {"model_name_or_path": "{w}/no-student"}, [], r"^model_name_or_path .*no-student: no such file or folder\.$"),
+    ("model-folder-without-config", None, {"model_name_or_path": "{w}/scored"}, [],
+     r"^model_name_or_path .*scored: the folder has no config\.json\.$"),
+    ("model-hub-unreachable", None, {"model_name_or_path": "org/student"}, [],
+     r"^model_name_or_path org/student: not a local path, and the Hugging Face Hub is unreachable .*pass a local model folder"),
+    ("model-kind-unknown", None, {"model_kind": None}, [],
+     r"^model_name_or_path .*student: cannot tell which student family a 'llama' model is; set model_kind to llada"),
+    ("no-mask-token", None, {"model_name_or_path": "{w}/student-no-mask"}, [], r"^model_name_or_path .*student-no-mask: no mask token"),
+    ("data-missing", None, {"dataset_name": "{w}/rows.jsonl"}, [], r"^dataset_name .*rows\.jsonl: no such file or folder\.$"),
+    ("data-csv", None, {"dataset_name": "{w}/rows.csv"}, [], r"^dataset_name .*rows\.csv: unsupported file type '\.csv'"),
+    ("data-hub-unreachable", None, {"dataset_name": "org/s1k-scored"}, [],
+     r"^dataset_name org/s1k-scored: not a local path, and the Hugging Face Hub is unreachable .*local \.jsonl/\.json/\.parquet"),
+    ("data-wrong-columns", None, {"dataset_name": "{w}/gsm8k.jsonl"}, [],
+     r"^dataset_name .*gsm8k\.jsonl: no 'prompt' and 'completion' \(or 'messages'\) columns, only question, answer; "),
+    ("data-unscored", None, {"dataset_name": "{w}/plain.jsonl"}, [],
+     r"^dataset_name .*plain\.jsonl: no teacher scores for metric nll .*set trajectory_ratio 0"),
+    ("data-file-with-eval-split", None, {"dataset_name": "{w}/plain.jsonl", "eval_split": "test"}, [],
+     r"^dataset_name .*plain\.jsonl is a single file, so it has one split \(train\)"),
+    ("data-unknown-split", None, {"eval_split": "test"}, [], r"^eval_split test: cannot load it from dataset_name .*scored \(Unknown split"),
+    ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [], r"^train_split train: cannot load it from dataset_name .*empty"),
+    ("output-is-a-file", None, {"output_dir": "{w}/a-file"}, [], r"^output_dir .*a-file: a file, not a folder\.$"),
+    ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [], r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
+    ("output-not-empty", None, {"output_dir": "{w}/earlier-run"}, [],
+     r"^output_dir .*earlier-run is not empty \(checkpoint-3, notes\.txt\); .*--resume_from_checkpoint true\.$"),
+    ("resume-nothing", None, {"output_dir": "{w}/empty", "resume_from_checkpoint": "true"}, [],
+     r"^resume_from_checkpoint true: output_dir .*empty holds no checkpoint-N folder\.$"),
+    ("resume-not-a-checkpoint", None, {"resume_from_checkpoint": "{w}/earlier-run/checkpoint-3"}, [],
+     r"^resume_from_checkpoint .*checkpoint-3: not a checkpoint folder \(no trainer_state\.json\)\.$"),
+    ("push-no-token", None, {"push_to_hub": "true", "hub_model_id": "me/toy-trims"}, [], r"^Cannot push to me/toy-trims: no Hugging Face token"),
+    ("decode-eval-unscheduled", None, {"decode_eval_task": "gsm8k"}, [], r"^decode_eval_task runs at each evaluation: set eval_split"),
+    ("decode-eval-unknown-task", None, {"decode_eval_task": "gsm9k", **UNSCHEDULED}, [],
+     r"^decode_eval_task gsm9k: unknown task 'gsm9k'; known tasks: gsm8k"),
+    ("decode-eval-code-task", None, {"decode_eval_task": "mbpp", **UNSCHEDULED}, [], r"^decode_eval_task mbpp: its grading runs model-written code"),
+    ("decode-eval-missing-file", None, {"decode_eval_task": "gsm8k", **UNSCHEDULED, "decode_eval_data_file": "{w}/test.jsonl"}, [],
+     r"^decode_eval_data_file .*test\.jsonl: no such file\.$"),
+    ("decode-eval-hub-unreachable", None, {"decode_eval_task": "gsm8k", **UNSCHEDULED}, [],
+     r"^decode_eval_data_file openai/gsm8k: not a local path, and the Hugging Face Hub is unreachable"),
+    ("decode-eval-bad-setting", None, {"decode_eval_decoding": "{{treshold: 0.5}}"}, [],
+     r"^decode_eval_decoding: unknown decoder setting\(s\) treshold; known: "),
+]
+
+
+@pytest.fixture(scope="module")
+def workspace(toy_inputs) -> Path:
+    """The files a new user's mistakes point at: data in the wrong shape, a file for a folder, an earlier run."""
+    folder = Path(toy_inputs["model_name_or_path"]).parent
+    (folder / "gsm8k.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
+    (folder / "plain.jsonl").write_text(json.dumps({"prompt": "1 + 1?", "completion": "2"}) + "\n")
+    (folder / "rows.csv").write_text("prompt,completion\n")
+    (folder / "a-file").write_text("")
+    (folder / "empty").mkdir()
+    (folder / "earlier-run" / "checkpoint-3").mkdir(parents=True)
+    (folder / "earlier-run" / "notes.txt").write_text("")
+    student, no_mask = Path(toy_inputs["model_name_or_path"]), folder / "student-no-mask"
+    tokenizer = AutoTokenizer.from_pretrained(student)
+    tokenizer.mask_token = None
+    tokenizer.save_pretrained(no_mask)
+    config = json.loads((student / "config.json").read_text())
+    (no_mask / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "mask_token_id"}))
+    return folder
+
+
+@pytest.fixture
+def offline_hub(monkeypatch):
+    """No network and no token (Hub probes fail as an unreachable Hub does), and no model may load."""
+    def unreachable(self, repo_id, **kwargs):
+        raise OSError("[Errno -2] Name or service not known")
+
+    def never(*args, **kwargs):
+        raise AssertionError("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr("huggingface_hub.HfApi.repo_info", unreachable)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("trims_hf.hub.get_token", lambda: None)
+    monkeypatch.setattr("trims_hf.jobs.train.build_student", never)
+
+
+@pytest.mark.parametrize("edit,changes,extra,expected", [case[1:] for case in MISTAKES], ids=[case[0] for case in MISTAKES])
+def test_user_mistakes_are_one_line_before_any_model_loads(edit, changes, extra, expected, toy_inputs, workspace, tmp_path,
+                                                           capsys, offline_hub):
+    recipe = TOY
+    if edit is not None:
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text(edit(TOY.read_text()))
+    output_dir = tmp_path / "run"
+    inputs = {**toy_inputs, "output_dir": str(output_dir), **changes}
+    argv = [arg.format(w=workspace) for key, value in inputs.items() if value is not None for arg in (f"--{key}", value)]
+    assert main(["train", "--config", str(recipe), *argv, *(arg.format(w=workspace) for arg in extra)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, errors
+    assert re.search(expected, errors[0].removeprefix("error: ")), errors[0]
+    assert not output_dir.exists()  # nothing half-written
+
+
+def test_unwritable_output_parent(toy, tmp_path, capsys, offline_hub, monkeypatch):
+    monkeypatch.setattr("trims_hf.jobs.train.os.access", lambda path, mode: Path(path) != tmp_path)
+    assert train_cli(toy, tmp_path / "run") == 2
+    assert capsys.readouterr().err == f"error: output_dir {tmp_path / 'run'}: {tmp_path} is not writable.\n"
+
+
+@pytest.mark.parametrize("argv,expected", [
+    ([], "error: trims train needs --config RECIPE.yaml"),
+    (["recipes/toy/trims_toy.yaml"], "error: trims train needs --config RECIPE.yaml"),
+    (["--config", "recipes/toy/trims_toy.yml"], "error: --config recipes/toy/trims_toy.yml: no such file."),
+])
+def test_command_line_without_a_recipe(argv, expected, capsys):
+    assert main(["train", *argv]) == 2
+    assert capsys.readouterr().err.startswith(expected)
+
+
+def test_config_may_come_anywhere():
+    assert split_config(["--num_buckets", "4", "--config", "a.yaml", "--lora_r", "8"]) == ("a.yaml", ["--num_buckets", "4", "--lora_r", "8"])
+    assert split_config(["--config=a.yaml", "--lora_r", "8"]) == ("a.yaml", ["--lora_r", "8"])
 
 
 PAPER = {"max_length": 1024, "num_train_epochs": 30, "learning_rate": 1e-4, "lr_scheduler_type": "cosine",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from importlib.metadata import version
 
 # command -> (module with main(argv), one-line help)
 COMMANDS = {
@@ -19,17 +20,22 @@ COMMANDS = {
 
 
 def usage() -> str:
-    lines = ["usage: trims <command> [flags]   (`trims <command> --help` lists a command's flags)", "", "commands:"]
+    lines = ["usage: trims <command> [flags]   (`trims <command> --help` lists a command's flags)",
+             "       trims --version", "", "commands:"]
     return "\n".join(lines + [f"  {name:<8} {help}" for name, (_, help) in COMMANDS.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
-    if argv[0] not in COMMANDS:
-        print(f"error: unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)}.", file=sys.stderr)
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if argv and argv[0] == "--version":
+        print(f"trims_hf {version('trims_hf')}")
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        problem = f"unknown command {argv[0]!r}" if argv else "no command given"
+        print(f"error: {problem}; choose one of {', '.join(COMMANDS)} (`trims --help` describes them).", file=sys.stderr)
         return 2
     try:
         return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)

@@ -7,12 +7,20 @@ the library's heavy modules only inside ``main``, so ``trims <command> --help`` 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import sys
 from collections.abc import Iterable
 from typing import NoReturn
 
 from transformers import HfArgumentParser
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the candidates ``word`` starts (``--model``), else its closest spelling; or ``""``."""
+    candidates = sorted(set(candidates))
+    close = [c for c in candidates if c.startswith(word)][:3] or difflib.get_close_matches(word, candidates, n=1)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 class CommandParser(HfArgumentParser):
@@ -29,9 +37,16 @@ class CommandParser(HfArgumentParser):
         """Parse ``argv`` into one instance per dataclass; a value a dataclass rejects is an ``error:`` line too,
         in the flags' terms."""
         try:
-            return self.parse_args_into_dataclasses(args=argv)
+            *parsed, rest = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
         except ValueError as error:
             self.error(self.in_flag_terms(str(error)))
+        if rest:
+            flag = rest[0].split("=")[0]
+            if flag.startswith("-"):
+                options = (option for action in self._actions for option in action.option_strings)
+                self.error(f"unknown flag {flag}{did_you_mean(flag, options)}")
+            self.error(f"unexpected argument {flag!r}")
+        return tuple(parsed)
 
     def in_flag_terms(self, message: str) -> str:
         """A library message as the command-line user reads it: the parsed settings named by their flags."""

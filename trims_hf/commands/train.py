@@ -6,6 +6,8 @@ Launch on several GPUs with ``accelerate launch --config_file recipes/accelerate
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from . import fail
 
 USAGE = """usage: trims train --config RECIPE.yaml [--key value ...]
@@ -15,26 +17,41 @@ Fine-tune a masked diffusion student with TRIMS (or the MDLM baseline) from a YA
 the recipe file and use the recipe's key names (dashes or underscores), e.g.
   trims train --config recipes/llada/trims_s1k.yaml --num_buckets 4 --output_dir out
 A recipe key is any field of ModelArguments, DataArguments or MDLMConfig (every transformers
-TrainingArguments field plus the TRIMS settings); `trims train --help-keys` lists them all with their help."""
+TrainingArguments field plus the TRIMS settings); `trims train --help-keys` lists them all with their help.
+Inputs (recipe, values, student, data set, output_dir, Hub access) are checked before any model loads."""
+
+
+def split_config(argv: list[str]) -> tuple[str | None, list[str]]:
+    """``--config PATH`` (or ``--config=PATH``) from anywhere on the command line, and the overrides around it."""
+    for index, arg in enumerate(argv):
+        if arg == "--config":
+            return (argv[index + 1] if index + 1 < len(argv) else None), argv[:index] + argv[index + 2 :]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1], argv[:index] + argv[index + 1 :]
+    return None, argv
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
-        return 0 if argv else 2
-    if argv[0] == "--help-keys":
+        return 0
+    if argv and argv[0] == "--help-keys":
         from ..jobs.train import recipe_help
 
         print(recipe_help())
         return 0
-    if argv[0] != "--config" or len(argv) < 2:
-        return fail("trims train needs --config RECIPE.yaml first (see `trims train --help`)")
+    config, overrides = split_config(argv)
+    if not config:
+        return fail("trims train needs --config RECIPE.yaml (see `trims train --help`; recipes/ has examples).")
+    if not Path(config).is_file():  # before the seconds of importing torch and transformers
+        return fail(f"--config {config}: no such file.")
     from ..hub import HubAccessError
-    from ..schema import SchemaError
     from ..jobs.train import RecipeError, parse_recipe, train
+    from ..schema import SchemaError
+    from ..sources import SourceError
 
     try:
-        train(*parse_recipe(argv[1], argv[2:]))
-    except (RecipeError, HubAccessError, SchemaError) as error:
+        train(*parse_recipe(config, overrides))
+    except (RecipeError, SourceError, HubAccessError, SchemaError) as error:
         return fail(str(error))
     return 0

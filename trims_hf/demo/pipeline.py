@@ -89,8 +89,8 @@ class DemoSettings:
     """Samples whose decode order and per-step teacher NLL are plotted (at the threshold nearest 0.9)."""
     teacher: str = "embedded"
     data_file: str | None = None
-    threads: int = 2
-    """torch CPU threads; on a machine shared with other jobs, 1 avoids oversubscription stalls."""
+    threads: int | None = None
+    """torch CPU threads; None leaves torch's setting (which follows OMP_NUM_THREADS) alone."""
 
 
 FAST = DemoSettings(num_train=256, num_test=8, hidden_size=64, num_layers=2, num_heads=2, batch_size=16, teacher_steps=20,
@@ -149,10 +149,13 @@ def load_rows(settings: DemoSettings) -> tuple[list[dict], list[dict]]:
     """Train and test rows (question/answer): procedural, or a seeded split of a GSM8K-style file."""
     if settings.data_file is None:
         return make_splits(settings.num_train, settings.num_test, settings.data_seed)
+    if not Path(settings.data_file).is_file():
+        raise FileNotFoundError(f"--data-file {settings.data_file}: no such file.")
     rows = read_json_rows(settings.data_file)
+    DemoTask(rows, name=f"--data-file {settings.data_file}").load()  # every row has a question and a gradable answer
     random.Random(settings.data_seed).shuffle(rows)
     if len(rows) < settings.num_test + 1:
-        raise ValueError(f"{settings.data_file} has {len(rows)} rows; the demo needs more than {settings.num_test}.")
+        raise ValueError(f"--data-file {settings.data_file} has {len(rows)} rows; the demo needs more than {settings.num_test}.")
     return rows[settings.num_test : settings.num_test + settings.num_train], rows[: settings.num_test]
 
 
@@ -356,14 +359,20 @@ def write_reports(output: Path, run: DemoRun) -> dict[str, Path]:
 
 # -- the whole chain ---------------------------------------------------------------------------------------------
 def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> DemoRun:
-    """Run every step, print the table, write the reports; returns what was measured."""
-    torch.set_num_threads(settings.threads)
-    output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    run = DemoRun(settings)
+    """Run every step, print the table, write the reports; returns what was measured.
+
+    The rows are read and checked before the output folder is created, so a bad ``data_file`` writes nothing.
+    """
     start = time.perf_counter()
+    train, test = load_rows(settings)
+    output = Path(output)
+    if output.exists() and not output.is_dir() or any(p.exists() and not p.is_dir() for p in output.absolute().parents):
+        raise NotADirectoryError(f"--output {output}: a file stands where the output folder should be.")
+    output.mkdir(parents=True, exist_ok=True)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    run = DemoRun(settings)
     with timed(run, "data and tokenizer"):
-        train, test = load_rows(settings)
         tokenizer = demo_tokenizer(output, settings, train + test)
         task = DemoTask(test, name="arith" if settings.data_file is None else "gsm8k-file")
     with timed(run, "teacher"):

@@ -8,32 +8,54 @@ silently trains with a default.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
+import os
+import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import yaml
 from peft import get_peft_model
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, HfArgumentParser, set_seed
+from datasets import Dataset
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    HfArgumentParser,
+    PreTrainedConfig,
+    set_seed,
+)
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import get_last_checkpoint
 
 from ..callbacks import DecodeEvalCallback
+from ..commands import did_you_mean
 from ..config import MDLMConfig
+from ..evaluation import check_task_inputs
 from ..hub import check_push_access, load_source_dataset
 from ..lora import lora_config
 from ..model_card import trims_model_card
+from ..preparation import is_prepared
+from ..schema import COMPLETION, MESSAGES, PROMPT, has_teacher_scores
 from ..settings import DecodingConfig
+from ..sources import check_dataset_source, check_model_source
 from ..students import STUDENTS, detect_student_kind, load_student, prepare_student, student_mask_token_id
+from ..tasks import CodeExecutionDisabled, get_task
 from ..trainer import MDLMTrainer
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
 class RecipeError(ValueError):
-    """A recipe or an override names an unknown key or cannot be read."""
+    """A recipe, an override, or an input they name is wrong; the message is one line in the recipe's terms."""
 
 
 @dataclass
@@ -87,14 +109,20 @@ class DataArguments:
 
     def decoding_config(self) -> DecodingConfig:
         """The decode-eval decoder these arguments describe (the paper's defaults for unset fields)."""
-        values = yaml.safe_load(self.decode_eval_decoding) if isinstance(self.decode_eval_decoding, str) else self.decode_eval_decoding
+        try:
+            values = yaml.safe_load(self.decode_eval_decoding) if isinstance(self.decode_eval_decoding, str) else self.decode_eval_decoding
+        except yaml.YAMLError:
+            raise RecipeError(f"decode_eval_decoding {self.decode_eval_decoding}: not a YAML/JSON mapping.") from None
         if values is not None and not isinstance(values, dict):
             raise RecipeError(f"decode_eval_decoding must be a mapping of decoder settings, got {values!r}.")
         known = {f.name for f in dataclasses.fields(DecodingConfig)}
         unknown = sorted(set(values or {}) - known)
         if unknown:
-            raise RecipeError(f"Unknown decoder setting(s) {unknown} in decode_eval_decoding; known: {sorted(known)}.")
-        return DecodingConfig(**(values or {}))
+            raise RecipeError(f"decode_eval_decoding: unknown decoder setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
+        try:
+            return DecodingConfig(**(values or {}))
+        except (TypeError, ValueError) as error:
+            raise RecipeError(f"decode_eval_decoding: {_one_line(error)}") from None
 
 
 RECIPE_TYPES = (ModelArguments, DataArguments, MDLMConfig)
@@ -104,49 +132,143 @@ def recipe_keys() -> set[str]:
     return {f.name for dtype in RECIPE_TYPES for f in dataclasses.fields(dtype) if f.init}
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def _did_you_mean(key: str, prefix: str = "") -> str:
+    """Recipe keys close to ``key`` (``prefix`` "--" for an override), spelled with underscores."""
+    return did_you_mean(prefix + key.split("=")[0].lstrip("-").replace("-", "_"), (prefix + k for k in recipe_keys()))
+
+
 def read_recipe(path: str | Path) -> dict[str, Any]:
     """The YAML mapping of a recipe, with every key checked against the known fields."""
     try:
         recipe = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise RecipeError(f"--config {path}: no such file.") from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        raise RecipeError(f"--config {path}: not valid YAML ({error.problem} at line {mark.line + 1}, "
+                          f"column {mark.column + 1}).") from None
     except (OSError, yaml.YAMLError) as error:
-        raise RecipeError(f"Cannot read recipe {path}: {error}") from error
+        raise RecipeError(f"--config {path}: cannot read the recipe ({_one_line(error)}).") from None
     if not isinstance(recipe, dict):
-        raise RecipeError(f"Recipe {path} must be a mapping of option names to values.")
-    unknown = sorted(set(recipe) - recipe_keys())
+        raise RecipeError(f"--config {path}: a recipe is a YAML mapping of key: value lines, got {type(recipe).__name__}.")
+    unknown = sorted(map(str, set(recipe) - recipe_keys()))
     if unknown:
-        raise RecipeError(f"Unknown key(s) {', '.join(map(repr, unknown))} in recipe {path} (see `trims train --help-keys`).")
+        named = ", ".join(f"{key!r}{_did_you_mean(key)}" for key in unknown)
+        raise RecipeError(f"{path}: unknown key(s) {named}; `trims train --help-keys` lists them.")
     return recipe
+
+
+class _RecipeParser(HfArgumentParser):
+    """``HfArgumentParser`` whose usage errors raise (for one ``error:`` line) instead of printing the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise RecipeError(message)
+
+
+def _recipe_argv(parser: HfArgumentParser, recipe: dict[str, Any], path: str | Path) -> list[str]:
+    """The recipe as ``--key=value`` arguments, so its values are typed and checked exactly like overrides.
+
+    ``null`` (for keys that accept it) and empty lists, which have no command-line spelling, become parser defaults.
+    """
+    actions: dict[str, argparse.Action] = {}
+    for action in parser._actions:  # the first action of a key (a boolean's --no_<key> comes after it)
+        actions.setdefault(action.dest, action)
+    hints = {name: hint for dtype in RECIPE_TYPES for name, hint in typing.get_type_hints(dtype).items()}
+    argv, defaults = [], {}
+    for key, value in recipe.items():
+        action, option = actions[key], f"--{key}"
+        listed = action.nargs in ("+", "*")
+        if value is None or (value == [] and listed):
+            if value is None and type(None) not in typing.get_args(hints[key]):
+                raise RecipeError(f"{key} in {path}: null is not allowed; expected {_expected(action)}.")
+            defaults[key] = value
+            action.required = False
+        elif isinstance(value, list):
+            if not listed:
+                raise RecipeError(f"{key} in {path}: expected one {_expected(action)}, got the list {value}.")
+            argv += [option, *map(_scalar, value)]
+        else:
+            argv.append(f"{option}={json.dumps(value) if isinstance(value, dict) else _scalar(value)}")
+    parser.set_defaults(**defaults)
+    return argv
+
+
+def _scalar(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _expected(action: argparse.Action) -> str:
+    if action.choices:
+        return "one of " + ", ".join(map(str, action.choices))
+    kind = getattr(action.type, "__name__", "value")
+    return "true or false" if kind == "string_to_bool" else kind
+
+
+def _locate(message: str, overrides: Sequence[str], path: str | Path) -> str:
+    """Rephrase an argparse message in recipe terms: which key, and whether the recipe or an override set it."""
+    if message.startswith("the following arguments are required: "):
+        keys = [option.split("/")[0].lstrip("-") for option in message.split(": ", 1)[1].split(", ")]
+        return f"{path} sets no {', '.join(keys)}: add to the recipe or pass {' '.join(f'--{k} VALUE' for k in keys)}."
+    match = re.match(r"argument --([\w-]+)(?:/--[\w-]+)*: (.*)", message)
+    if not match:
+        return message
+    key, detail = match.group(1), match.group(2)
+    spellings = {f"--{key}", f"--{key.replace('_', '-')}"}
+    if any(arg.split("=", 1)[0] in spellings for arg in overrides):
+        return f"--{key}: {detail}"
+    return f"{key} in {path}: {detail}"
 
 
 def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[ModelArguments, DataArguments, MDLMConfig]:
     """Parse a recipe plus ``--key value`` overrides into the three argument dataclasses.
 
-    The YAML values become the parser's defaults (strings go through the field's type, as on the command
-    line), so the overrides win and every value is validated the same way.
+    The recipe's values go through the same parser as the overrides (recipe first, so the overrides win),
+    so a bad value is the same one-line error wherever it was written.
     """
     recipe = read_recipe(path)
-    parser = HfArgumentParser(RECIPE_TYPES, prog=f"trims train --config {path}", allow_abbrev=False)
-    parser.set_defaults(**recipe)
-    for action in parser._actions:  # a key given by the recipe is no longer required on the command line
-        if action.dest in recipe:
-            action.required = False
-    model_args, data_args, training_args, rest = parser.parse_args_into_dataclasses(
-        args=list(overrides), return_remaining_strings=True
-    )
+    parser = _RecipeParser(RECIPE_TYPES, prog=f"trims train --config {path}", allow_abbrev=False)
+    try:
+        *parsed, rest = parser.parse_args_into_dataclasses(
+            args=_recipe_argv(parser, recipe, path) + list(overrides), return_remaining_strings=True
+        )
+    except RecipeError as error:
+        raise RecipeError(_locate(str(error), overrides, path)) from None
+    except ValueError as error:  # a dataclass rejected a value (range, combination)
+        raise RecipeError(_one_line(error)) from None
+    for token in rest:
+        if token.startswith("-"):
+            raise RecipeError(f"{token.split('=')[0]}: no such recipe key{_did_you_mean(token, '--')}; "
+                              "`trims train --help-keys` lists them.")
     if rest:
-        raise RecipeError(f"Unknown override(s) {' '.join(rest)} for recipe {path}.")
-    return model_args, data_args, training_args
+        raise RecipeError(f"unexpected argument {rest[0]!r}: overrides are --key value pairs.")
+    return tuple(parsed)
 
 
-def build_student(model_args: ModelArguments, tokenizer: Any) -> nn.Module:
+def student_kind(model_args: ModelArguments) -> str:
+    """``model_kind``, or the family detected from the student's ``config.json`` (no weights are read)."""
+    if model_args.model_kind:
+        return model_args.model_kind
+    config, _ = PreTrainedConfig.get_config_dict(model_args.model_name_or_path, revision=model_args.model_revision)
+    try:
+        return detect_student_kind(config)
+    except ValueError:
+        raise RecipeError(f"model_name_or_path {model_args.model_name_or_path}: cannot tell which student family a "
+                          f"'{config.get('model_type')}' model is; set model_kind to llada (logits not shifted) or dream "
+                          "(logits shifted by one).") from None
+
+
+def build_student(model_args: ModelArguments, kind: str, tokenizer: Any) -> nn.Module:
     """Load (or, with ``init_from_config``, randomly initialise) the student, marked and bidirectional."""
     dtype = model_args.dtype if model_args.dtype == "auto" else getattr(torch, model_args.dtype)
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if not model_args.init_from_config:
-        return load_student(model_args.model_name_or_path, model_args.model_kind, revision=model_args.model_revision,
+        return load_student(model_args.model_name_or_path, kind, revision=model_args.model_revision,
                             mask_token_id=model_args.mask_token_id, dtype=dtype, **kwargs)
     config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
-    kind = model_args.model_kind or detect_student_kind(config.to_dict())
     auto_class = AutoModelForCausalLM if STUDENTS[kind].decoder else AutoModelForMaskedLM
     model = auto_class.from_config(config, dtype=None if dtype == "auto" else dtype, **kwargs)
     return prepare_student(model, kind, student_mask_token_id(config.to_dict(), kind, model_args.mask_token_id, tokenizer))
@@ -160,8 +282,6 @@ def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointi
     config = lora_config(model, r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
                          lora_dropout=model_args.lora_dropout, target_modules=model_args.lora_target_modules)
     return get_peft_model(model, config)
-
-
 
 
 def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> dict[str, dict[str, Any]]:
@@ -187,23 +307,139 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
     }
 
 
-def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> MDLMTrainer:
-    """Build everything from the three argument objects, train (resuming if asked), save, and push if asked."""
-    if data_args.decode_eval_task and (not data_args.eval_split or args.eval_strategy == "no"):
+def resume_checkpoint(args: MDLMConfig) -> str | None:
+    """The checkpoint to resume from: ``resume_from_checkpoint``'s folder, or with ``true`` the last one in ``output_dir``."""
+    value = args.resume_from_checkpoint
+    if value is None or value.lower() == "false":
+        return None
+    if value.lower() == "true":
+        last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+        if last is None:
+            raise RecipeError(f"resume_from_checkpoint true: output_dir {args.output_dir} holds no checkpoint-N folder.")
+        return last
+    if not (Path(value) / TRAINER_STATE_NAME).is_file():
+        raise RecipeError(f"resume_from_checkpoint {value}: not a checkpoint folder (no {TRAINER_STATE_NAME}).")
+    return value
+
+
+def check_output_dir(output_dir: str, resuming: bool) -> None:
+    """``output_dir`` can be created and written, and holds no earlier run unless this run continues it.
+
+    A new run never writes into an earlier one: its checkpoints, adapter and card would mix with the old files.
+    """
+    folder = Path(output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise RecipeError(f"output_dir {output_dir}: a file, not a folder.")
+    if folder.is_dir() and not resuming and (content := sorted(p.name for p in folder.iterdir())):
+        raise RecipeError(f"output_dir {output_dir} is not empty ({', '.join(content[:3])}{', ...' if len(content) > 3 else ''}); "
+                          "choose a new output_dir, delete it, or continue its run with --resume_from_checkpoint true.")
+    existing = next(parent for parent in (folder.absolute(), *folder.absolute().parents) if parent.exists())
+    if not existing.is_dir():
+        raise RecipeError(f"output_dir {output_dir}: {existing} is a file, not a folder.")
+    if not os.access(existing, os.W_OK):
+        raise RecipeError(f"output_dir {output_dir}: {existing} is not writable.")
+
+
+def check_decode_eval(data_args: DataArguments, args: MDLMConfig) -> None:
+    """The decode-and-grade evaluation can run: a known, non-code task, its data at hand, evaluations scheduled."""
+    data_args.decoding_config()
+    name = data_args.decode_eval_task
+    if not name:
+        return
+    if not data_args.eval_split or args.eval_strategy == "no":
         raise RecipeError("decode_eval_task runs at each evaluation: set eval_split and eval_strategy (e.g. epoch).")
-    data_args.decoding_config()  # a bad decoder setting fails before any download
-    if args.push_to_hub:  # before any download or training, so a long run never ends in an auth error
+    try:
+        task = get_task(name)
+        check_task_inputs(task, data_args.decode_eval_data_file, execute_code=False)
+    except KeyError as error:
+        raise RecipeError(f"decode_eval_task {name}: {error.args[0]}.") from None
+    except FileNotFoundError:
+        raise RecipeError(f"decode_eval_data_file {data_args.decode_eval_data_file}: no such file.") from None
+    except CodeExecutionDisabled:
+        raise RecipeError(f"decode_eval_task {name}: its grading runs model-written code, which trims train does not do; "
+                          "evaluate code tasks with `trims eval --allow-code-execution`.") from None
+    if data_args.decode_eval_data_file is None:
+        check_dataset_source("decode_eval_data_file", task.hub_id)
+
+
+def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> str | None:
+    """Every mistake found without loading a model or a data set, in seconds; returns the checkpoint to resume from.
+
+    Local checks come first; the Hub is only probed (write access, the student's and the data set's ids).
+    """
+    resume = resume_checkpoint(args)
+    check_output_dir(args.output_dir, resuming=resume is not None)
+    if args.push_to_hub:  # so a long run never ends in an auth error
         check_push_access(args.hub_model_id or Path(args.output_dir).absolute().name, args.hub_token)
+    check_model_source("model_name_or_path", model_args.model_name_or_path, model_args.model_revision)
+    check_dataset_source("dataset_name", data_args.dataset_name)
+    check_decode_eval(data_args, args)
+    return resume
+
+
+def check_columns(dataset: Dataset, source: str, args: MDLMConfig) -> None:
+    """The rows hold what the run trains on: text (or prepared student ids), and teacher scores for TRIMS masking."""
+    columns = dataset.column_names
+    if is_prepared(dataset):
+        return
+    if not ({PROMPT, COMPLETION} <= set(columns) or MESSAGES in columns):
+        raise RecipeError(f"dataset_name {source}: no '{PROMPT}' and '{COMPLETION}' (or '{MESSAGES}') columns, only "
+                          f"{', '.join(columns)}; score it with `trims score --prompt-column ... --completion-column ...`.")
+    if args.trajectory_ratio > 0 and not has_teacher_scores(columns, args.metric):
+        raise RecipeError(f"dataset_name {source}: no teacher scores for metric {args.metric} (columns {', '.join(columns)}), "
+                          "which trajectory masking needs; score it with `trims score`, or set trajectory_ratio 0 (MDLM).")
+
+
+def load_data(data_args: DataArguments, args: MDLMConfig) -> tuple[Dataset, Dataset | None]:
+    """The train (and eval) split, with the columns the run needs, before any model loads."""
+    source = data_args.dataset_name
+    splits = {"train_split": data_args.train_split, "eval_split": data_args.eval_split}
+    if Path(source).is_file() and (splits["train_split"] != "train" or splits["eval_split"]):
+        raise RecipeError(f"dataset_name {source} is a single file, so it has one split (train): drop eval_split/"
+                          "train_split, or use a dataset folder or Hub id that has those splits.")
+    loaded: list[Dataset | None] = []
+    for key, split in splits.items():
+        if split is None:
+            loaded.append(None)
+            continue
+        try:
+            dataset = load_source_dataset(source, split)
+        except (ValueError, FileNotFoundError) as error:
+            raise RecipeError(f"{key} {split}: cannot load it from dataset_name {source} ({_one_line(error)}).") from None
+        if len(dataset) == 0:
+            raise RecipeError(f"{key} {split} of dataset_name {source} has no rows.")
+        check_columns(dataset, source, args)
+        loaded.append(dataset)
+    return loaded[0], loaded[1]
+
+
+def load_tokenizer(model_args: ModelArguments) -> Any:
+    """The student's tokenizer, which must define the mask token unless the student's config does."""
+    path, revision = model_args.model_name_or_path, model_args.model_revision
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+    except (OSError, ValueError) as error:
+        raise RecipeError(f"model_name_or_path {path}: cannot load its tokenizer ({_one_line(error)}).") from None
+    config, _ = PreTrainedConfig.get_config_dict(path, revision=revision)
+    if config.get("mask_token_id") is None and tokenizer.mask_token_id is None:
+        raise RecipeError(f"model_name_or_path {path}: no mask token in its config.json or tokenizer; a masked "
+                          "diffusion student needs one.")
+    return tokenizer
+
+
+def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> MDLMTrainer:
+    """Check everything, load data and tokenizer, then the student; train (resuming if asked), save, push if asked."""
+    resume = check_run(model_args, data_args, args)
+    kind = student_kind(model_args)
+    train_dataset, eval_dataset = load_data(data_args, args)
+    tokenizer = load_tokenizer(model_args)
     set_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
-    model = wrap_lora(build_student(model_args, tokenizer), model_args, args.gradient_checkpointing)
-    train_dataset = load_source_dataset(data_args.dataset_name, data_args.train_split)
-    eval_dataset = load_source_dataset(data_args.dataset_name, data_args.eval_split) if data_args.eval_split else None
+    model = wrap_lora(build_student(model_args, kind, tokenizer), model_args, args.gradient_checkpointing)
     trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
     if data_args.decode_eval_task:
         DecodeEvalCallback(data_args.decode_eval_task, tokenizer, data_args.decoding_config(), limit=data_args.decode_eval_limit,
                            data_file=data_args.decode_eval_data_file, trainer=trainer)
-    result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    result = trainer.train(resume_from_checkpoint=resume)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_model()  # with push_to_hub, this also uploads the adapter
@@ -228,4 +464,5 @@ def recipe_help() -> str:
     return HfArgumentParser(RECIPE_TYPES, prog="trims train --config FILE", allow_abbrev=False).format_help()
 
 
-__all__ = ["DataArguments", "ModelArguments", "RecipeError", "parse_recipe", "read_recipe", "recipe_help", "train"]
+__all__ = ["DataArguments", "ModelArguments", "RecipeError", "check_run", "load_data", "parse_recipe", "read_recipe", "recipe_help",
+           "train"]
