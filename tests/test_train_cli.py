@@ -144,7 +144,7 @@ MISTAKES = [
      r"^dataset_name .*plain\.jsonl: no teacher scores for metric nll .*set trajectory_ratio 0"),
     ("data-file-with-eval-split", None, {"dataset_name": "{w}/plain.jsonl", "eval_split": "test"}, [],
      r"^dataset_name .*plain\.jsonl is a single file, so it has one split \(train\)"),
-    ("data-unknown-split", None, {"eval_split": "test"}, [], r"^eval_split test: cannot load it from dataset_name .*scored \(Unknown split"),
+    ("data-unknown-split", None, {"eval_split": "test"}, [], r"^eval_split test: dataset_name .*scored has no split='test' \(Unknown split"),
     ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [], r"^train_split train: cannot load it from dataset_name .*empty"),
     ("output-is-a-file", None, {"output_dir": "{w}/a-file"}, [], r"^output_dir .*a-file: a file, not a folder\.$"),
     ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [], r"^output_dir .*run: .*a-file is a file, not a folder\.$"),

@@ -46,7 +46,7 @@ from ..model_card import trims_model_card
 from ..preparation import is_prepared
 from ..schema import COMPLETION, MESSAGES, PROMPT, has_teacher_scores
 from ..settings import DecodingConfig
-from ..sources import check_dataset_source, check_model_source
+from ..sources import SourceError, check_dataset_source, check_model_source
 from ..students import STUDENTS, detect_student_kind, load_student, prepare_student, student_mask_token_id
 from ..tasks import CodeExecutionDisabled, get_task
 from ..trainer import MDLMTrainer
@@ -403,7 +403,9 @@ def load_data(data_args: DataArguments, args: MDLMConfig) -> tuple[Dataset, Data
             loaded.append(None)
             continue
         try:
-            dataset = load_source_dataset(source, split)
+            dataset = load_source_dataset(source, split, flag="dataset_name")
+        except SourceError as error:
+            raise RecipeError(f"{key} {split}: {error}") from None
         except (ValueError, FileNotFoundError) as error:
             raise RecipeError(f"{key} {split}: cannot load it from dataset_name {source} ({_one_line(error)}).") from None
         if len(dataset) == 0:
