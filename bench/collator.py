@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from trims_hf import TrimsDataCollator
+from trims_hf import MaskingConfig, TrimsDataCollator
 
 
 class _Tokenizer:
@@ -55,8 +55,9 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = prepared_rows(args.batches * args.batch_size, args.length, prompt=128)
     batches = [rows[i:i + args.batch_size] for i in range(0, len(rows), args.batch_size)]
-    trims = TrimsDataCollator(_Tokenizer(), max_length=args.length, pad_to_multiple_of=args.length)
-    mdlm = TrimsDataCollator(_Tokenizer(), max_length=args.length, pad_to_multiple_of=args.length, trajectory_ratio=0.0)
+    trims = TrimsDataCollator(_Tokenizer(), masking=MaskingConfig(padding="max_length"), max_length=args.length)
+    mdlm = TrimsDataCollator(_Tokenizer(), masking=MaskingConfig(padding="max_length", trajectory_ratio=0.0),
+                             max_length=args.length)
     time_collator(trims, batches[:3])  # warm-up
     trims_times, mdlm_times = [], []
     for batch in batches:  # interleaved, so machine noise hits both alike

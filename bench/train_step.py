@@ -29,8 +29,9 @@ def build_trainer(ratio: float, length: int, output_dir: str) -> MDLMTrainer:
     config = LlamaConfig(vocab_size=8000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, max_position_embeddings=length)
     model = prepare_student(LlamaForCausalLM(config), "llada", mask_token_id=_Tokenizer.mask_token_id)
-    args = MDLMConfig(output_dir=output_dir, report_to="none", use_cpu=True, learning_rate=1e-4, max_steps=1)
-    collator = TrimsDataCollator(_Tokenizer(), max_length=length, trajectory_ratio=ratio)
+    args = MDLMConfig(output_dir=output_dir, report_to="none", use_cpu=True, learning_rate=1e-4, max_steps=1,
+                      trajectory_ratio=ratio, max_length=length)
+    collator = TrimsDataCollator(_Tokenizer(), masking=args.masking(), max_length=length)
     trainer = MDLMTrainer(model, args, data_collator=collator)
     trainer.create_optimizer_and_scheduler(num_training_steps=1000)
     return trainer

@@ -18,10 +18,12 @@ from typing import Any, Literal
 from datasets import Dataset
 
 from trims_hf.commands import CommandParser
-from trims_hf.commands.score import SCORING_TYPES, score
+from trims_hf.commands.score import SCORING_TYPES, DataSource, score
 from trims_hf.hub import load_source_dataset
 from trims_hf.schema import COMPLETION, PROMPT, SchemaError
 
+DEFAULT_SOURCE = "simplescaling/s1K"
+QUESTION = "question"
 DEFAULT_TEMPLATE = "<think>\n{trace}\n</think>\n\n{answer}"
 S1K_TRACE_COLUMNS = ("thinking_trajectories", "attempt")  # s1K: a one-element list of traces, and the answer
 S1K_11_TRACE_COLUMNS = {name: (f"{name}_thinking_trajectory", f"{name}_attempt") for name in ("deepseek", "gemini")}
@@ -29,19 +31,22 @@ S1K_11_TRACE_COLUMNS = {name: (f"{name}_thinking_trajectory", f"{name}_attempt")
 
 def trace_columns(column_names: list[str], trace: str) -> tuple[str, str]:
     """Which columns hold the trace and the answer: s1K's, or s1K-1.1's for the chosen ``trace``."""
+    if QUESTION not in column_names:
+        raise SchemaError(f"the --source rows have no '{QUESTION}' column; its columns are {', '.join(column_names)}.")
     if all(c in column_names for c in S1K_TRACE_COLUMNS):
         return S1K_TRACE_COLUMNS
     if all(c in column_names for c in S1K_11_TRACE_COLUMNS[trace]):
         return S1K_11_TRACE_COLUMNS[trace]
-    raise SchemaError(f"row 0: missing fields {S1K_TRACE_COLUMNS} (s1K) or {S1K_11_TRACE_COLUMNS[trace]} (s1K-1.1); "
-                      f"columns are {column_names}.")
+    raise SchemaError(f"the --source rows have neither the columns {', '.join(S1K_TRACE_COLUMNS)} (s1K) nor "
+                      f"{', '.join(S1K_11_TRACE_COLUMNS[trace])} (s1K-1.1 with --trace {trace}); its columns are "
+                      f"{', '.join(column_names)}.")
 
 
 def to_prompt_completion(row: dict[str, Any], trace_column: str, answer_column: str, template: str) -> dict[str, str]:
     """One s1K row as prompt/completion; s1K stores its trace as a one-element list."""
     trace = row[trace_column]
     trace = "\n".join(trace) if isinstance(trace, list) else trace
-    return {PROMPT: row["question"], COMPLETION: template.format(trace=(trace or "").strip(), answer=(row[answer_column] or "").strip())}
+    return {PROMPT: row[QUESTION], COMPLETION: template.format(trace=(trace or "").strip(), answer=(row[answer_column] or "").strip())}
 
 
 def format_s1k(dataset: Dataset, trace: str = "deepseek", template: str = DEFAULT_TEMPLATE) -> Dataset:
@@ -55,21 +60,30 @@ def format_s1k(dataset: Dataset, trace: str = "deepseek", template: str = DEFAUL
 class S1KArguments:
     """Which s1K and how its rows become prompt/completion."""
 
-    source: str = field(default="simplescaling/s1K", metadata={"help": "simplescaling/s1K, simplescaling/s1K-1.1, or a local parquet/jsonl."})
+    source: str = field(default=DEFAULT_SOURCE, metadata={"help": "simplescaling/s1K, simplescaling/s1K-1.1, or a local parquet/jsonl."})
     trace: Literal["deepseek", "gemini"] = field(default="deepseek", metadata={"help": "Which s1K-1.1 trace to use."})
     completion_template: str = field(default=DEFAULT_TEMPLATE, metadata={"help": "Format string with {trace} and {answer}."})
-    limit: int | None = field(default=None, metadata={"help": "Score only the first N rows."})
+
+    def __post_init__(self) -> None:
+        try:
+            self.completion_template.format(trace="", answer="")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError(f"completion_template {self.completion_template!r} is not a format string with only "
+                             f"{{trace}} and {{answer}} ({type(error).__name__}: {error}).") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser((S1KArguments, *SCORING_TYPES), prog="build_s1k_trims.py", description=__doc__)
     parser.set_defaults(output="outputs/s1k-trims", license="mit")  # s1K's card declares MIT
-    s1k, teacher, options, buckets, out = parser.parse(sys.argv[1:] if argv is None else argv)
-    return score(
-        lambda: format_s1k(load_source_dataset(s1k.source, "train", s1k.limit), s1k.trace, s1k.completion_template),
-        teacher, options, buckets, out, source=s1k.source,
-        extra_metadata={"completion_template": s1k.completion_template, "s1k_trace": s1k.trace},
-    )
+    s1k, limit, teacher, options, buckets, out = parser.parse(sys.argv[1:] if argv is None else argv)
+
+    def load() -> Dataset:
+        rows = load_source_dataset(s1k.source, "train", limit.limit, flag="--source")
+        return format_s1k(rows, s1k.trace, s1k.completion_template)
+
+    fields = {PROMPT: f"column '{QUESTION}'", COMPLETION: "the completion built by --completion-template"}
+    return score(load, teacher, options, buckets, out, DataSource("--source", s1k.source, DEFAULT_SOURCE), parser, fields,
+                 extra_metadata={"completion_template": s1k.completion_template, "s1k_trace": s1k.trace})
 
 
 if __name__ == "__main__":

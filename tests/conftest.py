@@ -75,13 +75,3 @@ def synthetic_scored_rows(rows: list[dict], tokenizer, num_buckets: int = 8, see
     for row, part in zip(scored, np.split(buckets, np.cumsum([len(r["teacher_nll"]) for r in scored])[:-1])):
         row["teacher_bucket"] = part.tolist()
     return scored
-
-
-def noised_batch(tokenizer, rows: list[dict], seed: int = 0, **masking) -> dict:
-    """Scored rows -> prepared for ``tokenizer`` -> one TrimsDataCollator batch with ``MaskingConfig(**masking)``."""
-    from datasets import Dataset
-
-    from trims_hf import MaskingConfig, TrimsDataCollator, prepare_dataset
-
-    prepared = list(prepare_dataset(Dataset.from_list(rows), tokenizer))
-    return TrimsDataCollator(tokenizer, masking=MaskingConfig(**masking), seed=seed)(prepared)

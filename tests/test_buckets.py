@@ -8,7 +8,7 @@ from datasets import Dataset
 
 from conftest import synthetic_scored_rows
 from helpers_tokenizers import make_tokenizer
-from trims_hf import equal_mass_buckets, prepare_dataset, project_scores
+from trims_hf import BucketConfig, StudentFormat, equal_mass_buckets, prepare_dataset, project_scores
 
 
 def test_equal_mass_and_orderings():
@@ -56,7 +56,7 @@ def test_projection_rules():
 
 
 def test_different_student_tokenizer_on_gsm8k(gsm8k_rows, tokenizer):
-    """Teacher and student tokenizers differ: totals preserved per row, equal mass over student tokens."""
+    """Teacher and student tokenizers differ: totals preserved per row, equal mass over the scored student tokens."""
     texts = [r["prompt"] + "\n" + r["completion"] for r in gsm8k_rows]
     student = make_tokenizer(texts, vocab_size=300)
     scored = synthetic_scored_rows(gsm8k_rows, tokenizer)
@@ -65,9 +65,101 @@ def test_different_student_tokenizer_on_gsm8k(gsm8k_rows, tokenizer):
     for raw, row in zip(scored, prepared):
         completion_ids = student(raw["completion"], add_special_tokens=False)["input_ids"]
         assert len(row["student_score"]) == len(completion_ids) != len(raw["teacher_nll"])
-        assert sum(row["student_score"]) == pytest.approx(sum(raw["teacher_nll"]), rel=1e-5)
+        assert np.nansum(row["student_score"]) == pytest.approx(sum(raw["teacher_nll"]), rel=1e-5)
         assert len(row["bucket_ids"]) == len(row["input_ids"]) - row["prompt_length"]
         lengths.append(len(completion_ids))
     flat = np.concatenate([row["bucket_ids"][:n] for row, n in zip(prepared, lengths)])
-    counts = np.bincount(flat, minlength=8)
+    scored = ~np.isnan(np.concatenate(prepared["student_score"]))
+    counts = np.bincount(flat[scored], minlength=8)
     assert counts.max() - counts.min() <= 1
+
+
+def scored_by(tokenizer, rows: list[dict], nll_of) -> list[dict]:
+    """Rows scored as the scorer stores them (disjoint spans), with NLLs ``nll_of(positions)``."""
+    from trims_hf.schema import disjoint_spans
+
+    scored = []
+    for row in rows:
+        spans = disjoint_spans(tokenizer(row["completion"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+        nll = np.asarray(nll_of(np.arange(len(spans))), dtype=np.float32)
+        scored.append({**row, "teacher_token_start": [s for s, _ in spans], "teacher_token_end": [e for _, e in spans],
+                       "teacher_nll": nll.tolist(), "teacher_entropy": (nll / 2).tolist()})
+    return scored
+
+
+def test_byte_split_pieces_are_unscored_and_join_their_character(gsm8k_rows, tokenizer):
+    """Issue 10.4: '€' is three bytes; the student's first two pieces own no character and get no teacher score.
+    They must not enter the quantiles as zeros, and take the bucket of the piece that holds the character."""
+    rows = [{"prompt": r["prompt"], "completion": r["completion"].replace("$", "€")} for r in gsm8k_rows[:32]]
+    student = make_tokenizer([r["prompt"] + "\n" + r["completion"] for r in gsm8k_rows], vocab_size=300)
+    rng = np.random.default_rng(0)
+    prepared = prepare_dataset(Dataset.from_list(scored_by(tokenizer, rows, lambda p: rng.exponential(size=p.size))), student)
+    scores, ids, first_pieces = [], [], []
+    for raw, row in zip(rows, prepared):
+        starts = [s for s, _ in student(raw["completion"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+        split = np.array([a == b for a, b in zip(starts, starts[1:])] + [False])  # the next piece starts at the same character
+        score, bucket = np.asarray(row["student_score"]), np.asarray(row["bucket_ids"][: len(starts)])
+        np.testing.assert_array_equal(np.isnan(score), split)
+        for i in np.flatnonzero(split):
+            assert bucket[i] == bucket[i + 1]
+        scores.append(score[~split])
+        ids.append(bucket[~split])
+        first_pieces.append(split.sum())
+    assert sum(first_pieces) > 50  # the case really occurs
+    flat = np.concatenate(scores)
+    expected, _ = equal_mass_buckets(flat, 8)
+    np.testing.assert_array_equal(np.concatenate(ids), expected)  # the quantiles are those of the scored tokens alone
+
+
+def test_a_tail_the_teacher_did_not_score_is_unscored(gsm8k_rows, tokenizer):
+    """Issue 10.4: a teacher truncated after half the completion scores no tail; the student's tail tokens
+    stay out of the quantiles and go to the easiest bucket."""
+    student = make_tokenizer([r["prompt"] + "\n" + r["completion"] for r in gsm8k_rows], vocab_size=300)
+    scored = scored_by(tokenizer, gsm8k_rows[:20], lambda p: 1.0 + np.random.default_rng(len(p)).exponential(size=p.size))
+    for row in scored:  # as `trims score --truncate` writes a row cut to its first half
+        half = len(row["teacher_nll"]) // 2
+        for name in ("teacher_token_start", "teacher_token_end", "teacher_nll", "teacher_entropy"):
+            row[name] = row[name][:half]
+    prepared = prepare_dataset(Dataset.from_list(scored), student)
+    in_quantiles = []
+    for raw, row in zip(scored, prepared):
+        starts = np.array([s for s, _ in student(raw["completion"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]])
+        tail = starts >= raw["teacher_token_end"][-1]
+        score, bucket = np.asarray(row["student_score"]), np.asarray(row["bucket_ids"][: len(starts)])
+        assert tail.sum() > 5 and np.isnan(score[tail]).all() and (bucket[tail] == 7).all()
+        in_quantiles.append(bucket[~np.isnan(score)])
+    counts = np.bincount(np.concatenate(in_quantiles), minlength=8)
+    assert counts.max() - counts.min() <= 1
+
+
+@pytest.mark.parametrize("quantile_tokens", ["kept", "all"])
+def test_quantiles_over_kept_or_all_student_tokens(gsm8k_rows, tokenizer, quantile_tokens):
+    """Issue 10.4: with max_length cutting every completion, 'kept' cuts equal mass over the trained tokens;
+    'all' over whole completions (harder tails then crowd the hard buckets out of the kept tokens)."""
+    rows = scored_by(tokenizer, [{"prompt": "Q", "completion": r["completion"]} for r in gsm8k_rows[:24]],
+                     lambda p: p / 10.0)  # later tokens are harder
+    prepared = prepare_dataset(Dataset.from_list(rows), tokenizer, StudentFormat(max_length=64),
+                               BucketConfig(num_buckets=4, quantile_tokens=quantile_tokens))
+    kept = [len(row["student_score"]) for row in prepared]
+    assert all(k < len(r["teacher_nll"]) for k, r in zip(kept, rows))  # every row is cut
+    over = [r["teacher_nll"][:k] if quantile_tokens == "kept" else r["teacher_nll"] for r, k in zip(rows, kept)]
+    expected, _ = equal_mass_buckets(np.concatenate(over), 4)
+    expected = [part[:k] for part, k in zip(np.split(expected, np.cumsum([len(o) for o in over])[:-1]), kept)]
+    for row, ids, k in zip(prepared, expected, kept):
+        np.testing.assert_array_equal(row["bucket_ids"][:k], ids)
+    counts = np.bincount(np.concatenate([row["bucket_ids"][:k] for row, k in zip(prepared, kept)]), minlength=4)
+    if quantile_tokens == "kept":
+        assert counts.max() - counts.min() <= 1
+    else:
+        assert counts[0] < counts[3] / 2
+
+
+def test_tokens_outside_the_quantiles_follow_the_thresholds():
+    from trims_hf.buckets import threshold_buckets
+
+    scores = np.arange(10.0)
+    ids, thresholds = equal_mass_buckets(scores, 5)  # thresholds 8, 6, 4, 2: the first score of buckets 1..4
+    np.testing.assert_array_equal(threshold_buckets(scores, thresholds, "hard_to_easy"), ids)
+    np.testing.assert_array_equal(threshold_buckets(np.array([100.0, 8.5, -3.0]), thresholds, "hard_to_easy"), [0, 0, 4])
+    up, up_thresholds = equal_mass_buckets(scores, 5, "easy_to_hard")
+    np.testing.assert_array_equal(threshold_buckets(scores, up_thresholds, "easy_to_hard"), up)

@@ -70,4 +70,28 @@ def test_wrong_schema_is_refused_without_output(gsm8k_rows, teacher_dir, tmp_pat
     Dataset.from_list([{"question": "q", "answer": "a"}]).to_json(str(source))
     out = tmp_path / "out"
     assert build_s1k_trims.main(["--source", str(source), "--teacher", str(teacher_dir), "--output", str(out)]) == 2
-    assert "row 0: missing fields" in capsys.readouterr().err and not out.exists()
+    assert "error: the --source rows have neither the columns thinking_trajectories, attempt (s1K)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--source", "{tmp}/missing.parquet"], "--source {tmp}/missing.parquet: no such file or folder."),
+    (["--completion-template", "{trace} {oops}"],
+     "--completion-template '{{trace}} {{oops}}' is not a format string with only {{trace}} and {{answer}} (KeyError: "
+     "'oops'). (see `build_s1k_trims.py --help`)"),
+    (["--limit", "-1"], "--limit -1: must be at least 1. (see `build_s1k_trims.py --help`)"),
+    ([], "--source simplescaling/s1K (the default): not a local path and not in the Hugging Face cache, and "
+         "HF_HUB_OFFLINE is set; pass a local .jsonl/.json/.parquet file or dataset folder to --source."),
+])
+def test_mistakes_are_one_line_in_flag_terms(flags, expected, teacher_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    out = tmp_path / "out"
+    flags = [flag.replace("{tmp}", str(tmp_path)) for flag in flags]
+    try:
+        code = build_s1k_trims.main(["--teacher", str(teacher_dir), "--output", str(out), *flags])
+    except SystemExit as exit:  # a flag the parser rejects ends the script like any argparse error
+        code = exit.code
+    assert code == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")] == [
+        "error: " + expected.format(tmp=tmp_path)]
+    assert list(tmp_path.iterdir()) == []

@@ -8,12 +8,14 @@ from datasets import Dataset
 from peft import get_peft_model
 from transformers import TrainerCallback
 
-from trims_hf import MDLMConfig, MDLMTrainer, lora_config
+from trims_hf import MDLMConfig, MDLMTrainer, evaluate_task, lora_config
 from trims_hf.callbacks import DecodeEvalCallback
 from trims_hf.generation import DecodingConfig
+from trims_hf.tasks import TaskDataError
 
 GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
-NAMES = ("eval_gsm8k_accuracy", "eval_gsm8k_tokens_per_step", "eval_gsm8k_tokens_per_second", "eval_gsm8k_nfe")
+NAMES = ("eval_gsm8k_accuracy", "eval_gsm8k_num_samples", "eval_gsm8k_tokens_per_step", "eval_gsm8k_tokens_per_second",
+         "eval_gsm8k_nfe")
 
 
 class TrackerSpy(TrainerCallback):
@@ -51,8 +53,14 @@ def test_metrics_logged_through_trainer_for_peft_student(tmp_path, tokenizer, gs
     decoded = [entry for entry in trainer.state.log_history if "eval_gsm8k_accuracy" in entry]
     assert [entry["step"] for entry in decoded] == [1, 2]
     for entry in decoded:
-        assert set(NAMES) <= set(entry) and 0 <= entry["eval_gsm8k_accuracy"] <= 1
+        assert set(NAMES) <= set(entry) and entry["eval_gsm8k_num_samples"] == 2
         assert entry["eval_gsm8k_tokens_per_step"] > 0 and entry["eval_gsm8k_nfe"] >= 2
+    # The last decode ran on the final weights: decoding them directly gives the logged numbers.
+    direct = evaluate_task(model.eval(), tokenizer, "gsm8k", DecodingConfig(gen_length=16, block_length=16), limit=2,
+                           data_file=GSM8K_TEST, progress=False)
+    assert decoded[-1]["eval_gsm8k_accuracy"] == direct.accuracy
+    assert decoded[-1]["eval_gsm8k_tokens_per_step"] == pytest.approx(direct.tokens_per_step)
+    assert decoded[-1]["eval_gsm8k_nfe"] == direct.nfe
     assert sum("eval_gsm8k_tokens_per_step" in logs for logs in spy.logged) == 2
     assert "eval_gsm8k_accuracy" in trainer.evaluate()  # usable as metric_for_best_model
 
@@ -76,3 +84,11 @@ def test_needs_its_trainer(tmp_path, tokenizer, gsm8k_rows):
     trainer.add_callback(orphan)
     with pytest.raises(RuntimeError, match="attach"):
         trainer.evaluate()
+
+
+def test_bad_task_data_fails_at_construction(tmp_path, tokenizer):
+    """The examples are read once, when the callback is built: a wrong file fails before training starts."""
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    with pytest.raises(TaskDataError, match="row 0 has no field 'question'"):
+        DecodeEvalCallback("gsm8k", tokenizer, limit=2, data_file=str(wrong))

@@ -28,8 +28,8 @@ def prepared(scored, tokenizer):
 
 def test_batch_layout(scored, prepared, tokenizer):
     out = collator(tokenizer)(prepared[:4])
-    ids, labels, response = out["input_ids"], out["labels"], out["response_mask"]
-    assert ids.shape == labels.shape == response.shape == out["attention_mask"].shape
+    ids, labels, masked = out["input_ids"], out["labels"], out["masked"]
+    assert ids.shape == labels.shape == masked.shape == out["attention_mask"].shape
     assert out["loss_weights"].shape == out["t"].shape == out["is_trajectory"].shape == (4,)
     for b, row in enumerate(scored[:4]):
         text = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=False)
@@ -37,12 +37,11 @@ def test_batch_layout(scored, prepared, tokenizer):
         completion_ids = tokenizer(row["completion"], add_special_tokens=False)["input_ids"]
         p, c = len(prompt_ids), len(completion_ids)
         assert torch.equal(ids[b, :p], torch.tensor(prompt_ids))  # the prompt is never masked
-        assert not response[b, :p].any() and response[b, p:].all()  # EOS padding is in the loss
-        clean = torch.where(labels[b] != -100, labels[b], ids[b])
-        assert clean[p:p + c].tolist() == completion_ids
-        assert torch.all(clean[p + c:] == tokenizer.eos_token_id)  # end of response + padding
-        masked = ids[b] == tokenizer.mask_token_id
-        assert torch.equal(masked, labels[b] != -100)
+        assert torch.all(labels[b, :p] == -100)  # nor counted by the normaliser
+        assert labels[b, p:p + c].tolist() == completion_ids  # labels: the clean response, EOS padding included
+        assert torch.all(labels[b, p + c:] == tokenizer.eos_token_id)  # end of response + padding
+        assert torch.equal(ids[b] == tokenizer.mask_token_id, masked[b])
+        assert torch.equal(ids[b][~masked[b]], torch.where(labels[b] != -100, labels[b], ids[b])[~masked[b]])
 
 
 def test_prepared_buckets_equal_teacher_buckets_for_same_tokenizer(scored, prepared):
@@ -54,8 +53,28 @@ def test_prepared_buckets_equal_teacher_buckets_for_same_tokenizer(scored, prepa
         assert row["bucket_ids"][len(raw["teacher_bucket"]):] == [7]  # end of response: easiest bucket
 
 
+@pytest.mark.parametrize("ordering", ["hard_to_easy", "easy_to_hard", "random"])
+def test_end_of_response_and_padding_are_revealed_last_under_every_ordering(scored, tokenizer, ordering):
+    masking = MaskingConfig(bucket_ordering=ordering, trajectory_ratio=1.0, p_context=0.0, p_future=1.0)
+    rows = list(prepare_dataset(Dataset.from_list(scored[:8]), tokenizer, buckets=masking))
+    ends = [row["bucket_ids"][len(raw["teacher_nll"]):] for row, raw in zip(rows, scored)]
+    assert all(end == [7] for end in ends)  # the one end-of-response token of each row
+    tails = []
+    for seed in range(6):
+        out = TrimsDataCollator(tokenizer, masking=masking, seed=seed)(rows)
+        for b, row in enumerate(rows):
+            start = row["prompt_length"]
+            masked = out["masked"][b, start:]
+            buckets = torch.full_like(masked, 7, dtype=torch.long)  # end of response and EOS padding: bucket K - 1
+            buckets[:len(row["bucket_ids"])] = torch.tensor(row["bucket_ids"])
+            # the masked set is the tokens above one threshold k, the tail included
+            assert any(torch.equal(masked, buckets > k) for k in range(-1, 8)), (ordering, seed, b)
+            tails.append(bool(masked[len(row["bucket_ids"]) - 1:].all()))
+    assert 0 < sum(tails) < len(tails)  # the tail is masked unless k = K - 1
+
+
 def test_truncation_keeps_buckets_aligned_and_equal_mass_over_kept_tokens(scored, prepared, tokenizer):
-    cut = max(row["prompt_length"] for row in prepared) + 5
+    cut = max(row["prompt_length"] for row in prepared) + 40
     rows = list(prepare_dataset(Dataset.from_list(scored), tokenizer, StudentFormat(max_length=cut)))
     assert all(len(row["input_ids"]) <= cut for row in rows)
     assert [row["input_ids"] for row in rows] == [row["input_ids"][:cut] for row in prepared]
@@ -63,16 +82,19 @@ def test_truncation_keeps_buckets_aligned_and_equal_mass_over_kept_tokens(scored
     counts = np.bincount(np.concatenate([row["bucket_ids"][: len(row["student_score"])] for row in rows]), minlength=8)
     assert counts.max() - counts.min() <= 1  # quantiles over the tokens training sees, not whole completions
     assert kept.size and 7 in kept
-    row = next(row for row in rows if len(row["input_ids"]) == cut)
-    buckets = row["bucket_ids"]
-    for draw in range(20):
+    row = min((row for row in rows if len(row["input_ids"]) == cut), key=lambda row: row["prompt_length"])
+    buckets = torch.tensor(row["bucket_ids"])
+    assert len(buckets) >= 40 and len(set(row["bucket_ids"])) == 8
+    thresholds = set()
+    for draw in range(30):
         out = collator(tokenizer, seed=draw, trajectory_ratio=1.0, p_context=0.0, p_future=1.0)([row])
         assert out["input_ids"].shape[1] == cut
-        masked = (out["labels"][0] != -100)[row["prompt_length"]:]
-        # k is unknown but the masked set must be exactly the tokens above some threshold bucket
-        masked_buckets = {b for b, m in zip(buckets, masked.tolist()) if m}
-        kept_buckets = {b for b, m in zip(buckets, masked.tolist()) if not m}
-        assert not masked_buckets or not kept_buckets or min(masked_buckets) > max(kept_buckets)
+        masked = out["masked"][0, row["prompt_length"]:]
+        # Exactly the tokens above the sampled threshold bucket k: the buckets are aligned with the kept tokens.
+        matching = [k for k in range(8) if torch.equal(masked, buckets > k)]
+        assert len(matching) == 1, draw
+        thresholds.add(matching[0])
+    assert len(thresholds) >= 4  # k really varies
 
 
 def test_ratio_zero_is_plain_mdlm_and_needs_no_scores(gsm8k_rows, prepared, tokenizer):
@@ -94,7 +116,6 @@ def test_reproducible_and_trajectory_share(prepared, tokenizer):
     first = a(prepared[:8])
     assert torch.equal(first["input_ids"], b(prepared[:8])["input_ids"])  # same seed, epoch and rows: same masks
     assert not torch.equal(collator(tokenizer, seed=12)(prepared[:8])["input_ids"], first["input_ids"])
-    assert not torch.equal(a(prepared[1:9])["input_ids"][:7], first["input_ids"][1:])  # other batch: fresh draw
     b.epoch = 1
     assert not torch.equal(b(prepared[:8])["input_ids"], first["input_ids"])  # next epoch: fresh draw
     flags = []
@@ -103,6 +124,40 @@ def test_reproducible_and_trajectory_share(prepared, tokenizer):
         flags.append(a(prepared[:32])["is_trajectory"])
     flags = torch.cat(flags)
     assert abs(flags.float().mean().item() - 0.1) < 5 * (0.09 / len(flags)) ** 0.5
+
+
+def test_a_rows_noise_does_not_depend_on_its_batch_mates(prepared, tokenizer):
+    fixed = TrimsDataCollator(tokenizer, masking=MaskingConfig(padding="max_length"), max_length=1024, seed=3)
+    whole = fixed(prepared[:8])
+    assert whole["input_ids"].shape == (8, 1024)
+    shifted = fixed(prepared[1:9])  # same widths: rows 1..7 of one batch are rows 0..6 of the other
+    for key in whole:
+        assert torch.equal(whole[key][1:], shifted[key][:7]), key
+    longest = TrimsDataCollator(tokenizer, seed=3)  # pairs padded to their own longest row: same draws where real
+    for start in range(0, 8, 2):
+        pair = longest(prepared[start:start + 2])
+        for b, row in enumerate(prepared[start:start + 2]):
+            n = len(row["input_ids"])
+            assert torch.equal(pair["input_ids"][b, :n], whole["input_ids"][start + b, :n])
+            assert pair["t"][b] == whole["t"][start + b]
+    assert len(set(whole["t"].tolist())) == 8  # each row has its own draw
+    twin = {**prepared[0], "example_id": 1000}  # the same tokens under another id: another draw
+    assert fixed([twin])["t"][0] != whole["t"][0]
+
+
+def test_padding_to_max_length(prepared, tokenizer):
+    with pytest.raises(ValueError, match="padding='max_length' needs the collator's max_length"):
+        TrimsDataCollator(tokenizer, masking=MaskingConfig(padding="max_length"))
+    short = TrimsDataCollator(tokenizer, masking=MaskingConfig(padding="max_length"), max_length=200)
+    longest_row = max(prepared[:8], key=lambda row: len(row["input_ids"]))
+    with pytest.raises(SchemaError, match=rf"row {longest_row['example_id']}: {len(longest_row['input_ids'])} tokens, "
+                                          "more than max_length=200"):
+        short(prepared[:8])
+    rounded = TrimsDataCollator(tokenizer, masking=MaskingConfig(padding="max_length", pad_to_multiple_of=64),
+                                max_length=1000)
+    assert rounded(prepared[:2])["input_ids"].shape == (2, 1024)
+    with pytest.raises(ValueError, match="padding='middle'; choose one of longest, max_length"):
+        MaskingConfig(padding="middle")
 
 
 def test_fixed_subset_needs_example_id(prepared, tokenizer):

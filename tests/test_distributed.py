@@ -33,25 +33,41 @@ def free_port() -> int:
 
 
 def run(command: list[str], cwd: Path = TESTS) -> None:
-    path = os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}  # this checkout's trims_hf, whatever is installed
+    # This checkout's trims_hf (not whichever is installed) and the test helpers.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
-    single, ddp = tmp_path / "single", tmp_path / "ddp"
-    single.mkdir(), ddp.mkdir()
-    run([sys.executable, str(SCRIPT), str(single), "8"])
+METRICS = ("loss", "mask_ratio", "trajectory_share", "loss_standard", "loss_trajectory")
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("single")
+    run([sys.executable, str(SCRIPT), str(out), "8", "1"])
+    return torch.load(out / "rank0.pt")
+
+
+@pytest.mark.parametrize("per_device,accumulation", [(4, 1), (2, 2)])
+def test_two_processes_match_one_with_the_same_global_batch(tmp_path, single_process, per_device, accumulation):
+    """Rows of different lengths, not pre-padded: 1 x 8 == 2 processes x 4 == 2 processes x 2 x GA 2."""
     run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-         str(SCRIPT), str(ddp), "4"])
-    reference = torch.load(single / "rank0.pt")
-    ranks = [torch.load(ddp / f"rank{rank}.pt") for rank in (0, 1)]
-    assert reference["world_size"] == 1 and ranks[0]["world_size"] == 2
-    assert ranks[0]["losses"] == pytest.approx(reference["losses"], rel=1e-5) and len(reference["losses"]) == 3
+         str(SCRIPT), str(tmp_path), str(per_device), str(accumulation)])
+    reference = single_process
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    assert reference["world_size"] == 1 and ranks[0]["world_size"] == 2 and len(reference["logs"]) == 3
+    for expected, logged in zip(reference["logs"], ranks[0]["logs"], strict=True):
+        for name in METRICS:
+            assert (name in logged) == (name in expected), name
+            if name in expected:
+                assert logged[name] == pytest.approx(expected[name], rel=1e-5), name
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # DDP kept the replicas identical
     assert torch.allclose(ranks[0]["weights"], reference["weights"], atol=1e-5)
+    # The statistics cross processes once per log, not at every micro-step.
+    assert ranks[0]["reductions"] == ranks[1]["reductions"] == len(ranks[0]["logs"])
+    assert reference["reductions"] == 0
 
 
 # Set in zero2.json (filled from TrainingArguments); accelerate refuses them in the YAML as well.
@@ -80,21 +96,19 @@ def test_zero2_configuration():
     assert filled.config["train_micro_batch_size_per_gpu"] == 1 and filled.config["gradient_clipping"] == 1.0
 
 
-def test_zero2_step_on_cpu_matches_one_process(tmp_path):
+def test_zero2_steps_on_cpu_match_one_process(tmp_path, single_process):
     """The shipped zero2.yaml/zero2.json, launched as users do (only --num_processes 2), on DeepSpeed's CPU
     accelerator (gloo + its shared-memory allreduce): ZeRO-2 trains, and its steps equal one process's."""
-    single, zero2 = tmp_path / "single", tmp_path / "zero2"
-    single.mkdir(), zero2.mkdir()
-    run([sys.executable, str(SCRIPT), str(single), "8"])
     run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE / "zero2.yaml"),
-         "--num_processes", "2", "--main_process_port", str(free_port()), str(SCRIPT), str(zero2), "4"],
+         "--num_processes", "2", "--main_process_port", str(free_port()), str(SCRIPT), str(tmp_path), "4", "1"],
         cwd=TESTS.parent)  # zero2.yaml names zero2.json from the repository root, where users launch
-    reference = torch.load(single / "rank0.pt")
-    ranks = [torch.load(zero2 / f"rank{rank}.pt") for rank in (0, 1)]
+    reference = single_process
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     assert reference["zero_stage"] is None and [r["zero_stage"] for r in ranks] == [2, 2]
     assert ranks[0]["world_size"] == 2
-    assert all(math.isfinite(loss) for loss in ranks[0]["losses"]) and len(ranks[0]["losses"]) == 3
-    assert ranks[0]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    losses = [log["loss"] for log in ranks[0]["logs"]]
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
+    assert losses == pytest.approx([log["loss"] for log in reference["logs"]], rel=1e-5)
     assert not torch.allclose(ranks[0]["weights"], ranks[0]["initial"], atol=1e-3)  # the steps moved the weights
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
     assert torch.allclose(ranks[0]["weights"], reference["weights"], atol=1e-5)

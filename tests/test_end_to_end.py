@@ -27,7 +27,8 @@ def test_score_folder_collate_train(tmp_path, tokenizer):
 
     prepared = prepare_dataset(scored, student_tokenizer)
     flat = np.concatenate([row["bucket_ids"][:-1] for row in prepared])  # minus the end-of-response token
-    counts = np.bincount(flat, minlength=8)
+    scored_tokens = ~np.isnan(np.concatenate(prepared["student_score"]))  # byte pieces of a split character have none
+    counts = np.bincount(flat[scored_tokens], minlength=8)
     assert counts.max() - counts.min() <= 1
 
     model = tiny_student(student_tokenizer, "dream")
@@ -44,9 +45,12 @@ def test_score_folder_collate_train(tmp_path, tokenizer):
     collator = TrimsDataCollator(student_tokenizer, masking=MaskingConfig(trajectory_ratio=1.0, p_context=0.0, p_future=1.0))
     rows = list(prepared.select(range(4)))
     batch = collator(rows)
+    split = 0
     for b, row in enumerate(rows):
         start, buckets = row["prompt_length"], torch.tensor(row["bucket_ids"])
-        masked = batch["labels"][b, start:start + len(buckets)] != -100
+        masked = batch["masked"][b, start:start + len(buckets)]
         k = int(buckets[~masked].max()) if (~masked).any() else -1  # the largest context bucket
         assert masked.any() or k == 7
         assert torch.equal(masked, buckets > k), (b, k)  # an upper set of buckets, not a random subset
+        split += bool(0 < masked.sum() < len(masked))
+    assert split >= 2  # rows with both context and future tokens: the check above is not vacuous

@@ -1,19 +1,28 @@
-"""``trims eval`` end to end on a tiny saved student, its sweep output, and its input errors."""
+"""``trims eval`` end to end on a tiny saved student: result files, sweeps, resuming, and every input error
+(one ``error:`` line, exit code 2, before any model loads, nothing written)."""
 
 from __future__ import annotations
 
 import json
+import time
+from typing import get_args
 
 import pytest
 from conftest import SHARED, tiny_student
 from peft import get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
 
+import trims_hf.evaluation as evaluation
+import trims_hf.students as students
 from trims_hf import lora_config
 from trims_hf.cli import main
+from trims_hf.commands.eval import StudentKind
 from trims_hf.tasks.sandbox import resolve_isolation
 
 GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
+MBPP = str(SHARED / "data" / "mbpp" / "mbpp.jsonl")
 SMALL = ["--gen-length", "32", "--block-length", "16", "--limit", "3", "--no-progress"]
+TIMINGS = {"decode_time_s", "wall_time_s", "tokens_per_second"}
 
 
 @pytest.fixture(scope="module")
@@ -24,30 +33,63 @@ def saved_student(tmp_path_factory, tokenizer) -> str:
     return str(folder)
 
 
+@pytest.fixture(scope="module")
+def plain_llama(tmp_path_factory, tokenizer) -> str:
+    """A Llama causal LM folder as transformers saves it: no student mark, no mask id in its config."""
+    folder = tmp_path_factory.mktemp("llama")
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, tokenizer) -> str:
+    folder = tmp_path_factory.mktemp("adapter")
+    get_peft_model(tiny_student(tokenizer), lora_config(tiny_student(tokenizer), r=4)).save_pretrained(folder)
+    return str(folder)
+
+
+def read(path) -> list[dict]:
+    payload = json.loads(path.read_text())
+    assert set(payload) == {"units", "results"} and "fraction" in payload["units"]["accuracy"]
+    return payload["results"]
+
+
+def without_timings(result: dict) -> dict:
+    samples = [{k: v for k, v in s.items() if k != "decode_time_s"} for s in result["samples"]]
+    return {k: v for k, v in result.items() if k not in TIMINGS} | {"samples": samples}
+
+
 def test_eval_writes_result_json(saved_student, tmp_path, capsys):
     output = tmp_path / "results.json"
     code = main(["eval", "--model", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST,
                  "--output", str(output), *SMALL])
     assert code == 0
-    result = json.loads(output.read_text())
+    (result,) = read(output)  # one result: the same schema as a sweep
     assert result["task"] == "gsm8k" and result["model"] == saved_student and result["num_samples"] == 3
-    assert 0 <= result["accuracy"] <= 1 and result["tokens_per_second"] > 0
+    assert result["accuracy"] == sum(s["correct"] for s in result["samples"]) / 3 and result["tokens_per_second"] > 0
     assert result["nfe"] == sum(s["nfe"] for s in result["samples"]) >= 3
     assert result["tokens_per_step"] == pytest.approx(result["generated_tokens"] / result["nfe"])
     assert [s["prompt_id"] for s in result["samples"]] == ["0", "1", "2"]
+    gold = [json.loads(line)["answer"].rsplit("#### ", 1)[1] for line in open(GSM8K_TEST).readlines()[:3]]
+    assert [s["reference"] for s in result["samples"]] == gold
+    assert "Janet" in result["samples"][0]["prompt"] and result["samples"][0]["prompt"].startswith("<|user|>")
     assert result["prompt_format"]["template"] == "chat_template" and result["early_stop"] is True
     assert result["decoding"]["gen_length"] == 32 and result["decoding"]["threshold"] == 0.9
-    assert "Tokens/step" in capsys.readouterr().out
+    assert set(result["versions"]) == {"trims_hf", "torch", "transformers", "peft", "datasets"}
+    assert "gsm8k Acc (%, n=3)" in capsys.readouterr().out
+    assert not output.with_suffix(".progress.jsonl").exists()  # the per-problem records live in the results now
 
 
-def test_eval_sweep_with_adapter_prints_table_and_writes_plot(saved_student, tokenizer, tmp_path, capsys):
-    adapter = tmp_path / "adapter"
-    get_peft_model(tiny_student(tokenizer), lora_config(tiny_student(tokenizer), r=4)).save_pretrained(adapter)
+def test_eval_sweep_with_adapter_prints_table_and_writes_plot(saved_student, adapter, tmp_path, capsys):
     output = tmp_path / "sweep" / "results.json"
-    code = main(["eval", "--model", saved_student, "--adapter", str(adapter), "--task", "gsm8k",
+    code = main(["eval", "--model", saved_student, "--adapter", adapter, "--task", "gsm8k",
                  "--data-file", GSM8K_TEST, "--output", str(output), "--sweep", "0.5,0.95", "--no-early-stop", *SMALL])
     assert code == 0
-    results = json.loads(output.read_text())["results"]
+    results = read(output)
     assert [r["decoding"]["threshold"] for r in results] == [0.5, 0.95]
     assert all(r["early_stop"] is False and r["nfe"] >= 3 * 2 for r in results)  # two blocks each, no early stop
     assert results[0]["model"] == f"{saved_student} + {adapter}"
@@ -56,20 +98,185 @@ def test_eval_sweep_with_adapter_prints_table_and_writes_plot(saved_student, tok
     assert "| threshold 0.5 |" in out and "| threshold 0.95 |" in out and "early stop: off" in out
 
 
-@pytest.mark.parametrize("arguments,message", [
-    (["--task", "humaneval"], "--allow-code-execution"),
-    (["--task", "gsm8k", "--data-file", "missing.jsonl"], "data file not found"),
-    (["--task", "gsm8k", "--gen-length", "30"], "multiple of block_length"),
-])
-def test_eval_input_errors(tmp_path, capsys, arguments, message):
-    code = main(["eval", "--model", str(tmp_path / "never-loaded"), "--output", str(tmp_path / "r.json"), *arguments])
-    assert code == 2 and message in capsys.readouterr().err
-    assert not (tmp_path / "r.json").exists()
+def test_interrupted_eval_resumes_to_the_uninterrupted_result(saved_student, tmp_path, capsys, monkeypatch):
+    arguments = ["eval", "--model", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST, *SMALL]
+    assert main([*arguments, "--output", str(tmp_path / "whole.json")]) == 0
+    output = tmp_path / "part" / "results.json"
+    decode, calls = evaluation.generate_text, []
+
+    def interrupted_at_the_second_problem(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "generate_text", interrupted_at_the_second_problem)
+    capsys.readouterr()
+    assert main([*arguments, "--output", str(output)]) == 130
+    records = output.with_suffix(".progress.jsonl")
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]  # after the weight-loading progress bar
+    assert last_line == f"error: interrupted: 1 of 3 gsm8k problems (threshold 0.9) saved in {records}; rerun the same " \
+                        "command to resume."
+    assert not output.exists() and len(records.read_text().splitlines()) == 1
+    monkeypatch.setattr(evaluation, "generate_text", decode)
+    assert main([*arguments, "--output", str(output)]) == 0
+    assert "resuming: 1 of 3 gsm8k problems done" in capsys.readouterr().err
+    assert without_timings(read(output)[0]) == without_timings(read(tmp_path / "whole.json")[0])
+    assert not records.exists()
 
 
-def test_eval_unknown_task(capsys):
-    assert main(["eval", "--model", "m", "--task", "gsm9k", "--output", "r.json"]) == 2
-    assert capsys.readouterr().err.startswith("error: --task gsm9k: unknown task 'gsm9k'")
+def test_interrupt_before_the_first_problem_writes_nothing(saved_student, tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluation, "generate_text", interrupted)
+    output = tmp_path / "out" / "results.json"
+    assert main(["eval", "--model", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST, "--output", str(output),
+                 *SMALL]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "error: interrupted before the first problem was graded; nothing was written."
+    assert not (tmp_path / "out").exists()
+
+
+def test_plain_causal_lm_runs_with_model_kind_and_the_tokenizers_mask(plain_llama, tokenizer, tmp_path):
+    output = tmp_path / "llama.json"
+    code = main(["eval", "--model", plain_llama, "--model-kind", "dream", "--task", "gsm8k", "--data-file", GSM8K_TEST,
+                 "--output", str(output), *SMALL[:4], "--limit", "1", "--no-progress"])
+    assert code == 0 and read(output)[0]["num_samples"] == 1
+
+
+def test_model_kind_choices_are_the_student_registry():
+    assert sorted(get_args(StudentKind)) == sorted(students.STUDENTS)
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Input errors must be found before any weight is read."""
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input error was found")
+
+    monkeypatch.setattr(students, "load_student", never)
+    monkeypatch.setattr(students.AutoModelForCausalLM, "from_pretrained", never)
+
+
+def unreachable_hub(monkeypatch):
+    import huggingface_hub
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("Failed to resolve 'huggingface.co'")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", refuse)
+
+
+def hub_offline(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+def no_cuda(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+# (flags after --model/--output, expected error line without "error: "; {model}, {llama}, {tmp}, {adapter} filled in)
+ERRORS = {
+    "missing model path": (["--model", "./no-such-model", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                           "--model ./no-such-model: no such file or folder.", None),
+    "model id, Hub unreachable": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                                  "--model me/student: not a local path, and the Hugging Face Hub is unreachable "
+                                  "(Failed to resolve 'huggingface.co'); pass a local model folder or .gguf file to --model.",
+                                  unreachable_hub),
+    "model id, offline mode": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                               "--model me/student: not a local path and not in the Hugging Face cache, and HF_HUB_OFFLINE "
+                               "is set; pass a local model folder or .gguf file to --model.", hub_offline),
+    "task data, Hub unreachable": (["--task", "gsm8k"],
+                                   "--task gsm8k reads openai/gsm8k: not a local path, and the Hugging Face Hub is "
+                                   "unreachable (Failed to resolve 'huggingface.co'); pass a local copy of the benchmark "
+                                   "with --data-file.", unreachable_hub),
+    "plain Llama": (["--model", "{llama}", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                    "--model {llama} is a plain causal LM ('llama'); say how it was trained as a diffusion student: "
+                    "--model-kind llada (logits unshifted) or --model-kind dream (logits shifted by one).", None),
+    "no mask id anywhere": (["--model", "{llama}", "--model-kind", "llada", "--tokenizer", "{tmp}/no-mask-tokenizer",
+                             "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                            "--model {llama}: no mask token id in its config or tokenizer; pass --mask-token-id.", None),
+    "mask id outside the vocabulary": (["--mask-token-id", "4000", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                                       "--mask-token-id 4000: mask token id 4000 is outside the vocabulary (400 tokens) "
+                                       "of --model {model}.", None),
+    "model folder is an adapter": (["--model", "{adapter}", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                                   "--model {adapter} is a peft adapter; pass it to --adapter and its base model to --model.",
+                                   None),
+    "missing adapter": (["--adapter", "./no-such-adapter", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                        "--adapter ./no-such-adapter: no such file or folder.", None),
+    "adapter folder without adapter_config.json": (["--adapter", "{model}", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                                                   "--adapter {model}: the folder has no adapter_config.json (a full model "
+                                                   "goes to --model).", None),
+    "missing tokenizer": (["--tokenizer", "./no-such-tokenizer", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                          "--tokenizer ./no-such-tokenizer: no such file or folder.", None),
+    "unknown task": (["--task", "gsm9k"],
+                     "--task gsm9k: unknown task 'gsm9k'; known tasks: gsm8k, humaneval, math500, mbpp", None),
+    "code task without the opt-in": (["--task", "humaneval"],
+                                     "--task humaneval is graded by running model-written code; add "
+                                     "--allow-code-execution to run it in the sandbox.", None),
+    "missing data file": (["--task", "gsm8k", "--data-file", "missing.jsonl"], "--data-file missing.jsonl: no such file.",
+                          None),
+    "data file with other columns": (["--task", "gsm8k", "--data-file", MBPP],
+                                     f"{MBPP}: row 0 has no field 'question' (fields: ['challenge_test_list', 'code', "
+                                     "'task_id', 'test_list', 'test_setup_code', 'text'])", None),
+    "empty data file": (["--task", "gsm8k", "--data-file", "{tmp}/empty.jsonl"],
+                        "{tmp}/empty.jsonl: no gsm8k examples to evaluate", None),
+    "decoder lengths": (["--task", "gsm8k", "--gen-length", "30"],
+                        "--gen-length 30 must be a positive multiple of --block-length 32. (see `trims eval --help`)",
+                        None),
+    "prompt format": (["--task", "gsm8k", "--prompt-format", "oops"],
+                      "--prompt-format must be one of chat_template, plain, verbatim or contain '{{prompt}}', got 'oops'. "
+                      "(see `trims eval --help`)", None),
+    "sweep value": (["--task", "gsm8k", "--sweep", "0.5,x"], "--sweep 0.5,x: 'x' is not a number. (see `trims eval --help`)",
+                    None),
+    "fractional step sweep": (["--task", "gsm8k", "--strategy", "fixed_steps", "--sweep", "32,2.5"],
+                              "--sweep 32,2.5: fixed_steps sweeps steps, whole numbers; got 2.5.", None),
+    "limit": (["--task", "gsm8k", "--limit", "0"], "--limit must be at least 1, got 0. (see `trims eval --help`)", None),
+    "batch size": (["--task", "gsm8k", "--batch-size", "0"],
+                   "--batch-size must be at least 1, got 0. (see `trims eval --help`)", None),
+    "output is a folder": (["--task", "gsm8k", "--output", "{tmp}"],
+                           "--output {tmp} is a folder; name the JSON file to write, e.g. {tmp}/results.json. "
+                           "(see `trims eval --help`)", None),
+    "output under a file": (["--task", "gsm8k", "--output", "{tmp}/empty.jsonl/r.json"],
+                            "--output {tmp}/empty.jsonl/r.json: {tmp}/empty.jsonl is not a folder you can write to. "
+                            "(see `trims eval --help`)", None),
+    "system prompt without a chat template": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--prompt-format", "plain",
+                                               "--system-prompt", "Be brief."],
+                                              "--system-prompt goes into the chat template, and this run has none "
+                                              "(--prompt-format plain, tokenizer with one).", None),
+    "cuda without a GPU": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "cuda"],
+                           "--device cuda: no CUDA device is available here; use --device cpu.", no_cuda),
+    "device name": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "gpu0"],
+                    "--device gpu0: not a device name (e.g. cpu, cuda, cuda:1).", None),
+}
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_input_errors_are_one_line_before_any_model_loads(case, saved_student, plain_llama, adapter, tokenizer, tmp_path,
+                                                          capsys, monkeypatch, nothing_loads):
+    flags, message, environment = ERRORS[case]
+    if environment is not None:
+        environment(monkeypatch)
+    (tmp_path / "empty.jsonl").write_text("")
+    no_mask = tokenizer.__class__.from_pretrained(plain_llama)
+    no_mask.mask_token = None
+    no_mask.save_pretrained(tmp_path / "no-mask-tokenizer")
+    names = {"model": saved_student, "llama": plain_llama, "tmp": str(tmp_path), "adapter": adapter}
+    output = tmp_path / "out" / "r.json"
+    arguments = ["eval", "--model", saved_student, "--output", str(output), *[f.format(**names) for f in flags]]
+    capsys.readouterr()
+    started = time.perf_counter()
+    code = main(arguments)
+    elapsed = time.perf_counter() - started
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: {message.format(**names)}\n"
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    assert elapsed < 20  # a Hub that does not answer costs one probe, not transformers' retries
 
 
 def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
@@ -78,18 +285,20 @@ def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
     code = main(["eval", "--model", saved_student, "--task", "humaneval", "--allow-code-execution", "--output",
                  str(output), "--gen-length", "16", "--block-length", "16", "--limit", "2", "--no-progress"])
     assert code == 0
-    result = json.loads(output.read_text())
+    (result,) = read(output)
     assert result["task"] == "humaneval" and result["num_samples"] == 2 and result["accuracy"] == 0.0
     assert all(sample["correct"] is False for sample in result["samples"])
     assert all(sample["error"] for sample in result["samples"])  # the sandbox reported why each failed
     assert {sample["isolation"] for sample in result["samples"]} == {resolve_isolation()}  # which sandbox ran it
+    assert "def has_close_elements" in result["samples"][0]["reference"]  # the canonical solution under its stub
 
 
 def test_mbpp_three_shot_style_reaches_the_prompt(saved_student, tmp_path):
     output = tmp_path / "mbpp.json"
     code = main(["eval", "--model", saved_student, "--task", "mbpp", "--mbpp-style", "3shot", "--allow-code-execution",
-                 "--data-file", str(SHARED / "data" / "mbpp" / "mbpp.jsonl"), "--output", str(output),
+                 "--data-file", MBPP, "--output", str(output),
                  "--gen-length", "16", "--block-length", "16", "--limit", "1", "--no-progress"])
     assert code == 0
-    result = json.loads(output.read_text())
+    (result,) = read(output)
     assert result["prompt_format"]["shots"] == 3 and result["num_samples"] == 1
+    assert result["samples"][0]["prompt"].count("[BEGIN]") == 3  # the three shots' answers, as the model saw them

@@ -8,18 +8,23 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import SHARED, read_jsonl, tiny_student
+from matplotlib.text import Text
 from torch import nn
 from transformers import PreTrainedConfig
 
 from trims_hf import prepare_student
+import trims_hf.evaluation as evaluation
 from trims_hf.evaluation import (
     EvalResult,
+    EvaluationInterrupted,
     cut_at_stop_strings,
     evaluate_task,
     format_table,
     plot_frontier,
+    save_results,
     sweep,
 )
+from trims_hf.reports import library_versions
 from trims_hf.generation import DecodingConfig, TrajectoryRecorder
 from trims_hf.tasks import CodeExecutionDisabled, GSM8KTask
 
@@ -84,10 +89,16 @@ def run(scripted, tokenizer, **kwargs) -> EvalResult:
     return evaluate_task(scripted.model, tokenizer, StopStringGSM8K(), **options)
 
 
-def test_scripted_student_exact_accuracy_and_tokens_per_step(scripted, tokenizer):
+def test_scripted_student_exact_accuracy_and_tokens_per_step(scripted, tokenizer, gsm8k_test):
     result = run(scripted, tokenizer)
-    assert result.accuracy == pytest.approx(2 / 3)
+    assert result.accuracy == pytest.approx(2 / 3) and result.num_samples == 3
     assert [s.correct for s in result.samples] == [True, True, False]
+    # every record can be checked by eye: the prompt as the model saw it, the gold answer, what was extracted
+    assert [s.reference for s in result.samples] == [row["answer"].rsplit("#### ", 1)[1] for row in gsm8k_test]
+    assert [s.extracted for s in result.samples] == [s.reference for s in result.samples[:2]] + ["12345"]
+    task = StopStringGSM8K()
+    assert [s.prompt for s in result.samples] == [task.build_prompt(e, tokenizer)
+                                                  for e in task.load(str(GSM8K_TEST), limit=3)]
     assert [s.completion for s in result.samples] == scripted.texts  # the tail after the stop string is cut
     # counted tokens: the scripted answer before EOS and before the stop string
     assert [s.generated_tokens for s in result.samples] == [len(ids) for ids in scripted.kept]
@@ -129,7 +140,10 @@ def test_tiny_random_student_on_gsm8k(tokenizer):
     result = evaluate_task(model, tokenizer, "gsm8k", DecodingConfig(gen_length=32, block_length=16), limit=3,
                            data_file=str(GSM8K_TEST), progress=False, hooks=[trajectories], model_name="tiny")
     assert result.num_samples == 3 and [s.prompt_id for s in result.samples] == ["0", "1", "2"]
-    assert 0.0 <= result.accuracy <= 1.0
+    task, examples = GSM8KTask(), GSM8KTask().load(str(GSM8K_TEST), limit=3)
+    regraded = [task.grade(example, sample.completion)["correct"] for example, sample in zip(examples, result.samples)]
+    assert [sample.correct for sample in result.samples] == regraded
+    assert result.accuracy == sum(regraded) / 3
     assert result.nfe == sum(s.nfe for s in result.samples) and all(1 <= s.nfe <= 32 for s in result.samples)
     assert result.generated_tokens == sum(s.generated_tokens for s in result.samples)
     assert result.tokens_per_step == pytest.approx(result.generated_tokens / result.nfe)
@@ -138,7 +152,8 @@ def test_tiny_random_student_on_gsm8k(tokenizer):
     assert [t.sample_id for t in trajectories.trajectories] == ["0", "1", "2"]
     restored = json.loads(json.dumps(result.to_dict()))
     assert restored["tokens_per_step"] == result.tokens_per_step and len(restored["samples"]) == 3
-    assert set(restored["samples"][0]) >= {"prompt_id", "completion", "extracted", "correct", "generated_tokens", "nfe"}
+    assert set(restored["samples"][0]) >= {"prompt", "reference", "completion", "extracted", "correct", "generated_tokens",
+                                           "nfe"}
 
 
 def test_code_task_needs_execution_opt_in(tokenizer):
@@ -151,21 +166,112 @@ def test_cut_at_stop_strings():
     assert cut_at_stop_strings("no stop", ("STOP",)) == "no stop"
 
 
-def result(model: str, task: str, threshold: float, accuracy: float, tokens_per_step: float) -> EvalResult:
+def result(model: str, task: str, threshold: float, accuracy: float, tokens_per_step: float, n: int = 1) -> EvalResult:
     return EvalResult(model=model, task=task, accuracy=accuracy, tokens_per_step=tokens_per_step,
                       tokens_per_forward_non_eos=tokens_per_step, tokens_per_second=10.0, nfe=10, generated_tokens=10,
-                      non_eos_tokens=10, num_samples=1, decode_time_s=1.0, wall_time_s=1.0, early_stop=True,
+                      non_eos_tokens=10, num_samples=n, decode_time_s=1.0, wall_time_s=1.0, early_stop=True,
                       prompt_format={}, decoding={"strategy": "threshold", "threshold": threshold})
 
 
-def test_table_and_frontier_plot(tmp_path):
-    results = [result("llada", "gsm8k", 0.9, 0.726, 2.771), result("llada", "math500", 0.9, 0.322, 1.5),
-               result("llada", "gsm8k", 0.5, 0.6, 5.0), result("trims", "gsm8k", 0.9, 0.749, 6.26)]
+def test_table_labels_accuracy_in_percent_with_n():
+    results = [result("llada", "gsm8k", 0.9, 0.726, 2.771, 100), result("llada", "math500", 0.9, 0.322, 1.5, 50),
+               result("llada", "gsm8k", 0.5, 0.6, 5.0, 100), result("trims", "gsm8k", 0.9, 0.749, 6.26, 100),
+               result("trims", "math500", 0.9, 0.3, 1.6, 20)]
     table = format_table(results).splitlines()
-    assert table[0] == "| Model | Setting | gsm8k Acc | gsm8k Tokens/step | math500 Acc | math500 Tokens/step |"
-    assert table[2] == "| llada | threshold 0.9 | 72.6 | 2.77 | 32.2 | 1.50 |"
-    assert table[4] == "| trims | threshold 0.9 | 74.9 | 6.26 | - | - |"
-    assert "TPS" not in "\n".join(table) and "early stop: on" in table[-1]
+    assert table[0] == "| Model | Setting | gsm8k Acc (%, n=100) | gsm8k Tokens/step | math500 Acc (%) | math500 Tokens/step |"
+    assert table[2] == "| llada | threshold 0.9 | 72.6 | 2.77 | 32.2 (n=50) | 1.50 |"  # n differs per row: in the cell
+    assert table[3] == "| llada | threshold 0.5 | 60.0 | 5.00 | - | - |"
+    assert table[4] == "| trims | threshold 0.9 | 74.9 | 6.26 | 30.0 (n=20) | 1.60 |"
+    assert "TPS" not in "\n".join(table) and "early stop: on" in table[-1] and "percent of the n problems" in table[-1]
+
+
+def test_frontier_axes_titles_and_labels(tmp_path):
+    """Accuracy stays in [0, 100] (all-zero panels included), n is in each title, and no label collides with
+    another label or marker or leaves its panel, even for a crowded cluster of points."""
+    crowded = [result(model, "humaneval", tau, 0.0, 1.2 + 0.02 * i + 0.3 * j, 20)
+               for i, model in enumerate(("a", "b", "c", "d")) for j, tau in enumerate((0.95, 0.9, 0.7, 0.5))]
+    spread = [result("a", "gsm8k", 0.9, 0.726, 2.771, 100), result("a", "gsm8k", 0.5, 0.6, 5.0, 100),
+              result("b", "gsm8k", 0.9, 0.749, 6.26, 90)]
     path = tmp_path / "frontier.png"
-    figure = plot_frontier(results, path)
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and len(figure.axes) == 2
+    figure = plot_frontier(spread + crowded, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    gsm8k, humaneval = figure.axes[:2]
+    assert (gsm8k.get_title(), humaneval.get_title()) == ("gsm8k (n=90-100)", "humaneval (n=20)")
+    for axis in (gsm8k, humaneval):
+        low, high = axis.get_ylim()
+        assert 0 <= low and high <= 100 and axis.get_ylabel() == "accuracy (%)"
+    renderer = figure.canvas.get_renderer()
+    for label in humaneval.texts:
+        label.update_positions(renderer)  # savefig drew them at its own dpi
+    boxes = [Text.get_window_extent(label, renderer) for label in humaneval.texts]
+    assert sorted(label.get_text() for label in humaneval.texts) == sorted(["0.95", "0.9", "0.7", "0.5"] * 4)
+    frame = humaneval.get_window_extent(renderer)
+    assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_results_file_has_one_schema_with_units_and_versions(tmp_path):
+    single, pair = tmp_path / "one.json", tmp_path / "two.json"
+    save_results([result("a", "gsm8k", 0.9, 0.5, 2.0)], single)
+    save_results([result("a", "gsm8k", 0.9, 0.5, 2.0), result("a", "gsm8k", 0.5, 0.25, 3.0)], pair)
+    one, two = json.loads(single.read_text()), json.loads(pair.read_text())
+    assert set(one) == set(two) == {"units", "results"} and len(one["results"]) == 1 and len(two["results"]) == 2
+    assert "fraction" in one["units"]["accuracy"] and two["results"][1]["accuracy"] == 0.25
+    assert one["results"][0]["versions"] == library_versions() and set(library_versions()) == {
+        "trims_hf", "torch", "transformers", "peft", "datasets"}
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def count_decoded(monkeypatch) -> list[int]:
+    decode, batches = evaluation.generate_text, []
+
+    def counting(model, tokenizer, prompts, *args, **kwargs):
+        batches.append(len(prompts))
+        return decode(model, tokenizer, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "generate_text", counting)
+    return batches
+
+
+def test_records_are_reused_only_by_the_same_run(scripted, tokenizer, tmp_path, monkeypatch):
+    records = tmp_path / "records.jsonl"
+    whole = run(scripted, tokenizer, records_file=records)
+    decoded = count_decoded(monkeypatch)
+    again = run(scripted, tokenizer, records_file=records)
+    assert decoded == [] and again.samples == whole.samples  # the same run: nothing decoded again
+    other = run(scripted, tokenizer, records_file=records, config=DecodingConfig(gen_length=GEN, block_length=BLOCK,
+                                                                                 threshold=0.5))
+    assert decoded == [1, 1, 1] and other.decoding["threshold"] == 0.5  # a changed setting decodes everything
+    assert len({json.loads(line)["run"] for line in records.read_text().splitlines()}) == 2
+    run(scripted, tokenizer, records_file=records, batch_size=3)
+    assert decoded == [1, 1, 1, 3]  # so does a changed batch size (left padding moves the numerics)
+
+
+def test_torn_or_stale_records_are_decoded_again(scripted, tokenizer, tmp_path, monkeypatch):
+    records = tmp_path / "records.jsonl"
+    whole = run(scripted, tokenizer, records_file=records)
+    lines = records.read_text().splitlines()
+    stale = json.loads(lines[1]) | {"prompt": "another question"}  # the data file changed under the same id
+    records.write_text(lines[0] + "\n" + json.dumps(stale) + "\n" + lines[2][: len(lines[2]) // 2])  # torn last line
+    decoded = count_decoded(monkeypatch)
+    again = run(scripted, tokenizer, records_file=records)
+    assert decoded == [1, 1] and again.samples[1:] != [] and [s.completion for s in again.samples] == \
+        [s.completion for s in whole.samples]
+    assert json.loads(records.read_text().splitlines()[-1])["prompt_id"] == "2"  # appended after the torn line
+
+
+def test_interrupt_raises_with_the_saved_count(scripted, tokenizer, tmp_path, monkeypatch):
+    decode = evaluation.generate_text
+
+    def stop_at_the_third(model, tokenizer, prompts, config, hooks, ids, fmt):
+        if ids == ["2"]:
+            raise KeyboardInterrupt
+        return decode(model, tokenizer, prompts, config, hooks, ids, fmt)
+
+    monkeypatch.setattr(evaluation, "generate_text", stop_at_the_third)
+    with pytest.raises(EvaluationInterrupted) as stopped:
+        run(scripted, tokenizer, records_file=tmp_path / "records.jsonl")
+    assert (stopped.value.done, stopped.value.total, stopped.value.setting) == (2, 3, "threshold 0.9")
+    with pytest.raises(KeyboardInterrupt) as plain:  # without a records file nothing is saved: a plain Ctrl-C
+        run(scripted, tokenizer)
+    assert not isinstance(plain.value, EvaluationInterrupted)

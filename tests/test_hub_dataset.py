@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 from datasets import Dataset, Features, Value, load_dataset
@@ -108,5 +110,16 @@ def test_trims_score_command_on_a_local_jsonl(tokenizer, gsm8k_rows, tmp_path):
     assert loaded["id"] == list(range(5)) and loaded["prompt"] == [r["prompt"] for r in gsm8k_rows[:5]]
     meta = read_card_metadata(out)
     assert (meta["num_buckets"], meta["metric"], meta["bucket_ordering"], meta["prompt_template"]) == (4, "entropy", "easy_to_hard", "Q: {prompt}\nA:")
-    assert len(meta["thresholds"]) == 3 and meta["teacher"] == str(teacher)
+    assert len(meta["thresholds"]) == 3 and (meta["teacher"], meta["teacher_source"]) == ("teacher", "local folder")
     assert trims_main(["score", "--teacher", str(teacher), "--dataset", str(source), "--output", str(out)]) == 2  # missing column
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o755), (0o027, 0o750)])
+def test_folders_follow_the_umask_like_mkdir(tmp_path, umask, mode):
+    """Issue 11: scored folders were 0700 (tempfile.mkdtemp); they get what mkdir would give."""
+    previous = os.umask(umask)
+    try:
+        folder = hub.write_folder_atomically(tmp_path / "scored", lambda staging: (staging / "data").mkdir())
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(folder.stat().st_mode) == mode and stat.S_IMODE((folder / "data").stat().st_mode) == mode

@@ -1,13 +1,16 @@
-"""LoRA helper: targets, the LM head left alone, adapters save and reload to identical logits."""
+"""LoRA helper: targets, the LM head left alone, adapters save and reload to identical logits, the MDLM loss
+through PEFT."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from datasets import Dataset
 from peft import PeftModel, get_peft_model
 
 from conftest import SHARED, synthetic_scored_rows, tiny_student
-from trims_hf import MDLMConfig, MDLMTrainer, lora_config, load_student
+from trims_hf import (MDLMConfig, MDLMTrainer, TrimsDataCollator, load_student, lora_config, per_sample_loss,
+                      prepare_dataset, prepare_student, student_spec)
 
 
 def test_lora_targets_projections_not_head():
@@ -47,3 +50,20 @@ def test_adapter_save_and_reload(tmp_path, tokenizer, gsm8k_rows):
         base = tiny_student(tokenizer, "dream", seed=3)(input_ids=ids).logits
     assert torch.equal(trained, again)
     assert not torch.allclose(trained, base)  # the adapter learned something
+
+
+def test_peft_student_returns_the_mdlm_loss_on_a_collator_batch(tokenizer, gsm8k_rows):
+    """What a plain Trainer sees through PEFT: model(**batch, num_items_in_batch=N).loss is the MDLM loss / N."""
+    student = tiny_student(tokenizer, "dream")
+    prepare_student(student, "dream")  # preparing again keeps one pair of hooks
+    assert len(student._forward_hooks) == len(student._forward_pre_hooks) == 1
+    model = get_peft_model(student, lora_config(student, r=4))
+    rows = list(prepare_dataset(Dataset.from_list(synthetic_scored_rows(gsm8k_rows[:4], tokenizer)), tokenizer))
+    batch = TrimsDataCollator(tokenizer)(rows)
+    with torch.no_grad():
+        loss = model(**batch, num_items_in_batch=torch.tensor(1000)).loss
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        plain = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+    expected = per_sample_loss(logits, batch["labels"], batch["masked"], batch["loss_weights"], student_spec(student))
+    assert loss.item() == pytest.approx(expected.sum().item() / 1000, rel=1e-5)
+    assert plain.item() != pytest.approx(loss.item(), rel=1e-2)  # labels alone: the model's own causal loss

@@ -14,6 +14,7 @@ from trims_hf.masking import (
     noise_batch,
     select_fixed_subset,
     select_per_draw,
+    uniform,
 )
 
 MASK = 999
@@ -80,7 +81,7 @@ def test_trajectory_weight_options():
     ratio_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
                             config=MaskingConfig(trajectory_loss_weight="inverse_mask_ratio"), generator=torch.Generator().manual_seed(4))
     actual = ratio_out.masked.sum(1).float() / maskable.sum(1)
-    assert torch.allclose(ratio_out.loss_weights, 1 / actual)
+    assert torch.allclose(ratio_out.loss_weights, torch.where(actual > 0, 1 / actual, 0.0))
     none_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
                            config=MaskingConfig(trajectory_loss_weight="none"), generator=torch.Generator().manual_seed(4))
     assert torch.all(none_out.loss_weights == 1)
@@ -103,6 +104,24 @@ def test_same_seed_same_masks_and_ratio_zero_equals_standard():
     mixed[::4] = True
     d = noise_batch(ids, maskable, buckets, mixed, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(5))
     assert torch.equal(d.masked[~mixed], a.masked[~mixed])
+
+
+def test_per_row_generators_draw_each_row_as_if_alone():
+    ids, maskable, buckets = batch(batch_size=4)
+    flags = torch.tensor([True, False, True, False])
+
+    def generators(*seeds):
+        return [torch.Generator().manual_seed(seed) for seed in seeds]
+
+    together = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK, config=MaskingConfig(),
+                           generator=generators(0, 1, 2, 3))
+    for b in range(4):
+        alone = noise_batch(ids[b:b + 1], maskable[b:b + 1], buckets[b:b + 1], flags[b:b + 1], mask_token_id=MASK,
+                            config=MaskingConfig(), generator=generators(b))
+        assert torch.equal(alone.masked[0], together.masked[b]) and alone.t[0] == together.t[b]
+    assert len(set(together.t.tolist())) == 4
+    with pytest.raises(ValueError, match="Got 3 generators for 4 rows"):
+        uniform(generators(0, 1, 2), 4)
 
 
 def test_selection_rules():

@@ -39,6 +39,9 @@ class OneRowTask(Task):
     def prompt_format(self, tokenizer=None):
         return {"template": self.template_name(tokenizer)}
 
+    def reference(self, example):
+        return None
+
     def extract(self, completion_text):
         return completion_text
 

@@ -11,14 +11,14 @@ import torch
 from datasets import Dataset, load_dataset
 from helpers_teachers import make_teacher
 
+from trims_hf.buckets import equal_mass_buckets
 from trims_hf.hub import read_card_metadata
-from trims_hf.schema import SchemaError
-from trims_hf.prompts import prompt_template
-from trims_hf.settings import BucketConfig, PromptFormat
 from trims_hf.jobs.score import add_teacher_buckets, build_scored_dataset, score_dataset, work_dir_for
-from trims_hf.scoring import plan_batches
-from trims_hf.settings import ScoringOptions
-from trims_hf.teacher import encode_dataset, load_teacher, score_rows
+from trims_hf.prompts import prompt_template, prompt_token_ids
+from trims_hf.schema import SchemaError
+from trims_hf.scoring import EncodedRow, plan_batches
+from trims_hf.settings import BucketConfig, PromptFormat, ScoringOptions
+from trims_hf.teacher import encode_dataset, load_teacher, score_batch, score_rows
 
 ATOL = 1e-5
 
@@ -112,7 +112,7 @@ class ForwardCounter:
 
 
 def test_resume_skips_finished_chunks(teacher, tokenizer, dataset, tmp_path):
-    options = ScoringOptions(rows_per_work_chunk=4, max_tokens_per_batch=1)  # 3 chunks, one forward per row
+    options = ScoringOptions(rows_per_work_chunk=4, min_work_chunks=1, max_tokens_per_batch=1)  # 3 chunks, one forward per row
     counter = ForwardCounter(teacher)
     try:
         first = score_dataset(teacher, tokenizer, dataset, tmp_path, options, "tiny", 0, 1)
@@ -140,7 +140,7 @@ def test_two_processes_and_chunkings_equal_one(teacher, tokenizer, dataset, tmp_
 
 def test_merge_refuses_missing_chunks(teacher, tokenizer, dataset, tmp_path):
     with pytest.raises(RuntimeError, match="chunks \\[1\\] are missing"):
-        score_dataset(teacher, tokenizer, dataset, tmp_path, ScoringOptions(rows_per_work_chunk=5), "tiny", 0, 2)
+        score_dataset(teacher, tokenizer, dataset, tmp_path, ScoringOptions(rows_per_work_chunk=5, min_work_chunks=1), "tiny", 0, 2)
 
 
 def test_teacher_buckets_are_equal_mass_over_all_tokens(teacher, tokenizer, dataset, tmp_path):
@@ -166,10 +166,10 @@ def test_truncate_option_scores_prefix_and_records_it(teacher, tokenizer, gsm8k_
 def bad_rows(gsm8k_rows):
     good = gsm8k_rows[0]
     return {
-        "missing_column": ([good, {"prompt": "x"}], "row 1: missing field 'completion'"),
+        "missing_column": ([good, {"prompt": "x"}], "row 1: field 'completion' is missing or null"),
         "empty_completion": ([good, good, {"prompt": "x", "completion": "  "}], "row 2: field 'completion' is empty"),
         "too_long": ([good, {"prompt": "x", "completion": " ".join(["word"] * 3000)}], "row 1: field 'completion' is too long"),
-        "no_rows": ([], "row 0: field 'completion'"),
+        "no_rows": ([], "the data set has no rows"),
     }
 
 
@@ -210,3 +210,84 @@ def test_smollm2_gguf_teacher_loads_and_scores(gsm8k_rows):
         np.testing.assert_allclose(result["teacher_nll"], nll, atol=1e-4)
         np.testing.assert_allclose(result["teacher_entropy"], entropy, atol=1e-4)
     assert np.mean(np.concatenate([r["teacher_nll"] for r in results])) < 3.0  # a real model predicts GSM8K answers well
+
+
+@pytest.fixture(scope="module")
+def long_rows(gsm8k_rows) -> list[dict]:
+    """Completions of about 1,600 test-tokenizer tokens, longer than the paper's training length of 1,024."""
+    return [{"prompt": r["prompt"], "completion": "\n".join(g["completion"] for g in gsm8k_rows[i : i + 9])}
+            for i, r in enumerate(gsm8k_rows[:3])]
+
+
+def test_teacher_buckets_are_cut_over_tokens_within_the_training_length(teacher, tokenizer, long_rows, tmp_path):
+    """Issue 10.4: the card's thresholds and teacher_bucket are cut over the completion tokens that survive
+    truncation to the training length (1,024 by default), not over whole completions."""
+    out = build_scored_dataset(Dataset.from_list(long_rows), tmp_path / "out", "tiny", loaded_teacher=(teacher, tokenizer),
+                               buckets=BucketConfig(num_buckets=4))
+    scored, meta = load_dataset(str(out), split="train"), read_card_metadata(out)
+    kept = [1024 - len(prompt_token_ids(tokenizer, r["prompt"], ScoringOptions())) for r in long_rows]
+    assert all(0 < k < len(n) for k, n in zip(kept, scored["teacher_nll"]))  # every row is cut
+    expected, thresholds = equal_mass_buckets(np.concatenate([n[:k] for n, k in zip(scored["teacher_nll"], kept)]), 4)
+    _, over_all = equal_mass_buckets(np.concatenate(scored["teacher_nll"]), 4)
+    assert not np.allclose(thresholds, over_all)  # truncation changes the thresholds here
+    np.testing.assert_allclose(meta["thresholds"], thresholds, rtol=1e-6)
+    np.testing.assert_array_equal(np.concatenate([b[:k] for b, k in zip(scored["teacher_bucket"], kept)]), expected)
+    assert meta["quantile_tokens"] == "kept" and meta["train_max_length"] == 1024
+    assert meta["num_quantile_tokens"] == sum(kept) == sum(b["tokens"] for b in meta["bucket_statistics"])
+    from trims_hf.buckets import threshold_buckets  # imported here so this test also runs (and fails) on the code before it
+
+    tails = np.concatenate([n[k:] for n, k in zip(scored["teacher_nll"], kept)])
+    tail_ids = np.concatenate([b[k:] for b, k in zip(scored["teacher_bucket"], kept)])
+    np.testing.assert_array_equal(tail_ids, threshold_buckets(tails, np.asarray(meta["thresholds"]), "hard_to_easy"))
+
+    everything = build_scored_dataset(Dataset.from_list(long_rows), tmp_path / "all", "tiny", loaded_teacher=(teacher, tokenizer),
+                                      buckets=BucketConfig(num_buckets=4, quantile_tokens="all"))
+    meta = read_card_metadata(everything)
+    np.testing.assert_allclose(meta["thresholds"], over_all, rtol=1e-6)
+    assert meta["quantile_tokens"] == "all" and meta["train_max_length"] is None
+
+
+def test_card_names_the_teacher_and_holds_the_statistics(teacher, tokenizer, dataset, tmp_path):
+    folder = tmp_path / "teacher-folder"
+    folder.mkdir()
+    out = build_scored_dataset(dataset, tmp_path / "out", str(folder), loaded_teacher=(teacher, tokenizer))
+    meta, scored = read_card_metadata(out), load_dataset(str(out), split="train")
+    assert (meta["teacher"], meta["teacher_source"], meta["teacher_gguf_file"]) == ("teacher-folder", "local folder", None)
+    assert str(tmp_path) not in (out / "README.md").read_text()  # no path of this machine
+    nll, ids = np.concatenate(scored["teacher_nll"]), np.concatenate(scored["teacher_bucket"])
+    assert meta["mean_teacher_nll"] == pytest.approx(nll.mean(), abs=1e-4)
+    for row in meta["bucket_statistics"]:
+        assert row["tokens"] == (ids == row["bucket"]).sum()
+        assert row["mean_nll"] == pytest.approx(nll[ids == row["bucket"]].mean(), abs=1e-4)
+    assert "| 0 |" in (out / "README.md").read_text()  # the per-bucket table
+
+
+def test_teacher_identity_is_a_name_not_a_path(tmp_path):
+    from trims_hf.teacher import teacher_identity
+
+    gguf = tmp_path / "site-packages" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"")
+    assert teacher_identity(str(gguf)) == {"teacher": "SmolLM2-135M-Instruct.Q4_1", "teacher_source": "local GGUF file",
+                                           "teacher_gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}
+    assert teacher_identity(str(gguf.parent), gguf.name)["teacher"] == "SmolLM2-135M-Instruct.Q4_1"
+    assert teacher_identity("Qwen/Qwen3-8B") == {"teacher": "Qwen/Qwen3-8B", "teacher_source": "Hugging Face Hub",
+                                                 "teacher_gguf_file": None}
+
+
+@pytest.mark.parametrize("prompt_format", ["verbatim", "{prompt}"])
+def test_a_prompt_without_tokens_is_refused(teacher, tokenizer, prompt_format):
+    """Issue 10.5: with no prompt token, the first completion token would be scored from position -1, i.e. the
+    padded row's last token; such a row is refused by name."""
+    data = Dataset.from_list([{"prompt": "", "completion": "Natalia sold 48 clips."}])
+    with pytest.raises(SchemaError, match=r"^row 0: field 'prompt' renders to no teacher tokens"):
+        encode_dataset(data, tokenizer, ScoringOptions(prompt_format=prompt_format), 2048)
+    row = EncodedRow(0, tuple(tokenizer("Natalia sold", add_special_tokens=False)["input_ids"]), 0, ((0, 7), (7, 12)), False)
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        score_batch(teacher, [row], ScoringOptions(), tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("rows, expected", [(1, (1, 1)), (10, (1, 10)), (40, (3, 14)), (256, (16, 16)), (5000, (256, 20))])
+def test_small_runs_are_cut_into_several_chunks(rows, expected):
+    size = ScoringOptions().rows_per_chunk(rows)
+    assert (size, -(-rows // size)) == expected

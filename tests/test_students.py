@@ -9,7 +9,15 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import SHARED, tiny_student
-from trims_hf import load_student, mask_token_id, student_logits, student_spec
+from trims_hf import (
+    MaskTokenError,
+    StudentKindError,
+    load_student,
+    mask_token_id,
+    student_logits,
+    student_mask_token_id,
+    student_spec,
+)
 from trims_hf.students.llada import llama_config_from_llada
 
 FIXTURES = SHARED / "fixtures"
@@ -63,3 +71,50 @@ def test_unsupported_llada_config_is_rejected():
     config = json.loads((FIXTURES / "llada_tiny" / "config.json").read_text())
     with pytest.raises(ValueError, match="alibi"):
         llama_config_from_llada({**config, "alibi": True})
+
+
+@pytest.fixture
+def plain_llama_folder(tmp_path, tokenizer):
+    """A Llama causal LM as transformers saves it (no student mark, no mask id on its config) with the test tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    return str(tmp_path)
+
+
+def test_plain_causal_lm_needs_its_kind_and_takes_the_tokenizers_mask(plain_llama_folder, tokenizer):
+    with pytest.raises(StudentKindError, match="kind='llada'") as error:
+        load_student(plain_llama_folder)
+    assert error.value.model_type == "llama"
+    model = load_student(plain_llama_folder, kind="dream")
+    assert student_spec(model).kind == "dream" and mask_token_id(model) == tokenizer.mask_token_id
+    assert mask_token_id(load_student(plain_llama_folder, kind="llada", mask_token_id=5)) == 5
+
+
+def test_mask_token_id_comes_from_the_caller_then_config_then_tokenizer(tokenizer):
+    config = {"model_type": "llama", "vocab_size": 400, "mask_token_id": 9}
+    assert student_mask_token_id(config, "llada", 3, tokenizer) == 3
+    assert student_mask_token_id(config, "llada", None, tokenizer) == 9
+    assert student_mask_token_id({"model_type": "llama", "vocab_size": 400}, "llada", None, tokenizer) == \
+        tokenizer.mask_token_id
+    native = json.loads((FIXTURES / "llada_tiny" / "config.json").read_text())
+    assert student_mask_token_id(native, "llada") == 255  # LLaDA's own config, translated
+    with pytest.raises(MaskTokenError, match="no mask token id"):
+        student_mask_token_id({"model_type": "llama", "vocab_size": 400}, "llada")
+    with pytest.raises(MaskTokenError, match="outside the vocabulary"):
+        student_mask_token_id(config, "llada", 400)
+
+
+def test_recipes_take_the_mask_token_id(plain_llama_folder, tokenizer, tmp_path):
+    from trims_hf.jobs.train import ModelArguments, build_student, parse_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"model_name_or_path: {plain_llama_folder}\nmodel_kind: llada\ndataset_name: rows.jsonl\n"
+                      f"output_dir: {tmp_path / 'out'}\n")
+    model_args, _, _ = parse_recipe(recipe, ["--mask_token_id", "7"])
+    assert model_args.mask_token_id == 7 and mask_token_id(build_student(model_args, tokenizer)) == 7
+    scratch = ModelArguments(plain_llama_folder, model_kind="llada", init_from_config=True, mask_token_id=6)
+    assert mask_token_id(build_student(scratch, tokenizer)) == 6

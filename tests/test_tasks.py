@@ -301,3 +301,16 @@ def test_mbpp_reference_code_passes_and_wrong_code_fails() -> None:
     assert task.grade(examples["13"], f"{examples['13'].fields['code']}\n[DONE]", execute_code=True)["correct"]
     wrong = task.grade(examples["11"], "```python\ndef remove_Occ(s, ch):\n    return s\n```", execute_code=True)
     assert not wrong["correct"] and wrong["error"].startswith("failed:")
+
+
+def test_every_task_names_its_gold_answer() -> None:
+    """The reference stored with each graded sample: the number, the LaTeX answer, or the reference program."""
+    gsm8k = GSM8KTask().load(str(DATA / "gsm8k" / "test.jsonl"), limit=1)[0]
+    assert GSM8KTask().reference(gsm8k) == "18"
+    math = Math500Task().load(str(DATA / "math500" / "test.jsonl"), limit=1)[0]
+    assert Math500Task().reference(math) == math.fields["answer"]
+    problem = HumanEvalTask().load(limit=1)[0]
+    reference = HumanEvalTask().reference(problem)
+    assert reference.startswith(problem.fields["prompt"]) and reference.endswith(problem.fields["canonical_solution"])
+    mbpp = MBPPTask().load(str(DATA / "mbpp" / "mbpp.jsonl"), limit=1)[0]
+    assert MBPPTask().reference(mbpp) == mbpp.fields["code"] and "def " in mbpp.fields["code"]

@@ -1,15 +1,19 @@
-"""MDLMTrainer: the loss against a hand-computed reference, GA/batch equivalence, Dream shift, training."""
+"""MDLMTrainer and the plain Trainer path: the loss against a hand-computed reference, both trainers equal,
+any split of a global batch equal, Dream shift, training and its logged statistics."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from transformers import TrainingArguments
+from transformers import Trainer, TrainingArguments
 
-from conftest import noised_batch, synthetic_scored_rows, tiny_student
-from trims_hf import MDLMConfig, MDLMTrainer, TrimsDataCollator, prepare_dataset
+from conftest import synthetic_scored_rows, tiny_student
+from trims_hf import (MaskingConfig, MDLMConfig, MDLMTrainer, StudentFormat, TrimsDataCollator, prepare_dataset,
+                      prepare_student)
 
 
 def make_args(tmp_path, **overrides) -> MDLMConfig:
@@ -29,24 +33,28 @@ def prepared(scored, tokenizer):
     return list(prepare_dataset(Dataset.from_list(scored), tokenizer))
 
 
-def reference_loss(model, batch, shift: bool, normalization: str = "token") -> torch.Tensor:
-    """The MDLM/TRIMS objective written out position by position."""
+def reference_per_sample(model, batch, shift: bool) -> torch.Tensor:
+    """Each sample's weighted cross-entropy over its masked tokens, written out position by position."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    total = torch.zeros(())
+    samples = []
     for b in range(logits.shape[0]):
         sample = torch.zeros(())
         for i in range(logits.shape[1]):
-            label = int(batch["labels"][b, i])
-            if label == -100:
+            if not batch["masked"][b, i]:
                 continue
             source = max(i - 1, 0) if shift else i
-            sample = sample + F.cross_entropy(logits[b, source].float(), torch.tensor(label))
-        sample = sample * batch["loss_weights"][b]
-        if normalization == "sequence":
-            sample = sample / batch["response_mask"][b].sum()
-        total = total + sample
-    denominator = batch["response_mask"].sum() if normalization == "token" else logits.shape[0]
-    return total / denominator
+            sample = sample + F.cross_entropy(logits[b, source].float(), batch["labels"][b, i])
+        samples.append(sample * batch["loss_weights"][b])
+    return torch.stack(samples)
+
+
+def reference_loss(model, batch, shift: bool, normalization: str = "token") -> torch.Tensor:
+    """The MDLM/TRIMS objective: token (or sequence) normalised sum of the per-sample losses."""
+    per_sample = reference_per_sample(model, batch, shift)
+    response = batch["labels"] != -100
+    if normalization == "sequence":
+        return (per_sample / response.sum(1)).mean()
+    return per_sample.sum() / response.sum()
 
 
 @pytest.mark.parametrize("kind,normalization", [("llada", "token"), ("dream", "token"), ("llada", "sequence"),
@@ -66,62 +74,158 @@ def test_loss_matches_reference(tmp_path, tokenizer, scored, prepared, kind, nor
 def test_dream_shift_reads_previous_position(tmp_path, tokenizer, scored, prepared):
     model = tiny_student(tokenizer, "dream")
     trainer = MDLMTrainer(model, make_args(tmp_path), processing_class=tokenizer)
-    batch = trainer.data_collator(prepared[:2])
+    batch = trainer.data_collator(prepared[:8])
     with torch.no_grad():
-        shifted = trainer.compute_loss(model, batch)
-        unshifted = reference_loss(model, batch, shift=False)
-        expected = reference_loss(model, batch, shift=True)
-    assert torch.allclose(shifted, expected, rtol=1e-5)
-    assert not torch.allclose(shifted, unshifted, rtol=1e-3)
+        model.lm_head.weight.mul_(30)  # peaked logits: neighbouring positions predict clearly different tokens
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        per_sample = trainer.per_sample_loss(logits, batch)
+        shifted = reference_per_sample(model, batch, shift=True)
+        unshifted = reference_per_sample(model, batch, shift=False)
+    assert torch.allclose(per_sample, shifted, rtol=1e-5)
+    assert ((per_sample - unshifted).abs() / shifted).max() > 1e-2  # the unshifted reading is far outside that tolerance
 
 
-class FixedBatches:
-    """Collator returning rows of one pre-noised batch, so different batchings see identical samples."""
+def flat_weights(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
-    def __init__(self, batch):
-        self.batch = batch
+
+def one_step(tmp_path, tokenizer, rows, kind: str = "llada", trainer_class=MDLMTrainer, per_device: int = 8,
+             accumulation: int = 1, accepts_kwargs: bool | None = None, max_length: int | None = None, **masking):
+    """One optimizer step of a fresh tiny student on ``rows`` (in order) with the real collator: (loss, weights)."""
+    model = tiny_student(tokenizer, kind, seed=1)
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=per_device, max_steps=1,
+                             gradient_accumulation_steps=accumulation, learning_rate=0.1, optim="sgd",
+                             lr_scheduler_type="constant", weight_decay=0.0, logging_steps=1, save_strategy="no",
+                             report_to="none", use_cpu=True, seed=0, disable_tqdm=True, remove_unused_columns=False,
+                             train_sampling_strategy="sequential")
+    collator = TrimsDataCollator(tokenizer, masking=MaskingConfig(**masking), max_length=max_length)
+    trainer = trainer_class(model=model, args=args, data_collator=collator, train_dataset=Dataset.from_list(rows))
+    if accepts_kwargs is not None:
+        trainer.model_accepts_loss_kwargs = accepts_kwargs
+    trainer.train()
+    return trainer.state.log_history[0]["loss"], flat_weights(model)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream", "masked_lm"])
+def test_plain_trainer_trains_the_mdlm_objective(tmp_path, tokenizer, prepared, kind):
+    """Trainer(..., data_collator=TrimsDataCollator(tok)) == MDLMTrainer: same loss, same step, also under GA."""
+    rows = prepared[:16]  # different lengths: the two accumulated micro-batches differ in width and tokens
+    start = flat_weights(tiny_student(tokenizer, kind, seed=1))
+    results = {}
+    for trainer_class in (MDLMTrainer, Trainer):
+        for per_device, accumulation in ((16, 1), (8, 2)):
+            results[trainer_class, accumulation] = one_step(tmp_path / f"{trainer_class.__name__}{accumulation}",
+                                                            tokenizer, rows, kind, trainer_class, per_device,
+                                                            accumulation, trajectory_ratio=0.5)
+    for accumulation in (1, 2):
+        (mdlm_loss, mdlm_weights), (plain_loss, plain_weights) = (results[MDLMTrainer, accumulation],
+                                                                  results[Trainer, accumulation])
+        assert plain_loss == pytest.approx(mdlm_loss, rel=1e-5), (kind, accumulation)
+        assert torch.allclose(plain_weights, mdlm_weights, atol=1e-6), (kind, accumulation)
+        assert (mdlm_weights - start).abs().max() > 1e-3  # the step moved the weights far beyond the tolerance
+    batch = TrimsDataCollator(tokenizer, masking=MaskingConfig(trajectory_ratio=0.5))(rows)
+    with torch.no_grad():
+        expected = reference_loss(tiny_student(tokenizer, kind, seed=1), batch, shift=(kind == "dream"))
+    assert results[Trainer, 1][0] == pytest.approx(expected.item(), rel=1e-5)
+
+
+class TupleStudent(torch.nn.Module):
+    """A student whose forward returns a plain tuple, as remote code without ModelOutput may."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, input_ids, attention_mask=None):
+        return (self.inner(input_ids=input_ids, attention_mask=attention_mask).logits,)
+
+
+def test_plain_trainer_refuses_a_student_without_logits(tmp_path, tokenizer, prepared):
+    model = prepare_student(TupleStudent(tiny_student(tokenizer, "llada")), "llada")
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             use_cpu=True, save_strategy="no", disable_tqdm=True, remove_unused_columns=False)
+    trainer = Trainer(model=model, args=args, data_collator=TrimsDataCollator(tokenizer),
+                      train_dataset=Dataset.from_list(prepared[:4]))
+    with pytest.raises(ValueError, match="does not return .* logits .* use trims_hf.MDLMTrainer"):
+        trainer.train()
+
+
+def test_plain_trainer_dropping_columns_gets_a_clear_error(tmp_path, tokenizer, prepared):
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             use_cpu=True, save_strategy="no", disable_tqdm=True)  # remove_unused_columns=True
+    trainer = Trainer(model=tiny_student(tokenizer), args=args, data_collator=TrimsDataCollator(tokenizer),
+                      train_dataset=Dataset.from_list(prepared[:4]))
+    with pytest.raises(ValueError, match="remove_unused_columns=False"):
+        trainer.train()
+
+
+@pytest.fixture(scope="module")
+def uneven(scored, tokenizer):
+    """32 rows of 155-631 tokens, prepared with max_length 640 (nothing cut)."""
+    rows = list(prepare_dataset(Dataset.from_list(scored[:32]), tokenizer, StudentFormat(max_length=640)))
+    assert len({len(row["input_ids"]) for row in rows}) > 20
+    return rows
+
+
+def test_normaliser_depends_on_the_split_only_with_longest_padding(tokenizer, uneven):
+    def tokens(collator, size):
+        return [int((collator(uneven[i:i + size])["labels"] != -100).sum()) for i in range(0, 32, size)]
+
+    longest = TrimsDataCollator(tokenizer)
+    fixed = TrimsDataCollator(tokenizer, masking=MaskingConfig(padding="max_length"), max_length=640)
+    real = sum(len(row["input_ids"]) - row["prompt_length"] for row in uneven)
+    prompts = sum(row["prompt_length"] for row in uneven)
+    assert sum(tokens(fixed, 32)) == sum(tokens(fixed, 8)) == sum(tokens(fixed, 1)) == 32 * 640 - prompts
+    assert sum(tokens(longest, 1)) == real  # batch 1: no padding at all
+    assert sum(tokens(longest, 32)) > sum(tokens(longest, 8)) > real  # padding to each micro-batch's longest row
+
+
+@pytest.mark.parametrize("padding", ["max_length", "train_on_padding=False"])
+def test_any_split_of_the_global_batch_trains_the_same_objective(tmp_path, tokenizer, uneven, padding):
+    """32 rows of different lengths, not pre-padded: 32 x GA 1 == 8 x GA 4 == 1 x GA 32 (loss and weights)."""
+    masking = (dict(padding="max_length") if padding == "max_length" else dict(train_on_padding=False))
+    loss_big, weights_big = one_step(tmp_path / "a", tokenizer, uneven, per_device=32, max_length=640,
+                                     trajectory_ratio=0.3, **masking)
+    for per_device, accumulation, accepts_kwargs in ((8, 4, True), (8, 4, False), (1, 32, True)):
+        loss, weights = one_step(tmp_path / "b", tokenizer, uneven, per_device=per_device, accumulation=accumulation,
+                                 accepts_kwargs=accepts_kwargs, max_length=640, trajectory_ratio=0.3, **masking)
+        assert loss == pytest.approx(loss_big, rel=1e-5), (per_device, accumulation)
+        assert torch.allclose(weights, weights_big, atol=1e-6), (per_device, accumulation)
+    assert (weights_big - flat_weights(tiny_student(tokenizer, "llada", seed=1))).abs().max() > 1e-3
+
+
+@dataclass
+class RecordingCollator(TrimsDataCollator):
+    """The trainer's collator, keeping every batch it produced, to recompute the logged statistics."""
+
+    batches: list = field(default_factory=list)
 
     def __call__(self, features):
-        index = torch.tensor([f["row"] for f in features])
-        return {key: value[index] for key, value in self.batch.items()}
-
-
-def one_step_parameters(tmp_path, tokenizer, batch, per_device: int, accumulation: int, accepts_kwargs: bool):
-    model = tiny_student(tokenizer, "llada", seed=1)
-    args = make_args(tmp_path, per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation)
-    trainer = MDLMTrainer(model, args, data_collator=FixedBatches(batch),
-                          train_dataset=Dataset.from_dict({"row": list(range(len(batch["t"])))}))
-    trainer.model_accepts_loss_kwargs = accepts_kwargs
-    trainer.train()
-    loss = trainer.state.log_history[0]["loss"]
-    return loss, torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
-def test_gradient_accumulation_equals_large_batch(tmp_path, tokenizer, scored):
-    batch = noised_batch(tokenizer, scored[:32], seed=5, trajectory_ratio=0.3)
-    loss_big, params_big = one_step_parameters(tmp_path / "a", tokenizer, batch, 32, 1, True)
-    for accepts_kwargs in (True, False):  # LLaDA's forward takes no **kwargs, Dream's does
-        loss_ga, params_ga = one_step_parameters(tmp_path / "b", tokenizer, batch, 8, 4, accepts_kwargs)
-        assert loss_ga == pytest.approx(loss_big, rel=1e-4)
-        assert torch.allclose(params_ga, params_big, atol=1e-6)
-    start = torch.cat([p.detach().flatten() for p in tiny_student(tokenizer, "llada", seed=1).parameters()])
-    assert not torch.allclose(start, params_big)  # the step did move the weights
+        batch = super().__call__(features)
+        self.batches.append(batch)
+        return batch
 
 
 def test_training_reduces_loss_and_logs_metrics(tmp_path, tokenizer, scored):
     model = tiny_student(tokenizer, "llada", hidden=64)
     args = make_args(tmp_path, max_steps=40, learning_rate=3e-3, optim="adamw_torch", logging_steps=10,
                      trajectory_ratio=0.3, max_length=512)
-    trainer = MDLMTrainer(model, args, train_dataset=Dataset.from_list(scored), eval_dataset=Dataset.from_list(scored[:16]),
-                          processing_class=tokenizer)
+    collator = RecordingCollator(tokenizer, masking=args.masking(), max_length=args.max_length, seed=args.seed)
+    trainer = MDLMTrainer(model, args, data_collator=collator, train_dataset=Dataset.from_list(scored),
+                          eval_dataset=Dataset.from_list(scored[:16]), processing_class=tokenizer)
     before = trainer.evaluate()["eval_loss"]  # masks are a function of the rows: the same eval batches both times
+    first = len(collator.batches)
     trainer.train()
     after = trainer.evaluate()["eval_loss"]
     assert after < 0.75 * before, (before, after)
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    for entry in logs:
-        assert 0.2 < entry["mask_ratio"] < 0.8
-        assert 0.0 <= entry["trajectory_share"] <= 1.0
+    windows = [collator.batches[first + 10 * w:first + 10 * (w + 1)] for w in range(4)]  # GA 1: a batch per step
+    assert len(logs) == 4
+    for entry, window in zip(logs, windows):
+        masked = torch.cat([b["masked"].sum(1) / (b["labels"] != -100).sum(1) for b in window])
+        trajectory = torch.cat([b["is_trajectory"] for b in window]).float()
+        assert entry["mask_ratio"] == pytest.approx(masked.mean().item(), rel=1e-5)
+        assert entry["trajectory_share"] == pytest.approx(trajectory.mean().item(), rel=1e-5)
         assert "loss_standard" in entry
     assert any("loss_trajectory" in entry for entry in logs)
     shares = [entry["trajectory_share"] for entry in logs]

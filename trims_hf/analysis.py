@@ -105,20 +105,23 @@ def bucket_statistics(student_scores: Sequence[Sequence[float]], bucket_ids: Seq
                       num_buckets: int) -> dict[str, Any]:
     """Per hard-to-easy bucket: tokens, share of the total teacher NLL, mean NLL; and the end-of-response
     tokens, which a prepared row's ``bucket_ids`` carry past its ``student_score`` (they are kept out of the
-    quantiles and go to the easiest bucket).
+    quantiles and go to the easiest bucket). Tokens without a teacher score (NaN) are counted apart, in
+    ``unscored_tokens``, and left out of the per-bucket figures.
 
     Shows whether the buckets split the difficulty as intended: on real data the hardest bucket holds a
     large share of the NLL in few tokens.
     """
     scores = np.concatenate([np.asarray(s, dtype=np.float64) for s in student_scores])
     flat = np.concatenate([np.asarray(b[: len(s)]) for b, s in zip(bucket_ids, student_scores)])
+    scored = ~np.isnan(scores)
+    scores, flat, unscored = scores[scored], flat[scored], int((~scored).sum())
     total = scores.sum()
     rows = [{"bucket": k, "tokens": int((flat == k).sum()), "nll_share": float(scores[flat == k].sum() / total),
              "mean_nll": float(scores[flat == k].mean()) if (flat == k).any() else 0.0} for k in range(num_buckets)]
     end_tokens = sum(len(b) - len(s) for b, s in zip(bucket_ids, student_scores))
     return {"per_bucket": rows, "end_of_response_tokens": end_tokens,
             "end_of_response_bucket": BucketConfig(num_buckets=num_buckets).end_bucket,
-            "completion_tokens": int(flat.size), "total_teacher_nll": float(total)}
+            "completion_tokens": int(flat.size) + unscored, "unscored_tokens": unscored, "total_teacher_nll": float(total)}
 
 
 def _spread(values: Sequence[float]) -> dict[str, float]:

@@ -12,6 +12,7 @@ from typing import get_args
 
 import numpy as np
 
+from .schema import disjoint_spans
 from .settings import MAX_BUCKETS, BucketConfig, Ordering
 
 ORDERINGS: tuple[str, ...] = get_args(Ordering)
@@ -50,21 +51,64 @@ def equal_mass_buckets(
     return bucket_ids, thresholds
 
 
-def bucket_rows(per_row_scores: Sequence[Sequence[float]], config: BucketConfig) -> tuple[list[np.ndarray], np.ndarray]:
+def threshold_buckets(scores: np.ndarray, thresholds: np.ndarray, ordering: Ordering) -> np.ndarray:
+    """Bucket ids of scores outside the quantile set, by the thresholds :func:`equal_mass_buckets` returned.
+
+    A score equal to a threshold joins the bucket that threshold starts, as it would in the quantile set.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if ordering == "hard_to_easy":  # thresholds descend: bucket = how many boundaries lie at or above the score
+        ids = (thresholds[None, :] >= scores[:, None]).sum(-1)
+    else:
+        ids = (thresholds[None, :] <= scores[:, None]).sum(-1)
+    return ids.astype(np.int8)
+
+
+def _fill_unscored(ids: np.ndarray, end_bucket: int) -> np.ndarray:
+    """Unscored tokens (-1) take the bucket of the next scored token of the row, or ``end_bucket`` when none follows."""
+    n = ids.size
+    following = np.where(ids >= 0, np.arange(n), n)
+    following = np.minimum.accumulate(following[::-1])[::-1]
+    return np.append(ids, np.int8(end_bucket))[following].astype(np.int8)
+
+
+def bucket_rows(
+    per_row_scores: Sequence[Sequence[float]], config: BucketConfig, kept: Sequence[int] | None = None
+) -> tuple[list[np.ndarray], np.ndarray]:
     """Cut the scores of all rows together into equal-mass buckets; return per-row bucket ids and the thresholds.
 
-    Equal mass holds over every token of the data set (paper §3.2), not within each row.
+    Equal mass holds over every token of the data set (paper §3.2), not within each row. ``kept`` is, per row,
+    how many leading tokens survive truncation to the training length (default: all); with
+    ``config.quantile_tokens == "kept"`` the quantiles are cut over those tokens only, since the others are
+    never trained, and the others get their bucket from the thresholds. A NaN score marks a token without a
+    teacher score (e.g. the first byte of a character a byte-level tokenizer split, or a tail the teacher did
+    not score): it never enters the quantiles and takes the bucket of the next scored token of its row (the rest
+    of its character), or ``config.end_bucket`` when none follows. Every token gets an id.
     """
     lengths = [len(scores) for scores in per_row_scores]
     flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in per_row_scores]) if lengths else np.zeros(0)
-    ids, thresholds = equal_mass_buckets(flat, config.num_buckets, config.bucket_ordering, config.bucket_seed)
-    return np.split(ids, np.cumsum(lengths)[:-1]), thresholds
+    scored = ~np.isnan(flat)
+    in_quantiles = scored.copy()
+    if kept is not None and config.quantile_tokens == "kept":
+        position = np.concatenate([np.arange(n) for n in lengths]) if lengths else np.zeros(0, dtype=np.int64)
+        in_quantiles &= position < np.repeat(np.asarray(kept, dtype=np.int64), lengths)
+    ids = np.full(flat.size, -1, dtype=np.int8)
+    if config.bucket_ordering == "random":  # no quantiles: one seeded draw per scored token, kept or not
+        ids[scored], thresholds = equal_mass_buckets(flat[scored], config.num_buckets, "random", config.bucket_seed)
+    else:
+        ids[in_quantiles], thresholds = equal_mass_buckets(flat[in_quantiles], config.num_buckets, config.bucket_ordering)
+        rest = scored & ~in_quantiles
+        ids[rest] = threshold_buckets(flat[rest], thresholds, config.bucket_ordering)
+    per_row = np.split(ids, np.cumsum(lengths)[:-1]) if lengths else []
+    return [_fill_unscored(row, config.end_bucket) for row in per_row], thresholds
 
 
 def _same_spans(teacher_starts: Sequence[int], teacher_ends: Sequence[int], student_spans: Sequence[tuple[int, int]]) -> bool:
-    return len(student_spans) == len(teacher_starts) and all(
-        (s, e) == (ts, te) for (s, e), ts, te in zip(student_spans, teacher_starts, teacher_ends)
-    )
+    """The student's tokens are the teacher's: its spans equal the teacher's raw, or as the scorer stores them
+    (:func:`~trims_hf.schema.disjoint_spans`, which moves a split character's later pieces to zero width)."""
+    teacher = list(zip(teacher_starts, teacher_ends))
+    return len(student_spans) == len(teacher) and (
+        [tuple(span) for span in student_spans] == teacher or list(disjoint_spans(student_spans)) == teacher)
 
 
 def _starts(spans: Sequence[tuple[int, int]]) -> np.ndarray:
@@ -109,10 +153,39 @@ def project_scores(
     point = np.zeros(n_chars + 1, dtype=np.float64)
     np.add.at(point, np.minimum(starts[~wide], max(n_chars - 1, 0)), values[~wide])
     per_char = per_char + point[:n_chars] if n_chars else point[:1]
-    cumulative = np.concatenate([[0.0], np.cumsum(per_char)])
+    return _owned_sums(per_char, student_spans, n_chars)
+
+
+def _owned_sums(per_char: np.ndarray, student_spans: Sequence[tuple[int, int]], n_chars: int) -> np.ndarray:
+    """Per student token, the sum of ``per_char`` over the characters it owns (from its start to the next
+    token's start; the first from 0, the last to the end of the text)."""
+    cumulative = np.concatenate([np.zeros(1, dtype=per_char.dtype), np.cumsum(per_char)])
     s_starts = _starts(student_spans).clip(0, n_chars)
     if s_starts.size == 0:
-        return np.zeros(0)
+        return np.zeros(0, dtype=per_char.dtype)
     s_starts[0] = 0
     s_ends = _contiguous_ends(s_starts, len(cumulative) - 1)
     return cumulative[s_ends] - cumulative[s_starts]
+
+
+def teacher_coverage(
+    teacher_starts: Sequence[int], teacher_ends: Sequence[int], student_spans: Sequence[tuple[int, int]], n_chars: int
+) -> np.ndarray:
+    """Per student token, whether any teacher score reaches it under :func:`project_scores`'s rule.
+
+    A student token gets nothing when the characters it owns are none (the first pieces of a character a
+    byte-level tokenizer split: the last piece owns the character) or lie outside every teacher span (a tail
+    the teacher did not score). Counted in integers, so no rounding can fake a score.
+    """
+    if _same_spans(teacher_starts, teacher_ends, student_spans):
+        return np.ones(len(student_spans), dtype=bool)
+    starts = np.asarray(teacher_starts, dtype=np.int64).clip(0, n_chars)
+    ends = np.asarray(teacher_ends, dtype=np.int64).clip(0, n_chars)
+    wide = ends > starts
+    covering = np.zeros(n_chars + 1, dtype=np.int64)
+    np.add.at(covering, starts[wide], 1)
+    np.add.at(covering, ends[wide], -1)
+    covering = np.cumsum(covering)[:n_chars]
+    if n_chars:
+        np.add.at(covering, np.minimum(starts[~wide], n_chars - 1), 1)
+    return _owned_sums((covering > 0).astype(np.int64), student_spans, n_chars) > 0

@@ -23,15 +23,17 @@ from transformers import (
     TrainingArguments,
 )
 
-from .evaluation import check_task_inputs, evaluate_task
+from .evaluation import evaluate_task, load_examples
 from .generation import DecodingConfig
 from .tasks import Task, get_task
 
 
 class DecodeEvalCallback(TrainerCallback):
-    """Logs ``{prefix}_{task}_accuracy``, ``_tokens_per_step``, ``_tokens_per_second`` and ``_nfe`` at each evaluation.
+    """Logs ``{prefix}_{task}_accuracy`` (a fraction, 0-1), ``_num_samples`` (its n), ``_tokens_per_step``,
+    ``_tokens_per_second`` and ``_nfe`` at each evaluation.
 
-    The metrics are also added to the dict ``Trainer.evaluate`` returns, so they can select the best model.
+    The examples are read once, at construction, so a wrong file or column fails before training starts. The
+    metrics are also added to the dict ``Trainer.evaluate`` returns, so they can select the best model.
     """
 
     def __init__(
@@ -47,10 +49,10 @@ class DecodeEvalCallback(TrainerCallback):
         trainer: Trainer | None = None,
     ) -> None:
         self.task = get_task(task) if isinstance(task, str) else task
-        check_task_inputs(self.task, data_file, execute_code)
+        self.examples = load_examples(self.task, data_file, limit, execute_code)
         self.tokenizer = tokenizer
         self.config = config or DecodingConfig()
-        self.limit, self.data_file, self.execute_code, self.batch_size = limit, data_file, execute_code, batch_size
+        self.execute_code, self.batch_size = execute_code, batch_size
         self.prefix = prefix
         self.trainer: Trainer | None = None
         if trainer is not None:
@@ -76,12 +78,13 @@ class DecodeEvalCallback(TrainerCallback):
         model.eval()
         try:
             result = evaluate_task(
-                model, self.tokenizer, self.task, self.config, limit=self.limit, data_file=self.data_file,
-                execute_code=self.execute_code, batch_size=self.batch_size, progress=False,
+                model, self.tokenizer, self.task, self.config, examples=self.examples, execute_code=self.execute_code,
+                batch_size=self.batch_size, progress=False,
             )
             name = f"{self.prefix}_{self.task.name}"
             values = {
                 f"{name}_accuracy": result.accuracy,
+                f"{name}_num_samples": float(result.num_samples),
                 f"{name}_tokens_per_step": result.tokens_per_step,
                 f"{name}_tokens_per_second": result.tokens_per_second,
                 f"{name}_nfe": float(result.nfe),

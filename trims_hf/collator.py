@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import schema
+from .loss import IGNORE_INDEX
 from .masking import noise_batch, select_fixed_subset, select_per_draw
 from .settings import MaskingConfig
 
@@ -29,19 +30,27 @@ class TrimsDataCollator:
     """Collate prepared rows into noised batches with TRIMS trajectory masking (paper Algorithm 1).
 
     Rows hold ``input_ids``, ``prompt_length`` and (for trajectory masking) ``bucket_ids``, as written by
-    :func:`trims_hf.prepare_dataset`. Output keys: ``input_ids`` (noised), ``attention_mask``, ``labels``
-    (clean ids at masked positions, -100 elsewhere), ``response_mask`` (positions counted by the loss
-    normaliser), ``loss_weights``, ``t`` and ``is_trajectory`` (per sample).
+    :func:`trims_hf.prepare_dataset`. Output keys: ``input_ids`` (noised) and ``attention_mask`` for the model;
+    for the loss (:mod:`trims_hf.loss`) ``labels`` (the clean token at every response position the normaliser
+    counts, EOS padding included when it is trained; -100 elsewhere), ``masked`` (the noised positions, where
+    the loss is taken), ``loss_weights``, ``t`` and ``is_trajectory`` (per sample).
+
+    A row's noise is drawn from its own seed (the collator's seed, the epoch, the row's tokens and example
+    id), never from its batch-mates, so every split of a global batch over devices and accumulation steps
+    draws the same masks.
     """
 
     tokenizer: Any
     mask_token_id: int | None = None
     """Student mask id; default ``tokenizer.mask_token_id`` (pass ``trims_hf.mask_token_id(model)`` otherwise)."""
     masking: MaskingConfig = field(default_factory=MaskingConfig)
+    max_length: int | None = None
+    """The ``max_length`` the rows were prepared with; every batch is padded to it when ``masking.padding`` is
+    ``"max_length"`` (MDLMTrainer passes its config's)."""
     seed: int = 0
     epoch: int = 0
-    """Set by MDLMTrainer at every epoch. Masks are a function of (seed, epoch, batch content), so a run
-    resumed from a checkpoint, or using several DataLoader workers, draws exactly the same masks."""
+    """Set by MDLMTrainer at every epoch. Masks are a function of (seed, epoch, row), so a run resumed from a
+    checkpoint, or using several DataLoader workers, draws exactly the same masks."""
 
     def __post_init__(self) -> None:
         if self.mask_token_id is None:
@@ -50,15 +59,18 @@ class TrimsDataCollator:
             raise ValueError("The tokenizer has no mask token: pass mask_token_id=trims_hf.mask_token_id(model).")
         if self.tokenizer.eos_token_id is None:
             raise ValueError("The student tokenizer needs an EOS token (used for end of response and padding).")
+        if self.masking.padding == "max_length" and self.max_length is None:
+            raise ValueError("padding='max_length' needs the collator's max_length (the one the rows were prepared with).")
 
     @property
     def needs_buckets(self) -> bool:
         return self.masking.trajectory_ratio > 0
 
-    def _generator(self, input_ids: np.ndarray) -> torch.Generator:
-        digest = hashlib.blake2b(input_ids.tobytes(), digest_size=8, key=str(input_ids.shape).encode()).digest()
-        entropy = [self.seed, self.epoch, int.from_bytes(digest, "little")]
-        return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1))
+    def _generator(self, ids: np.ndarray, example_id: Any) -> torch.Generator:
+        """A row's own generator: its masks do not depend on which rows share its batch."""
+        key = f"{self.seed}/{self.epoch}/{example_id}".encode()[-64:]
+        digest = hashlib.blake2b(ids.tobytes(), digest_size=8, key=key).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
     def _checked(self, row: Mapping[str, Any], index: int) -> Mapping[str, Any]:
         where = row.get(schema.EXAMPLE_ID, index)
@@ -67,17 +79,33 @@ class TrimsDataCollator:
                 f"row {where}: not prepared for the student (no '{schema.INPUT_IDS}'); prepare the data set once with "
                 "trims_hf.prepare_dataset(dataset, tokenizer), or train with MDLMTrainer, which does it."
             )
+        if row.get(schema.INPUT_IDS) is not None and schema.PROMPT_LENGTH not in row:
+            raise schema.SchemaError(
+                f"row {where}: no '{schema.PROMPT_LENGTH}' column; transformers.Trainer drops the columns its model's "
+                "forward does not take: pass remove_unused_columns=False in the TrainingArguments (MDLMConfig does)."
+            )
         schema.validate_prepared(row, where, self.masking.num_buckets if self.needs_buckets else None)
         return row
+
+    def _width(self, lengths: np.ndarray, rows: Sequence[Mapping[str, Any]]) -> int:
+        masking = self.masking
+        width = int(lengths.max())
+        if masking.padding == "max_length":
+            if width > self.max_length:
+                row = rows[int(lengths.argmax())]
+                raise schema.SchemaError(f"row {row.get(schema.EXAMPLE_ID, int(lengths.argmax()))}: {width} tokens, more "
+                                         f"than max_length={self.max_length}; prepare the rows with the same max_length.")
+            width = self.max_length
+        if masking.pad_to_multiple_of:
+            width = -(-width // masking.pad_to_multiple_of) * masking.pad_to_multiple_of
+        return width
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         rows = [self._checked(row, index) for index, row in enumerate(features)]
         masking = self.masking
         batch_size = len(rows)
         lengths = np.array([len(row[schema.INPUT_IDS]) for row in rows])
-        width = int(lengths.max())
-        if masking.pad_to_multiple_of:
-            width = -(-width // masking.pad_to_multiple_of) * masking.pad_to_multiple_of
+        width = self._width(lengths, rows)
         eos = self.tokenizer.eos_token_id
 
         input_ids = np.full((batch_size, width), eos, dtype=np.int64)
@@ -91,21 +119,22 @@ class TrimsDataCollator:
 
         positions = np.arange(width)[None, :]
         real = positions < lengths[:, None]
-        maskable = positions >= prompt_lengths[:, None]
+        maskable = positions >= prompt_lengths[:, None]  # never position 0: a row has at least one prompt token
         if not masking.train_on_padding:
             maskable &= real
         attention_mask = np.ones_like(input_ids) if masking.train_on_padding else real.astype(np.int64)
 
-        generator = self._generator(input_ids)
+        generators = [self._generator(input_ids[b, :length], row.get(schema.EXAMPLE_ID))
+                      for b, (row, length) in enumerate(zip(rows, lengths))]
         clean = torch.from_numpy(input_ids)
         if masking.trajectory_selection == "fixed_subset":
             if any(schema.EXAMPLE_ID not in row for row in features):
                 raise schema.SchemaError(f"trajectory_selection='fixed_subset' needs an '{schema.EXAMPLE_ID}' column in every row.")
             ids = torch.tensor([int(row[schema.EXAMPLE_ID]) for row in features])
             is_trajectory = select_fixed_subset(ids, masking.trajectory_ratio, self.seed)
-            torch.rand(batch_size, generator=generator)  # keep the random stream aligned with per_draw
+            select_per_draw(batch_size, masking.trajectory_ratio, generators)  # keep the random streams aligned with per_draw
         else:
-            is_trajectory = select_per_draw(batch_size, masking.trajectory_ratio, generator)
+            is_trajectory = select_per_draw(batch_size, masking.trajectory_ratio, generators)
         noised = noise_batch(
             clean,
             torch.from_numpy(maskable),
@@ -113,13 +142,13 @@ class TrimsDataCollator:
             is_trajectory,
             mask_token_id=int(self.mask_token_id),
             config=masking,
-            generator=generator,
+            generator=generators,
         )
         return {
             "input_ids": noised.input_ids,
             "attention_mask": torch.from_numpy(attention_mask),
-            "labels": torch.where(noised.masked, clean, torch.full_like(clean, -100)),
-            "response_mask": torch.from_numpy(maskable),
+            "labels": torch.from_numpy(np.where(maskable, input_ids, IGNORE_INDEX)),
+            "masked": noised.masked,
             "loss_weights": noised.loss_weights,
             "t": noised.t,
             "is_trajectory": noised.is_trajectory,

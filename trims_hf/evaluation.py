@@ -3,20 +3,32 @@
 :func:`evaluate_task` composes the library: a task's examples and prompts, the parallel decoder with a
 :class:`TokensPerStepRecorder`, the task's stop strings and grader. Tokens per step is the ratio of totals
 ``sum(counted tokens) / sum(forwards)``; counted tokens exclude the prompt, the EOS tail and everything from
-the task's first stop string on. Every result carries the prompt format, the decoding settings and whether
-early stop was on, because each of them moves the numbers.
+the task's first stop string on. Every result carries the prompt format, the decoding settings, whether early
+stop was on and the library versions, because each of them moves the numbers.
+
+Accuracy is a fraction (0-1) next to ``num_samples`` in results and JSON (the ``evaluate`` convention); tables,
+plots and model cards show it in percent with n. With ``records_file``, each graded sample is appended as it
+finishes, so an interrupted evaluation resumes where it stopped (:class:`EvaluationInterrupted`).
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
+import os
+import sys
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
@@ -29,19 +41,41 @@ from .generation import (
     TokensPerStepRecorder,
     generate_text,
 )
+from .prompts import resolved_format
+from .reports import library_versions, markdown_table
 from .settings import PromptFormat
-from .reports import markdown_table
-from .tasks import CodeExecutionDisabled, CodeTask, Task, get_task
+from .tasks import CodeExecutionDisabled, CodeTask, Example, Task, TaskDataError, get_task
 
 # The knob each decoding strategy is swept over.
 SWEEP_PARAMETER = {"threshold": "threshold", "entropy": "entropy_threshold", "factor": "factor", "fixed_steps": "steps"}
 
+RESULT_UNITS = {
+    "accuracy": "fraction of num_samples graded correct, 0-1 (tables, plots and model cards show percent)",
+    "tokens_per_step": "counted tokens (before EOS and task stop strings) per forward pass, ratio of totals",
+    "tokens_per_forward_non_eos": "non-EOS response tokens before a task stop string per forward pass, ratio of totals",
+    "tokens_per_second": "counted tokens per second of decoding wall time",
+    "decode_time_s": "seconds of decoding (model calls), summed over batches",
+    "wall_time_s": "seconds of the evaluate_task call that finished the result (data, decoding, grading)",
+}
+"""What each number of a result file measures; written at the top of every file :func:`save_results` writes."""
+
+
+def decoding_setting(decoding: DecodingConfig | dict[str, Any]) -> str:
+    """The strategy and the value of its swept knob, e.g. ``threshold 0.9``: how tables and plots name a setting."""
+    values = asdict(decoding) if isinstance(decoding, DecodingConfig) else decoding
+    return f"{values['strategy']} {values[SWEEP_PARAMETER[values['strategy']]]}"
+
 
 @dataclass
 class SampleRecord:
-    """One graded completion; ``generated_tokens`` is what counts towards tokens per step."""
+    """One graded completion: what the model saw, the gold answer, what was extracted and the verdict.
+    ``generated_tokens`` is what counts towards tokens per step."""
 
     prompt_id: str
+    prompt: str
+    """The prompt text exactly as the model received it (chat template or plain form applied)."""
+    reference: str | None
+    """The task's gold answer (a number, a LaTeX answer, or a reference program for code tasks)."""
     completion: str
     extracted: Any
     correct: bool
@@ -49,6 +83,8 @@ class SampleRecord:
     generated_tokens: int
     non_eos_tokens: int
     nfe: int
+    decode_time_s: float
+    """This sample's share of its batch's decoding time."""
     isolation: str | None = None  # code tasks: the sandbox that ran the code ("bubblewrap" or "process")
 
 
@@ -59,6 +95,7 @@ class EvalResult:
     model: str
     task: str
     accuracy: float
+    """Fraction of the ``num_samples`` graded samples that are correct (0-1)."""
     tokens_per_step: float
     """Counted tokens over forwards, a ratio of totals over samples (the paper's "TPS")."""
     tokens_per_forward_non_eos: float
@@ -76,16 +113,26 @@ class EvalResult:
     prompt_format: dict[str, Any]
     decoding: dict[str, Any]
     samples: list[SampleRecord] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=library_versions)
+    """Library versions the result was computed with (:func:`trims_hf.reports.library_versions`)."""
 
     @property
     def setting(self) -> str:
         """The swept knob and its value, e.g. ``threshold 0.9``."""
-        strategy = self.decoding["strategy"]
-        return f"{strategy} {self.decoding[SWEEP_PARAMETER[strategy]]}"
+        return decoding_setting(self.decoding)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable dict (samples included)."""
         return asdict(self)
+
+
+class EvaluationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during an evaluation that saves its records: how far it got and where the records are."""
+
+    def __init__(self, task: str, setting: str, done: int, total: int, records_file: Path) -> None:
+        self.task, self.setting, self.done, self.total, self.records_file = task, setting, done, total, records_file
+        super().__init__(f"{done} of {total} {task} problems ({setting}) saved in {records_file}; evaluate again with "
+                         "the same settings and records file to resume")
 
 
 class _Responses(DecodeHook):
@@ -125,13 +172,74 @@ def check_task_inputs(task: Task, data_file: str | None, execute_code: bool) -> 
         raise FileNotFoundError(f"data file not found: {data_file}")
     if isinstance(task, CodeTask) and not execute_code:
         raise CodeExecutionDisabled(
-            f"{task.name} is graded by running model-written code; pass execute_code=True "
-            "(CLI: --allow-code-execution) to run it in the sandbox"
+            f"{task.name} is graded by running model-written code; pass execute_code=True to run it in the sandbox"
         )
+
+
+def load_examples(task: Task, data_file: str | None = None, limit: int | None = None,
+                  execute_code: bool = False) -> list[Example]:
+    """The examples :func:`evaluate_task` decodes, after every check that needs no model, so that a wrong file,
+    column or opt-in fails before a model loads."""
+    check_task_inputs(task, data_file, execute_code)
+    examples = task.load(data_file=data_file, limit=limit)
+    if not examples:
+        raise TaskDataError(f"{data_file or getattr(task, 'hub_id', task.name)}: no {task.name} examples to evaluate")
+    return examples
 
 
 def _model_name(model: nn.Module) -> str:
     return getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
+
+
+def run_fingerprint(model: nn.Module, model_name: str, task: Task, tokenizer: PreTrainedTokenizerBase,
+                    config: DecodingConfig, prompt_format: PromptFormat, batch_size: int) -> str:
+    """A short hash of everything that decides a sample's record: the model's name, a checksum of its weights
+    (a retrained adapter in the same folder differs), dtype and device, the task and prompt format, the decoding
+    settings and the batch size (left padding moves the numerics). Records of another fingerprint are never reused."""
+    parameters = [p.detach() for p in model.parameters()]
+    with torch.no_grad():
+        sums = torch.stack([torch.stack([p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64)])
+                            for p in parameters]).cpu() if parameters else torch.zeros(0)
+    key = {
+        "model": model_name, "weights": [f"{value:.10g}" for value in sums.flatten().tolist()],
+        "dtype": str(parameters[0].dtype) if parameters else None,
+        "device": parameters[0].device.type if parameters else None,
+        "task": task.prompt_format(tokenizer), "prompt_format": asdict(prompt_format), "decoding": asdict(config),
+        "batch_size": batch_size,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _saved_records(records_file: Path, fingerprint: str) -> dict[str, SampleRecord]:
+    """Records of this run already in ``records_file``; a line cut short by a crash is skipped (decoded again)."""
+    saved: dict[str, SampleRecord] = {}
+    if not records_file.is_file():
+        return saved
+    for line in records_file.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.pop("run", None) == fingerprint:
+            saved[row["prompt_id"]] = SampleRecord(**row)
+    return saved
+
+
+def _append_records(records_file: Path, fingerprint: str, records: Sequence[SampleRecord]) -> None:
+    """Append one JSON line per record and flush it to disk, so a crash loses at most the batch in flight."""
+    records_file.parent.mkdir(parents=True, exist_ok=True)
+    with records_file.open("a+", encoding="utf-8") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() > 0:  # a line torn by a crash must not swallow the next record
+            handle.seek(handle.tell() - 1)
+            torn = handle.read(1) != "\n"
+            handle.seek(0, os.SEEK_END)
+            if torn:
+                handle.write("\n")
+        for record in records:
+            handle.write(json.dumps({"run": fingerprint, **asdict(record)}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def evaluate_task(
@@ -147,50 +255,97 @@ def evaluate_task(
     hooks: Sequence[DecodeHook] = (),
     model_name: str | None = None,
     prompt_format: PromptFormat | None = None,
+    examples: Sequence[Example] | None = None,
+    records_file: str | Path | None = None,
 ) -> EvalResult:
-    """Decode and grade ``limit`` examples of ``task``; extra ``hooks`` (e.g. a ``TrajectoryRecorder``)
-    see every batch, with the examples' ids as sample ids."""
+    """Decode and grade ``limit`` examples of ``task`` (or the given ``examples``, from :func:`load_examples`).
+
+    Extra ``hooks`` (e.g. a ``TrajectoryRecorder``) see every decoded batch, with the examples' ids as sample ids.
+    With ``records_file`` (JSONL), every graded sample is appended as its batch finishes, samples already saved
+    by a run with the same :func:`run_fingerprint` (and the same prompt and gold answer) are not decoded again,
+    and Ctrl-C raises :class:`EvaluationInterrupted`; the result equals an uninterrupted run's (timings aside).
+    """
     task = get_task(task) if isinstance(task, str) else task
     config = config or DecodingConfig()
-    check_task_inputs(task, data_file, execute_code)
+    fmt = prompt_format or PromptFormat()
     started = time.perf_counter()
-    examples = task.load(data_file=data_file, limit=limit)
+    if examples is None:
+        examples = load_examples(task, data_file, limit, execute_code)
+    else:
+        check_task_inputs(task, None, execute_code)
+    name = model_name or _model_name(model)
+    setting = decoding_setting(config)
+    prompts = {e.id: task.prompt(e, tokenizer, fmt) for e in examples}
+    texts = {e.id: task.build_prompt(e, tokenizer, fmt) for e in examples}
+    records: dict[str, SampleRecord] = {}
+    if records_file is not None:
+        records_file = Path(records_file)
+        fingerprint = run_fingerprint(model, name, task, tokenizer, config, fmt, batch_size)
+        records = {e.id: saved for e in examples if (saved := _saved_records(records_file, fingerprint).get(e.id))
+                   and (saved.prompt, saved.reference) == (texts[e.id], task.reference(e))}
+        if records:
+            print(f"resuming: {len(records)} of {len(examples)} {task.name} problems done ({setting}; {records_file})",
+                  file=sys.stderr)
+    todo = [e for e in examples if e.id not in records]
     recorder, responses = TokensPerStepRecorder(), _Responses()
-    records: list[SampleRecord] = []
-    for begin in tqdm(range(0, len(examples), batch_size), desc=task.name, disable=not progress):
-        batch = examples[begin : begin + batch_size]
-        prompts = [task.prompt(e, tokenizer, prompt_format) for e in batch]
-        texts = generate_text(model, tokenizer, prompts, config, [recorder, responses, *hooks], [e.id for e in batch],
-                              prompt_format)
-        for example, text in zip(batch, texts):
-            completion = cut_at_stop_strings(text, task.stop_strings)
-            if completion != text:
-                ids = responses.ids[example.id][: recorder.samples[example.id]["tokens"]]
-                recorder.finalize(example.id, tokens_covering(tokenizer, ids, len(completion)))
-            grade = task.grade(example, completion, execute_code=execute_code)
-            counts = recorder.samples[example.id]
-            records.append(SampleRecord(example.id, completion, grade["extracted"], bool(grade["correct"]),
-                                        grade["error"], counts["tokens"], counts["non_eos_tokens"], counts["nfe"],
-                                        grade.get("isolation")))
-    summary = recorder.summary()
+    try:
+        for begin in tqdm(range(0, len(todo), batch_size), desc=task.name, disable=not progress):
+            batch = todo[begin : begin + batch_size]
+            decoding_before = recorder.wall_time_s
+            outputs = generate_text(model, tokenizer, [prompts[e.id] for e in batch], config,
+                                    [recorder, responses, *hooks], [e.id for e in batch], fmt)
+            share = (recorder.wall_time_s - decoding_before) / len(batch)
+            graded = []
+            for example, text in zip(batch, outputs):
+                completion = cut_at_stop_strings(text, task.stop_strings)
+                if completion != text:
+                    ids = responses.ids[example.id][: recorder.samples[example.id]["tokens"]]
+                    recorder.finalize(example.id, tokens_covering(tokenizer, ids, len(completion)))
+                grade = task.grade(example, completion, execute_code=execute_code)
+                counts = recorder.samples[example.id]
+                graded.append(SampleRecord(
+                    prompt_id=example.id, prompt=texts[example.id], reference=task.reference(example),
+                    completion=completion, extracted=grade["extracted"], correct=bool(grade["correct"]),
+                    error=grade["error"], generated_tokens=counts["tokens"], non_eos_tokens=counts["non_eos_tokens"],
+                    nfe=counts["nfe"], decode_time_s=share, isolation=grade.get("isolation"),
+                ))
+            if records_file is not None:
+                _append_records(records_file, fingerprint, graded)
+            records.update((r.prompt_id, r) for r in graded)
+    except KeyboardInterrupt:
+        if records_file is None:
+            raise
+        raise EvaluationInterrupted(task.name, setting, len(records), len(examples), records_file) from None
+    samples = [records[e.id] for e in examples]
+    tokens, nfe = sum(r.generated_tokens for r in samples), sum(r.nfe for r in samples)
+    non_eos, decode_time = sum(r.non_eos_tokens for r in samples), sum(r.decode_time_s for r in samples)
     return EvalResult(
-        model=model_name or _model_name(model),
+        model=name,
         task=task.name,
-        accuracy=sum(r.correct for r in records) / len(records) if records else 0.0,
-        tokens_per_step=summary["tokens_per_step"],
-        tokens_per_forward_non_eos=summary["tokens_per_forward_non_eos"],
-        tokens_per_second=summary["tokens_per_second"],
-        nfe=summary["nfe"],
-        generated_tokens=summary["generated_tokens"],
-        non_eos_tokens=summary["non_eos_tokens"],
-        num_samples=len(records),
-        decode_time_s=summary["wall_time_s"],
+        accuracy=sum(r.correct for r in samples) / len(samples),
+        tokens_per_step=tokens / nfe if nfe else 0.0,
+        tokens_per_forward_non_eos=non_eos / nfe if nfe else 0.0,
+        tokens_per_second=tokens / decode_time if decode_time else 0.0,
+        nfe=nfe,
+        generated_tokens=tokens,
+        non_eos_tokens=non_eos,
+        num_samples=len(samples),
+        decode_time_s=decode_time,
         wall_time_s=time.perf_counter() - started,
         early_stop=config.early_stop,
-        prompt_format=task.prompt_format(tokenizer),
+        prompt_format={**task.prompt_format(tokenizer), "template": resolved_format(tokenizer, fmt),
+                       "system_prompt": fmt.system_prompt},
         decoding=asdict(config),
-        samples=records,
+        samples=samples,
     )
+
+
+def sweep_configs(config: DecodingConfig, values: Sequence[float]) -> list[DecodingConfig]:
+    """``config`` once per value of its strategy's knob (:data:`SWEEP_PARAMETER`), each validated."""
+    parameter = SWEEP_PARAMETER[config.strategy]
+    if parameter == "steps" and (fractional := [v for v in values if v != int(v)]):
+        raise ValueError(f"{config.strategy} sweeps steps, whole numbers; got {fractional[0]}.")
+    return [replace(config, **{parameter: int(v) if parameter == "steps" else float(v)}) for v in values]
 
 
 def sweep(
@@ -202,54 +357,129 @@ def sweep(
     **kwargs: Any,
 ) -> list[EvalResult]:
     """One :func:`evaluate_task` per value of the strategy's knob (threshold tau by default), for a frontier."""
-    config = config or DecodingConfig()
-    parameter = SWEEP_PARAMETER[config.strategy]
-    cast = int if parameter == "steps" else float
-    return [evaluate_task(model, tokenizer, task, replace(config, **{parameter: cast(v)}), **kwargs) for v in values]
+    return [evaluate_task(model, tokenizer, task, c, **kwargs) for c in sweep_configs(config or DecodingConfig(), values)]
+
+
+def save_results(results: Sequence[EvalResult], path: str | Path) -> Path:
+    """Write ``{"units": ..., "results": [...]}`` (one schema for one result or a sweep) in one atomic step, so
+    an interrupted write never leaves a half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({"units": RESULT_UNITS, "results": [r.to_dict() for r in results]}, indent=2))
+    os.replace(partial, path)
+    return path
+
+
+def _sample_counts(results: Sequence[EvalResult]) -> str:
+    """``n=100``, or ``n=50-100`` when the results were graded on different numbers of samples."""
+    low, high = min(r.num_samples for r in results), max(r.num_samples for r in results)
+    return f"n={low}" if low == high else f"n={low}-{high}"
 
 
 def format_table(results: Sequence[EvalResult]) -> str:
-    """Markdown table like the paper's Tables 1-2: a row per model and setting, Acc (%) and Tokens/step per task."""
+    """Markdown table like the paper's Tables 1-2: a row per model and setting, accuracy (%, with n) and
+    tokens per step per task."""
     tasks = list(dict.fromkeys(r.task for r in results))
     rows: dict[tuple[str, str], dict[str, EvalResult]] = {}
     for result in results:
         rows.setdefault((result.model, result.setting), {})[result.task] = result
-    header = ["Model", "Setting"] + [f"{task} {column}" for task in tasks for column in ("Acc", "Tokens/step")]
+    uniform = {task: len({r.num_samples for r in results if r.task == task}) == 1 for task in tasks}
+    header = ["Model", "Setting"]
+    for task in tasks:
+        n = f", {_sample_counts([r for r in results if r.task == task])}" if uniform[task] else ""
+        header += [f"{task} Acc (%{n})", f"{task} Tokens/step"]
     body = []
     for (model, setting), by_task in rows.items():
         cells = [model, setting]
         for task in tasks:
             result = by_task.get(task)
-            cells += [f"{100 * result.accuracy:.1f}", f"{result.tokens_per_step:.2f}"] if result else ["-", "-"]
+            if result is None:
+                cells += ["-", "-"]
+                continue
+            n = "" if uniform[task] else f" (n={result.num_samples})"
+            cells += [f"{100 * result.accuracy:.1f}{n}", f"{result.tokens_per_step:.2f}"]
         body.append(cells)
     early_stop = ", ".join(sorted({"on" if r.early_stop else "off" for r in results}))
-    return (markdown_table(header, body) + "\n\nTokens/step: generated tokens (no EOS, nothing after stop strings) "
-            f"per forward, ratio of totals; early stop: {early_stop}.")
+    return (markdown_table(header, body) + "\n\nAcc: percent of the n problems graded correct. Tokens/step: generated "
+            f"tokens (no EOS, nothing after stop strings) per forward, ratio of totals; early stop: {early_stop}.")
+
+
+def _label_slots() -> list[tuple[float, float, str, str]]:
+    """Where a point's label may sit, in points from its marker, nearest first: above, right, below, left, then
+    the diagonals, then the same further out (a crowded cluster stacks its labels)."""
+    slots = []
+    for distance in (5, 13, 21, 29, 37):
+        slots += [(0, distance, "center", "bottom"), (distance, 0, "left", "center"), (0, -distance, "center", "top"),
+                  (-distance, 0, "right", "center"), (distance * 0.8, distance * 0.8, "left", "bottom"),
+                  (-distance * 0.8, distance * 0.8, "right", "bottom"), (distance * 0.8, -distance * 0.8, "left", "top"),
+                  (-distance * 0.8, -distance * 0.8, "right", "top")]
+    return slots
+
+
+def _place_labels(axis: Any, points: Sequence[tuple[float, float, str, str]], renderer: Any) -> None:
+    """Label every point at the first slot that stays inside the axes and overlaps no marker or earlier label
+    (else the slot with the fewest overlaps), so labels neither collide nor get clipped; a label moved away from
+    its marker gets a thin leader line."""
+    frame = axis.get_window_extent(renderer)
+    radius = 3.5 * axis.figure.dpi / 72  # the 6-point marker, plus a little air
+    taken = [Bbox.from_extents(px - radius, py - radius, px + radius, py + radius)
+             for px, py in axis.transData.transform([(x, y) for x, y, _, _ in points])]
+    for x, y, text, color in points:
+        best: tuple[tuple[bool, int], Any, Bbox] | None = None
+        for dx, dy, ha, va in _label_slots():
+            leader = {"arrowprops": {"arrowstyle": "-", "color": color, "lw": 0.5}} if max(abs(dx), abs(dy)) > 5 else {}
+            label = axis.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
+                                  fontsize=7, color=color, annotation_clip=False, **leader)
+            label.update_positions(renderer)
+            box = Text.get_window_extent(label, renderer)  # the text alone, without its leader line
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            score = (not inside, sum(box.overlaps(other) for other in taken))
+            if best is None or score < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (score, label, box)
+            else:
+                label.remove()
+            if score == (False, 0):
+                break
+        taken.append(best[2])
 
 
 def plot_frontier(results: Sequence[EvalResult], path: str | Path | None = None) -> Figure:
-    """Accuracy against tokens per step, one panel per task and one line per model (the paper's Figures 3-4)."""
+    """Accuracy (%) against tokens per step, one panel per task (n in its title) and one line per model (the
+    paper's Figures 3-4); each point is labelled with its swept value."""
     tasks = list(dict.fromkeys(r.task for r in results))
     models = list(dict.fromkeys(r.model for r in results))  # one colour per model across panels
     # The object-oriented Figure API draws without pyplot, so the user's matplotlib backend is left alone.
-    figure = Figure(figsize=(4.0 * len(tasks), 3.5), layout="constrained")
-    axes = figure.subplots(1, len(tasks), squeeze=False)
-    for axis, task in zip(axes[0], tasks):
-        by_model: dict[str, list[EvalResult]] = {}
-        for result in results:
-            if result.task == task:
-                by_model.setdefault(result.model, []).append(result)
-        for model, points in by_model.items():
-            points = sorted(points, key=lambda r: r.tokens_per_step)
-            axis.plot([r.tokens_per_step for r in points], [100 * r.accuracy for r in points], marker="o", label=model,
-                      color=f"C{models.index(model) % 10}")
-            for point in points:
-                axis.annotate(point.setting.split()[-1], (point.tokens_per_step, 100 * point.accuracy), fontsize=7)
-        axis.set(title=task, xlabel="tokens per step", ylabel="accuracy (%)")
+    figure = Figure(figsize=(4.5 * len(tasks), 3.8), layout="constrained")
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    axes = figure.subplots(1, len(tasks), squeeze=False)[0]
+    labels: dict[Any, list[tuple[float, float, str, str]]] = {}
+    for axis, task in zip(axes, tasks):
+        in_task = [r for r in results if r.task == task]
+        for model in dict.fromkeys(r.model for r in in_task):
+            points = sorted((r for r in in_task if r.model == model), key=lambda r: r.tokens_per_step)
+            color = f"C{models.index(model) % 10}"
+            # clip_on=False: a marker at 0 % or 100 % is drawn whole on the frame instead of cut in half.
+            axis.plot([r.tokens_per_step for r in points], [100 * r.accuracy for r in points], marker="o",
+                      label=model, color=color, clip_on=False)
+            labels.setdefault(axis, []).extend(
+                (r.tokens_per_step, 100 * r.accuracy, r.setting.split()[-1], color) for r in points)
+        top = max(100 * r.accuracy for r in in_task)
+        axis.set_ylim(0, min(100.0, max(10.0, 1.25 * top)))  # accuracy lives in [0, 100]
+        axis.margins(x=0.12)
+        axis.set(title=f"{task} ({_sample_counts(in_task)})", xlabel="tokens per step", ylabel="accuracy (%)")
         axis.grid(alpha=0.3)
     # One legend below the panels: model names (paths, adapters) are often longer than a panel is wide.
-    legend = {label: handle for axis in axes[0] for handle, label in zip(*axis.get_legend_handles_labels())}
-    figure.legend(legend.values(), legend.keys(), loc="outside lower center", fontsize=8)
+    legend = {label: handle for axis in axes for handle, label in zip(*axis.get_legend_handles_labels())}
+    parameter = SWEEP_PARAMETER[results[0].decoding["strategy"]]
+    figure.legend(legend.values(), legend.keys(), loc="outside lower center", fontsize=8,
+                  title=f"point labels: {parameter}", title_fontsize=8)
+    figure.draw_without_rendering()  # settle the layout, then place labels in their final pixel positions
+    for axis, points in labels.items():
+        _place_labels(axis, points, renderer)
+    figure.set_layout_engine("none")  # keep the settled layout: the labels were placed for it
     if path is not None:
         figure.savefig(path, bbox_inches="tight", dpi=120)
     return figure

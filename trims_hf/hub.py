@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,8 @@ from typing import Any
 from datasets import Dataset, load_dataset
 from huggingface_hub import DatasetCard, DatasetCardData, HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError
+
+from .reports import markdown_table
 
 PAPER_TITLE = "TRIMS: Trajectory-Ranked Instruction Masked Supervision for Diffusion Language Models"
 PAPER_AUTHORS = ("Lingjie Chen", "Ruizhong Qiu", "Yuyu Fan", "Yanjun Zhao", "Hanghang Tong")
@@ -31,13 +33,29 @@ MAX_SHARD_BYTES = 500 * 2**20
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
-def load_source_dataset(source: str, split: str = "train", limit: int | None = None) -> Dataset:
-    """Load a Hub dataset id, a local dataset folder, or a local ``.jsonl`` / ``.json`` / ``.parquet`` file."""
+def load_source_dataset(source: str, split: str = "train", limit: int | None = None, *, flag: str = "dataset") -> Dataset:
+    """Load a Hub dataset id, a local dataset folder, or a local ``.jsonl`` / ``.json`` / ``.parquet`` file.
+
+    A missing split or an unreadable file raises :class:`trims_hf.sources.SourceError` naming ``flag`` (the
+    argument or command-line flag the user gave the source with).
+    """
+    from .sources import SourceError
+
     builder = LOCAL_BUILDERS.get(Path(source).suffix)
-    if builder and Path(source).is_file():
-        dataset = load_dataset(builder, data_files=str(source), split="train")
-    else:
-        dataset = load_dataset(source, split=split)
+    local_file = bool(builder) and Path(source).is_file()
+    if local_file and split != "train":
+        raise SourceError(f"{flag} {source} is a single file, whose one split is 'train'; got split={split!r}.")
+    try:
+        dataset = load_dataset(builder, data_files=str(source), split="train") if local_file else load_dataset(source, split=split)
+    except ValueError as error:  # datasets' "Unknown split" (its message lists the splits there are)
+        if "split" not in str(error).lower():
+            raise
+        raise SourceError(f"{flag} {source} has no split={split!r} ({str(error).splitlines()[0]}).") from None
+    except Exception as error:  # a malformed local file comes as one of several datasets / pyarrow errors
+        if not local_file:
+            raise
+        reason = str(error.__cause__ or error).splitlines()[0]
+        raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
 
 
@@ -82,12 +100,15 @@ def write_folder_atomically(folder: str | os.PathLike, fill: Callable[[Path], No
     """Build a folder with ``fill(temp_path)`` in a temporary sibling, then rename it into place.
 
     A crash or error leaves no half-written ``folder``; an existing one is replaced only with ``overwrite``.
+    The staging folder is made with ``mkdir`` (not ``mkdtemp``, whose folders are private), so the result
+    has the permissions the user's umask gives any new folder.
     """
     folder = Path(folder)
     if folder.exists() and not overwrite:
-        raise FileExistsError(f"{folder} already exists; choose another output folder or pass overwrite.")
+        raise FileExistsError(f"{folder} already exists; choose another output folder or pass overwrite=True.")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    staging = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")
+    staging.mkdir()
     try:
         fill(staging)
         if folder.exists():
@@ -140,7 +161,16 @@ def scored_dataset_card(metadata: Mapping[str, Any], license: str | None = None,
         tags=["trims", "diffusion-language-models", "teacher-scores"],
         **{METADATA_KEY: dict(metadata)},
     )
-    facts = "\n".join(f"- **{key}**: `{value}`" for key, value in metadata.items() if key != "thresholds")
+    facts = "\n".join(f"- **{key}**: `{value}`" for key, value in metadata.items() if key not in ("thresholds", "bucket_statistics"))
+    per_bucket = metadata.get("bucket_statistics") or []
+    table = markdown_table(["bucket", "tokens", "mean NLL", "share of NLL"],
+                           [[str(b["bucket"]), f"{b['tokens']:,}", f"{b['mean_nll']:.4f}", f"{b['nll_share']:.1%}"]
+                            for b in per_bucket])
+    buckets = f"""
+Per bucket (0 = revealed first), over the {metadata.get('quantile_tokens', 'all')} tokens the quantiles were cut on:
+
+{table}
+""" if per_bucket else ""
     content = f"""---
 {data.to_yaml()}
 ---
@@ -150,13 +180,15 @@ def scored_dataset_card(metadata: Mapping[str, Any], license: str | None = None,
 Each row holds a prompt and a completion, and for every teacher token of the completion its character
 span in the completion text (`teacher_token_start`, `teacher_token_end`, end exclusive), the teacher's
 negative log-likelihood `-log p_T(y_i | x, y_<i)` (`teacher_nll`), the entropy of the teacher's predictive
-distribution at that position (`teacher_entropy`), and an equal-mass difficulty bucket over all teacher
-tokens of the data set (`teacher_bucket`, 0 = revealed first), as in TRIMS §3.1-3.2.
+distribution at that position (`teacher_entropy`), and an equal-mass difficulty bucket (`teacher_bucket`,
+0 = revealed first), as in TRIMS §3.1-3.2. With `quantile_tokens: kept` the quantiles are cut over the
+completion tokens within `train_max_length` teacher tokens (the tokens training sees); the others get
+their bucket from the same thresholds.
 
 ## Scoring
 
 {facts}
-
+{buckets}
 Bucket thresholds (the first score of buckets 1..K-1 in decode order) are in the YAML header under
 `{METADATA_KEY}.thresholds`. Student-side buckets are recomputed from the spans for each student tokenizer.
 

@@ -9,6 +9,7 @@ like standard MDLM and produces identical masks for the same seed.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +56,19 @@ def get_schedule(name: str) -> NoiseSchedule:
     if name not in SCHEDULES:
         raise ValueError(f"Unknown noise schedule {name!r}; choose one of {sorted(SCHEDULES)}.")
     return SCHEDULES[name]
+
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+"""One generator for the whole batch, or one per row (then a row's draws do not depend on its batch-mates)."""
+
+
+def uniform(generator: Generators, batch_size: int, *size: int) -> torch.Tensor:
+    """U[0, 1) draws of shape [batch_size, *size]; with one generator per row, row b comes from generator b."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(batch_size, *size, generator=generator)
+    if len(generator) != batch_size:
+        raise ValueError(f"Got {len(generator)} generators for {batch_size} rows.")
+    return torch.stack([torch.rand(size, generator=row) for row in generator])
 
 
 @dataclass
@@ -118,7 +132,7 @@ def noise_batch(
     *,
     mask_token_id: int,
     config: MaskingConfig,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
 ) -> NoisedBatch:
     """Draw one noised version of a batch with the forward process ``config`` describes.
 
@@ -129,13 +143,13 @@ def noise_batch(
     """
     batch_size, length = input_ids.shape
     schedule = get_schedule(config.noise_schedule)
-    t = config.min_t + (1.0 - config.min_t) * torch.rand(batch_size, generator=generator)
-    k = torch.randint(0, config.num_buckets, (batch_size,), generator=generator)
-    uniform = torch.rand(batch_size, length, generator=generator)
-    t, k, uniform = t.to(input_ids.device), k.to(input_ids.device), uniform.to(input_ids.device)
+    t = config.min_t + (1.0 - config.min_t) * uniform(generator, batch_size)
+    k = (uniform(generator, batch_size) * config.num_buckets).long().clamp(max=config.num_buckets - 1)
+    draws = uniform(generator, batch_size, length)  # per-row generators: draw i does not depend on the width
+    t, k, draws = t.to(input_ids.device), k.to(input_ids.device), draws.to(input_ids.device)
     is_trajectory = is_trajectory.to(input_ids.device)
     probabilities = mask_probabilities(maskable, bucket_ids, is_trajectory, t, k, schedule, config.p_context, config.p_future)
-    masked = uniform < probabilities
+    masked = draws < probabilities
     weights = torch.where(
         is_trajectory,
         trajectory_weights(config.trajectory_loss_weight, t, masked, maskable, schedule),
@@ -151,9 +165,9 @@ def noise_batch(
     )
 
 
-def select_per_draw(batch_size: int, ratio: float, generator: torch.Generator | None = None) -> torch.Tensor:
+def select_per_draw(batch_size: int, ratio: float, generator: Generators = None) -> torch.Tensor:
     """Each sample independently gets trajectory masking with probability ``ratio`` at every draw."""
-    return torch.rand(batch_size, generator=generator) < ratio
+    return uniform(generator, batch_size) < ratio
 
 
 def select_fixed_subset(example_ids: torch.Tensor, ratio: float, seed: int) -> torch.Tensor:

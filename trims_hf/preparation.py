@@ -4,10 +4,12 @@ Like TRL's SFTTrainer, data is prepared once before training (:class:`trims_hf.M
 :func:`prepare_dataset` on rows that are not prepared yet); the collator then only pads and noises.
 The teacher's per-token scores are projected onto the student's tokens (character-proportional,
 :func:`trims_hf.buckets.project_scores`) and cut into equal-mass buckets over the student tokens that
-survive truncation to ``max_length``, the tokens training actually sees.
+survive truncation to ``max_length``, the tokens training actually sees (``quantile_tokens="all"``: over
+whole completions). Student tokens no teacher score reaches (:func:`trims_hf.buckets.teacher_coverage`)
+stay out of the quantiles; :func:`trims_hf.buckets.bucket_rows` says which bucket they get.
 
-End-of-response tokens (appended after the completion) and EOS padding are kept out of the quantiles and
-go to :attr:`BucketConfig.end_bucket`: they are trivially predictable, the easiest tokens of every row.
+End-of-response tokens (appended after the completion) and EOS padding are not scored: they are kept out of
+the quantiles and go to :attr:`BucketConfig.end_bucket`, the last bucket under every ordering.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import numpy as np
 from datasets import Dataset
 
 from . import schema
-from .buckets import bucket_rows, project_scores
+from .buckets import bucket_rows, project_scores, teacher_coverage
 from .prompts import prompt_token_ids
 from .settings import BucketConfig, StudentFormat
 
 logger = logging.getLogger(__name__)
 
-STUDENT_SCORE = "student_score"  # the projected teacher metric per kept completion token
+KEPT, END_TOKENS = "_kept_tokens", "_end_tokens"  # working columns of prepare_dataset
+STUDENT_SCORE = "student_score"  # the projected teacher metric per kept completion token; NaN: no teacher score
 
 
 @dataclass
@@ -94,8 +97,9 @@ def prepare_dataset(
     """Tokenise a scored data set for one student and cut equal-mass buckets over its trained completion tokens.
 
     Adds ``input_ids``, ``prompt_length`` and ``example_id``; when the rows hold teacher scores (spans and the
-    ``buckets.metric`` column), also ``bucket_ids`` and ``student_score``. Rows without scores (plain
-    prompt/completion) serve the MDLM baseline. ``fmt`` and ``buckets`` default to the paper's settings.
+    ``buckets.metric`` column), also ``bucket_ids`` and ``student_score`` (NaN for tokens no teacher score
+    reaches). Rows without scores (plain prompt/completion) serve the MDLM baseline. ``fmt`` and ``buckets``
+    default to the paper's settings.
     """
     fmt, buckets = fmt or StudentFormat(), buckets or BucketConfig()
     scored = schema.has_teacher_scores(dataset.column_names, buckets.metric)
@@ -108,17 +112,23 @@ def prepare_dataset(
                     schema.EXAMPLE_ID: index}
         if score_column is not None:
             schema.validate_teacher_scores(row, completion, index, required=(schema.TEACHER_START, schema.TEACHER_END, score_column))
-            scores = project_scores(row[schema.TEACHER_START], row[schema.TEACHER_END], row[score_column],
-                                    example.completion_spans, len(completion))
-            prepared[STUDENT_SCORE] = scores[: example.num_completion_tokens].astype(np.float32)
-            prepared["num_end_tokens"] = example.num_end_tokens
+            spans = (row[schema.TEACHER_START], row[schema.TEACHER_END])
+            scores = project_scores(*spans, row[score_column], example.completion_spans, len(completion))
+            covered = teacher_coverage(*spans, example.completion_spans, len(completion))
+            prepared[STUDENT_SCORE] = np.where(covered, scores, np.nan).astype(np.float32)  # every completion token
+            prepared[KEPT] = example.num_completion_tokens
+            prepared[END_TOKENS] = example.num_end_tokens
         return prepared
 
     tokenized = dataset.map(tokenize, with_indices=True, num_proc=num_proc, desc="Tokenising for the student")
     if not scored:
         return tokenized
-    per_row, thresholds = bucket_rows(tokenized[STUDENT_SCORE], buckets)
-    logger.info("Student-token bucket thresholds (%s, %s): %s", buckets.metric, buckets.bucket_ordering, thresholds.tolist())
-    column = [np.concatenate([ids, np.full(n_end, buckets.end_bucket, dtype=np.int8)]).tolist()
-              for ids, n_end in zip(per_row, tokenized["num_end_tokens"])]
-    return tokenized.remove_columns("num_end_tokens").add_column(schema.BUCKET_IDS, column)
+    scores, kept = tokenized[STUDENT_SCORE], tokenized[KEPT]
+    per_row, thresholds = bucket_rows(scores, buckets, kept)
+    logger.info("Student-token bucket thresholds (%s, %s, over %s tokens): %s", buckets.metric, buckets.bucket_ordering,
+                buckets.quantile_tokens, thresholds.tolist())
+    column = [np.concatenate([ids[:n], np.full(n_end, buckets.end_bucket, dtype=np.int8)]).tolist()
+              for ids, n, n_end in zip(per_row, kept, tokenized[END_TOKENS])]
+    kept_scores = [np.asarray(s[:n], dtype=np.float32) for s, n in zip(scores, kept)]
+    tokenized = tokenized.remove_columns([STUDENT_SCORE, KEPT, END_TOKENS])
+    return tokenized.add_column(STUDENT_SCORE, kept_scores).add_column(schema.BUCKET_IDS, column)

@@ -36,6 +36,17 @@ TEACHER_LIST_COLUMNS = (TEACHER_START, TEACHER_END, TEACHER_NLL, TEACHER_ENTROPY
 METRIC_COLUMNS = {"nll": TEACHER_NLL, "entropy": TEACHER_ENTROPY}
 
 
+def disjoint_spans(offsets: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Character spans as the scorer stores them: byte-level tokens of one multi-byte character share its span;
+    the first gets it, the rest zero width, so spans never overlap."""
+    spans, previous_end = [], 0
+    for start, end in offsets:
+        start = max(start, previous_end)
+        end = max(end, start)
+        spans.append((start, end))
+        previous_end = end
+    return tuple(spans)
+
 
 def has_teacher_scores(column_names: Sequence[str], metric: str) -> bool:
     """Whether a data set's columns hold the teacher spans and the ``metric`` scores buckets are cut on."""
@@ -64,7 +75,7 @@ def split_prompt_completion(row: Mapping[str, Any], index: int | None = None) ->
     else:
         for field in (PROMPT, COMPLETION):
             if field not in row or row[field] is None:
-                raise SchemaError(f"{_where(index)}: missing field '{field}' (or a '{MESSAGES}' list).")
+                raise SchemaError(f"{_where(index)}: field '{field}' is missing or null.")
         prompt, completion = row[PROMPT], row[COMPLETION]
         if isinstance(completion, list):  # conversational completion: one assistant message
             if len(completion) != 1 or completion[0].get("role") != "assistant":

@@ -2,8 +2,8 @@
 
 Pure functions with no model loading: the chunked NLL/entropy reduction over hidden states (the
 ``batch x length x vocab`` float32 tensor never exists), length-sorted batch planning under a token
-budget, padding, and the character spans each teacher token owns. :mod:`trims_hf.teacher` applies them
-to a loaded model; :mod:`trims_hf.jobs.score` is the resumable ``trims score`` job around both.
+budget, and padding. :mod:`trims_hf.teacher` applies them to a loaded model; :mod:`trims_hf.jobs.score`
+is the resumable ``trims score`` job around both.
 """
 
 from __future__ import annotations
@@ -27,17 +27,6 @@ class EncodedRow:
     @property
     def completion_ids(self) -> tuple[int, ...]:
         return self.input_ids[self.prompt_length :]
-
-
-def disjoint_spans(offsets: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """Byte-level tokens of one multi-byte character share its span; give it to the first, zero width to the rest."""
-    spans, previous_end = [], 0
-    for start, end in offsets:
-        start = max(start, previous_end)
-        end = max(end, start)
-        spans.append((start, end))
-        previous_end = end
-    return tuple(spans)
 
 
 def plan_batches(lengths: Sequence[int], max_tokens_per_batch: int) -> list[list[int]]:

@@ -19,15 +19,19 @@ from typing import Any, Literal, TypeVar, get_args
 
 Ordering = Literal["hard_to_easy", "easy_to_hard", "random"]
 Metric = Literal["nll", "entropy"]
+QuantileTokens = Literal["kept", "all"]
+PaddingSide = Literal["right", "left"]
 TrajectorySelection = Literal["per_draw", "fixed_subset"]
 TrajectoryLossWeight = Literal["elbo", "inverse_mask_ratio", "none"]
 NoiseScheduleName = Literal["linear", "cosine"]
+Padding = Literal["longest", "max_length"]
 StrategyName = Literal["threshold", "fixed_steps", "entropy", "factor"]
 CacheMode = Literal["none", "prefix", "dual"]
 
 MAX_BUCKETS = 127  # bucket ids are stored as int8
 DEFAULT_TEACHER = "Qwen/Qwen3-8B"  # the paper's teacher
 PROMPT_FORMATS = ("chat_template", "plain", "verbatim")
+SEQUENCE_LENGTH = 1024  # the paper's training sequence length (§4)
 
 
 def _check_choice(name: str, value: Any, kind: Any) -> None:
@@ -71,7 +75,7 @@ class StudentFormat(PromptFormat):
                   "(LLaDA: <|eot_id|> <|endoftext|>; Dream: <|im_end|> <|endoftext|>)."},
     )
     max_length: int = field(
-        default=1024, metadata={"help": "Maximum student sequence length; the completion is cut, the prompt never is."}
+        default=SEQUENCE_LENGTH, metadata={"help": "Maximum student sequence length; the completion is cut, the prompt never is."}
     )
 
     def __post_init__(self) -> None:
@@ -93,11 +97,37 @@ class ScoringOptions(PromptFormat):
     max_tokens_per_batch: int = field(
         default=8192, metadata={"help": "Padded tokens per forward (rows x longest row); a longer row gets a batch of its own."}
     )
-    rows_per_work_chunk: int = field(default=256, metadata={"help": "Rows per resumable unit of work (one saved file each)."})
+    train_max_length: int = field(
+        default=SEQUENCE_LENGTH,
+        metadata={"help": "Sequence length training cuts rows to, counted in teacher tokens (prompt included): with "
+                  "quantile_tokens=kept the teacher-side buckets (teacher_bucket, the card's thresholds) are cut over "
+                  "the completion tokens within it. Students recompute buckets over their own tokens."},
+    )
+    rows_per_work_chunk: int = field(
+        default=256, metadata={"help": "Most rows per resumable unit of work (one saved file each)."}
+    )
+    min_work_chunks: int = field(
+        default=16, metadata={"help": "Fewest work chunks a run is cut into (fewer only with fewer rows), so small runs "
+                              "keep their progress too."}
+    )
     logits_chunk_elements: int = field(
         default=2**24, metadata={"help": "Logits computed at once (positions x vocab); bounds the scorer's extra memory."}
     )
-    padding_side: str = field(default="right", metadata={"help": "Padding side of teacher batches (scores do not depend on it)."})
+    padding_side: PaddingSide = field(default="right", metadata={"help": "Padding side of teacher batches (scores do not depend on it)."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"max_length={self.max_length}: must be at least 2 (one prompt and one completion token).")
+        for name in ("train_max_length", "max_tokens_per_batch", "rows_per_work_chunk", "min_work_chunks", "logits_chunk_elements"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
+        _check_choice("padding_side", self.padding_side, PaddingSide)
+
+    def rows_per_chunk(self, num_rows: int) -> int:
+        """Rows per work chunk for a run of ``num_rows``: at most ``rows_per_work_chunk``, and small enough for at
+        least ``min_work_chunks`` chunks, so an interrupted small run keeps most of its work."""
+        return max(1, min(self.rows_per_work_chunk, -(-num_rows // self.min_work_chunks)))
 
 
 @dataclass
@@ -111,17 +141,28 @@ class BucketConfig:
     )
     metric: Metric = field(default="nll", metadata={"help": "Teacher score the buckets are cut on: nll (paper) or entropy."})
     bucket_seed: int = field(default=0, metadata={"help": "Seed of the random ordering."})
+    quantile_tokens: QuantileTokens = field(
+        default="kept",
+        metadata={"help": "Tokens the equal-mass quantiles are cut over: kept (the completion tokens that survive "
+                  "truncation to the training length, the tokens training sees) or all (whole completions). Tokens "
+                  "without a teacher score never enter the quantiles."},
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_buckets <= MAX_BUCKETS:
             raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {self.num_buckets}.")
         _check_choice("bucket_ordering", self.bucket_ordering, Ordering)
         _check_choice("metric", self.metric, Metric)
+        _check_choice("quantile_tokens", self.quantile_tokens, QuantileTokens)
 
     @property
     def end_bucket(self) -> int:
-        """Bucket of end-of-response tokens and EOS padding: the easiest tokens' bucket (last, or first for easy_to_hard)."""
-        return 0 if self.bucket_ordering == "easy_to_hard" else self.num_buckets - 1
+        """Bucket of end-of-response tokens and EOS padding: the last one, revealed last, under every ordering.
+
+        They are not teacher-scored, so the orderings then differ only in the scored tokens; and a trajectory
+        sample keeps the end of the response hidden until its last stage, as block-wise decoding reaches it last.
+        """
+        return self.num_buckets - 1
 
 
 @dataclass
@@ -153,8 +194,14 @@ class MaskingConfig(BucketConfig):
     train_on_padding: bool = field(
         default=True, metadata={"help": "Attend to, mask and train on EOS padding (LLaDA convention)."}
     )
+    padding: Padding = field(
+        default="longest",
+        metadata={"help": "Batch width: longest (each batch's longest row, as the dLLM code base; with train_on_padding "
+                  "the EOS padding, and so the loss, then depends on how the global batch is split) or max_length "
+                  "(every batch padded to max_length: the same objective for every split)."},
+    )
     pad_to_multiple_of: int | None = field(
-        default=None, metadata={"help": "Pad every batch to a multiple of this many tokens."}
+        default=None, metadata={"help": "Then round the batch width up to a multiple of this many tokens."}
     )
 
     def __post_init__(self) -> None:
@@ -164,6 +211,7 @@ class MaskingConfig(BucketConfig):
         _check_choice("trajectory_selection", self.trajectory_selection, TrajectorySelection)
         _check_choice("trajectory_loss_weight", self.trajectory_loss_weight, TrajectoryLossWeight)
         _check_choice("noise_schedule", self.noise_schedule, NoiseScheduleName)
+        _check_choice("padding", self.padding, Padding)
         if not 0.0 < self.min_t < 1.0:
             raise ValueError(f"min_t must be in (0, 1), got {self.min_t}.")
 

@@ -1,4 +1,4 @@
-"""Where a model or a data set comes from, checked in seconds before anything loads.
+"""Where a model or a data set comes from, and where results go, checked in seconds before anything loads.
 
 transformers and datasets report a missing path as a malformed Hub id and an unreachable Hub only after
 their retries (half a minute); these checks name the flag the user typed, the path or id, and what works
@@ -17,26 +17,49 @@ class SourceError(ValueError):
     """A model or data set the user named cannot be found or reached; the message names the flag."""
 
 
+class OutputFolderError(ValueError):
+    """The output folder exists (and may not be replaced) or cannot be created; raised before any work starts."""
+
+
+def check_output_folder(folder: str | os.PathLike, overwrite: bool = False) -> None:
+    """Fail in a line, before any expensive work, when ``folder`` exists (without ``overwrite``) or cannot be made."""
+    folder = Path(folder)
+    if folder.exists() and not overwrite:
+        raise OutputFolderError(f"output={folder}: already exists; choose another folder or pass overwrite=True.")
+    parent = folder.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputFolderError(f"output={folder}: cannot be created, {parent} is a file.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputFolderError(f"output={folder}: cannot be created, {parent} is not writable.")
+
+
 def _looks_like_path(value: str) -> bool:
     """A Hub id is ``name`` or ``namespace/name``; anything else (``./x``, ``/x``, ``~/x``, ``a/b/c``, ``x.gguf``) is a path."""
     return value.startswith((".", "/", "~")) or value.count("/") > 1 or os.sep != "/" and os.sep in value or value.endswith(
         (".gguf", *LOCAL_DATA_SUFFIXES))
 
 
-def _hub_error(flag: str, value: str, error: Exception, repo_type: str, offline_hint: str) -> SourceError:
+def _named(flag: str, value: str, default: str | None) -> str:
+    """How a message names the source: the flag and value, marked when the user did not choose it."""
+    return f"{flag} {value}" + (" (the default)" if default is not None and value == default else "")
+
+
+def _hub_error(name: str, error: Exception, repo_type: str, offline_hint: str) -> SourceError:
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     if isinstance(error, GatedRepoError):
-        return SourceError(f"{flag} {value}: gated on the Hub; accept its terms and log in (`hf auth login`).")
+        return SourceError(f"{name}: gated on the Hub; accept its terms and log in (`hf auth login`).")
     if isinstance(error, RepositoryNotFoundError):
-        return SourceError(f"{flag} {value}: no such {repo_type} on the Hub (or it is private) and no such local path.")
+        return SourceError(f"{name}: no such {repo_type} on the Hub (or it is private) and no such local path.")
     if isinstance(error, RevisionNotFoundError):
-        return SourceError(f"{flag} {value}: the requested revision does not exist on the Hub.")
+        return SourceError(f"{name}: the requested revision does not exist on the Hub.")
     reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return SourceError(f"{flag} {value}: not a local path, and the Hugging Face Hub is unreachable ({reason}); {offline_hint}.")
+    return SourceError(f"{name}: not a local path, and the Hugging Face Hub is unreachable ({reason}); {offline_hint}.")
 
 
-def _check_hub(flag: str, value: str, revision: str | None, repo_type: str, offline_hint: str) -> None:
+def _check_hub(name: str, value: str, revision: str | None, repo_type: str, offline_hint: str) -> None:
     """The id must be in the local cache (offline mode) or answer on the Hub; fails in well under a second offline."""
     from huggingface_hub import HfApi, constants, snapshot_download
 
@@ -46,38 +69,52 @@ def _check_hub(flag: str, value: str, revision: str | None, repo_type: str, offl
     except Exception:
         pass
     if constants.HF_HUB_OFFLINE:
-        raise SourceError(f"{flag} {value}: not a local path and not in the Hugging Face cache, and HF_HUB_OFFLINE is set; "
+        raise SourceError(f"{name}: not a local path and not in the Hugging Face cache, and HF_HUB_OFFLINE is set; "
                           f"{offline_hint}.")
     try:
         HfApi().repo_info(value, repo_type=repo_type, revision=revision, timeout=10)
     except Exception as error:  # transport errors come as the HTTP client's own classes or OSError
-        raise _hub_error(flag, value, error, repo_type, offline_hint) from None
+        raise _hub_error(name, error, repo_type, offline_hint) from None
 
 
-def check_model_source(flag: str, value: str, revision: str | None = None, gguf_file: str | None = None) -> None:
-    """``value`` (a Hub id, a local folder, or a ``.gguf`` file) can be loaded as a model, or one line says why not."""
+def check_model_source(flag: str, value: str, revision: str | None = None, gguf_file: str | None = None,
+                       default: str | None = None, gguf_flag: str = "--gguf-file") -> None:
+    """``value`` (a Hub id, a local folder, or a ``.gguf`` file) can be loaded as a model, or one line says why not.
+
+    ``default`` is the flag's default value: a message about it says so, since the user may not know it was used.
+    """
     path = Path(value).expanduser()
+    name = _named(flag, value, default)
     offline_hint = f"pass a local model folder or .gguf file to {flag}"
-    if path.exists():
-        if path.is_dir() and not (path / "config.json").is_file() and not (gguf_file and (path / gguf_file).is_file()):
-            found = sorted(p.name for p in path.glob("*.gguf"))
-            hint = f"; it holds {', '.join(found)}: pass one of them" if found else ""
-            raise SourceError(f"{flag} {value}: the folder has no config.json{hint}.")
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.gguf"))
+        listing = f"; it holds {', '.join(found)}" if found else ""
+        if gguf_file and not (path / gguf_file).is_file():
+            raise SourceError(f"{gguf_flag} {gguf_file}: no such file in {value}{listing}.")
+        if not gguf_file and not (path / "config.json").is_file():
+            raise SourceError(f"{name}: the folder has no config.json{listing + ': pass one of them' if found else ''}.")
+        return
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise SourceError(f"{name}: a file, but not a .gguf model file; pass a model folder, a .gguf file or a Hub id.")
         return
     if _looks_like_path(value):
-        raise SourceError(f"{flag} {value}: no such file or folder.")
-    _check_hub(flag, value, revision, "model", offline_hint)
+        raise SourceError(f"{name}: no such file or folder.")
+    _check_hub(name, value, revision, "model", offline_hint)
 
 
-def check_dataset_source(flag: str, value: str) -> None:
-    """``value`` (a Hub dataset id, a local dataset folder, or a .jsonl/.json/.parquet file) exists, or one line says why not."""
+def check_dataset_source(flag: str, value: str, default: str | None = None, offline_hint: str | None = None) -> None:
+    """``value`` (a Hub dataset id, a local dataset folder, or a .jsonl/.json/.parquet file) exists, or one line says why
+    not; ``offline_hint`` replaces the default advice (a local file for ``flag``) when the Hub cannot be asked."""
     path = Path(value).expanduser()
+    name = _named(flag, value, default)
     if path.is_file():
         if path.suffix not in LOCAL_DATA_SUFFIXES:
-            raise SourceError(f"{flag} {value}: unsupported file type '{path.suffix}' (use {', '.join(LOCAL_DATA_SUFFIXES)}).")
+            raise SourceError(f"{name}: unsupported file type '{path.suffix}' (use {', '.join(LOCAL_DATA_SUFFIXES)}).")
         return
     if path.is_dir():
         return
     if _looks_like_path(value):
-        raise SourceError(f"{flag} {value}: no such file or folder.")
-    _check_hub(flag, value, None, "dataset", f"pass a local {'/'.join(LOCAL_DATA_SUFFIXES)} file or dataset folder to {flag}")
+        raise SourceError(f"{name}: no such file or folder.")
+    _check_hub(name, value, None, "dataset",
+               offline_hint or f"pass a local {'/'.join(LOCAL_DATA_SUFFIXES)} file or dataset folder to {flag}")

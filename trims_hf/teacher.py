@@ -12,12 +12,30 @@ import numpy as np
 import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from .prompts import prompt_token_ids
-from .schema import TEACHER_END, TEACHER_ENTROPY, TEACHER_NLL, TEACHER_START, SchemaError, split_prompt_completion, validate_teacher_scores
-from .scoring import EncodedRow, collate, disjoint_spans, plan_batches, token_scores
+from .schema import (COMPLETION, PROMPT, TEACHER_END, TEACHER_ENTROPY, TEACHER_NLL, TEACHER_START, SchemaError,
+                     disjoint_spans, split_prompt_completion, validate_teacher_scores)
+from .scoring import EncodedRow, collate, plan_batches, token_scores
 from .settings import DEFAULT_TEACHER, ScoringOptions
+
+
+def _pretrained_args(name_or_path: str, gguf_file: str | None, revision: str | None) -> tuple[str, dict[str, Any]]:
+    """``from_pretrained`` arguments; a path to a ``.gguf`` file becomes its folder + ``gguf_file``."""
+    if gguf_file is None and str(name_or_path).endswith(".gguf") and Path(name_or_path).is_file():
+        name_or_path, gguf_file = str(Path(name_or_path).parent), Path(name_or_path).name
+    return str(name_or_path), {"revision": revision, "gguf_file": gguf_file}
+
+
+def load_teacher_tokenizer(
+    name_or_path: str = DEFAULT_TEACHER, gguf_file: str | None = None, revision: str | None = None
+) -> tuple[PreTrainedTokenizerBase, PretrainedConfig]:
+    """The teacher's tokenizer and config without its weights: enough to encode and check every row (and the
+    context length) before the slow model load, so a bad row costs seconds, not a model load."""
+    name_or_path, kwargs = _pretrained_args(name_or_path, gguf_file, revision)
+    return AutoTokenizer.from_pretrained(name_or_path, **kwargs), AutoConfig.from_pretrained(name_or_path, **kwargs)
 
 
 def load_teacher(
@@ -31,15 +49,26 @@ def load_teacher(
 
     A path to a ``.gguf`` file may be given directly. bf16 on GPU, float32 on CPU unless ``dtype`` says otherwise.
     """
-    if gguf_file is None and str(name_or_path).endswith(".gguf") and Path(name_or_path).is_file():
-        name_or_path, gguf_file = str(Path(name_or_path).parent), Path(name_or_path).name
+    name_or_path, kwargs = _pretrained_args(name_or_path, gguf_file, revision)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    kwargs: dict[str, Any] = {"revision": revision, "gguf_file": gguf_file}
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
     check_chunked_head(model)
     return model, tokenizer
+
+
+def teacher_identity(name_or_path: str, gguf_file: str | None = None, loaded: bool = False) -> dict[str, str | None]:
+    """How a dataset card names the teacher: its Hub id, or a local model's own name (a GGUF file's stem, a
+    folder's name), never this machine's absolute path, and where it came from."""
+    path = Path(name_or_path).expanduser()
+    if gguf_file is None and path.suffix == ".gguf" and path.is_file():
+        path, gguf_file = path.parent, path.name
+    if path.exists():
+        name = Path(gguf_file).stem if gguf_file else path.resolve().name
+        return {"teacher": name, "teacher_source": "local GGUF file" if gguf_file else "local folder", "teacher_gguf_file": gguf_file}
+    source = "model given in-process" if loaded else "Hugging Face Hub"
+    return {"teacher": str(name_or_path), "teacher_source": source, "teacher_gguf_file": gguf_file}
 
 
 def teacher_revision(model: PreTrainedModel, revision: str | None = None) -> str | None:
@@ -64,31 +93,39 @@ def _head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     return softcap * torch.tanh(logits / softcap) if softcap else logits
 
 
-def context_length(model: PreTrainedModel, max_length: int | None = None) -> int:
-    """The explicit ``max_length`` or the teacher's ``max_position_embeddings``."""
-    length = max_length or getattr(model.config, "max_position_embeddings", None)
+def context_length(config: PretrainedConfig, max_length: int | None = None) -> int:
+    """The explicit ``max_length`` or the teacher config's ``max_position_embeddings``."""
+    length = max_length or getattr(config, "max_position_embeddings", None)
     if not length:
         raise ValueError("The teacher config has no max_position_embeddings; pass max_length.")
     return int(length)
 
 
 def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int) -> EncodedRow:
-    """Tokenise one row; the completion separately, with character offsets, so spans index the completion text."""
+    """Tokenise one row; the completion separately, with character offsets, so spans index the completion text.
+
+    The prompt must give at least one token: the teacher predicts the first completion token from the last
+    prompt position, and without one there is nothing to predict it from.
+    """
     prompt, completion = split_prompt_completion(row, index)
     try:
         prompt_ids = prompt_token_ids(tokenizer, prompt, options)
     except ValueError as error:
-        raise SchemaError(f"row {index}: field 'prompt': {error}") from None
+        raise SchemaError(f"row {index}: field '{PROMPT}': {error}") from None
+    if not prompt_ids:
+        raise SchemaError(f"row {index}: field '{PROMPT}' renders to no teacher tokens, so nothing predicts the first "
+                          f"completion token; give a prompt, or a prompt_format that adds one (chat_template, plain with a BOS).")
     encoded = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
     completion_ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
     if not completion_ids:
-        raise SchemaError(f"row {index}: field 'completion' has no teacher tokens.")
+        raise SchemaError(f"row {index}: field '{COMPLETION}' has no teacher tokens.")
     room = max_length - len(prompt_ids)
     truncated = len(completion_ids) > room
     if truncated and (not options.truncate or room < 1):
         raise SchemaError(
-            f"row {index}: field 'completion' is too long for the teacher: {len(prompt_ids)} prompt + "
-            f"{len(completion_ids)} completion tokens > context {max_length} (pass a larger max_length, or truncate=True)."
+            f"row {index}: field '{COMPLETION}' is too long for the teacher: {len(prompt_ids)} prompt + "
+            f"{len(completion_ids)} completion tokens > context {max_length} (pass a larger max_length"
+            + (")." if options.truncate else ", or truncate=True).")
         )
     completion_ids, offsets = completion_ids[:room], offsets[:room]
     return EncodedRow(index, tuple(prompt_ids) + tuple(completion_ids), len(prompt_ids), disjoint_spans(offsets), truncated)
@@ -97,13 +134,15 @@ def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, option
 def encode_dataset(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int) -> list[EncodedRow]:
     """Tokenise and validate every row before any scoring, so bad input fails before anything is written."""
     if len(dataset) == 0:
-        raise SchemaError("row 0: field 'completion': the data set has no rows, hence no completion tokens to score.")
+        raise SchemaError("the data set has no rows, hence no completion tokens to score.")
     return [encode_row(row, index, tokenizer, options, max_length) for index, row in enumerate(dataset)]
 
 
 def score_batch(model: PreTrainedModel, rows: Sequence[EncodedRow], options: ScoringOptions,
                 pad_token_id: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Score one batch; return ``(nll, entropy)`` per row in ``rows`` order."""
+    if any(row.prompt_length < 1 for row in rows):  # position prompt_length - 1 would wrap to the row's last token
+        raise ValueError("Every row needs at least one prompt token before its completion (see encode_row).")
     batch = {k: v.to(model.device) for k, v in collate(rows, pad_token_id, options.padding_side).items()}
     hidden = model.base_model(**batch).last_hidden_state
     width = batch["input_ids"].shape[1]

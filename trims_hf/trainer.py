@@ -1,15 +1,11 @@
 """MDLMTrainer: the masked-diffusion ELBO loss (standard MDLM or TRIMS) on top of transformers' Trainer.
 
-It knows the loss and the student spec, nothing of how buckets were made. The loss is
-
-    sum_b w_b * sum_{i masked in b} CE(logits_b[src(i)], x_b[i])  /  N
-
-where ``w_b`` is the per-sample weight from the collator (1/t, or the trajectory option), ``src`` the
-student's logit alignment (Dream reads position i - 1), and ``N`` the number of response tokens in the
-whole accumulated batch over all devices ("token"), or the number of sequences with each sequence's
-sum divided by its own response length ("sequence"). Because ``N`` covers every micro-batch (and every
-device when ``average_tokens_across_devices``, the default; otherwise per-device losses are averaged),
-per-device batch 8 x GA 4 gives the same loss and gradients as batch 32 x GA 1.
+It knows the loss (:mod:`trims_hf.loss`, shared with the plain ``Trainer`` path) and the student spec, nothing
+of how buckets were made. The normaliser covers every micro-batch of an optimizer step (and every device
+when ``average_tokens_across_devices``, the default; otherwise per-device losses are averaged), and a row's
+masks do not depend on its batch-mates, so per-device batch 8 x GA 4 trains the same objective as batch
+32 x GA 1 whenever the EOS padding does not depend on the split either (``padding="max_length"``, or
+``train_on_padding=False``).
 """
 
 from __future__ import annotations
@@ -17,24 +13,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections import defaultdict
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
+from . import schema
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
+from .loss import IGNORE_INDEX, LOSS_KEYS, NORMALIZATIONS, normaliser, per_sample_loss, per_unit_loss
 from .preparation import is_prepared, prepare_dataset
-from . import schema
 from .settings import MaskingConfig, StudentFormat
 from .students import mask_token_id, student_spec
 
 logger = logging.getLogger(__name__)
 
-_BATCH_ONLY_KEYS = ("labels", "response_mask", "loss_weights", "t", "is_trajectory")
+_METRIC_SUMS = ("mask_ratio", "samples", "trajectory", "loss_traj", "tokens_traj", "loss_std", "tokens_std")
 
 
 class _CollatorEpoch(TrainerCallback):
@@ -72,25 +67,32 @@ class MDLMTrainer(Trainer):
         args = args if args is not None else MDLMConfig(output_dir="trims-output")
         self.student = student_spec(model)
         masking = args.masking() if isinstance(args, MDLMConfig) else MaskingConfig()
+        fmt = args.student_format() if isinstance(args, MDLMConfig) else StudentFormat()
         if data_collator is None:
             if processing_class is None:
                 raise ValueError("MDLMTrainer needs a data_collator or a processing_class (the student tokenizer).")
             data_collator = TrimsDataCollator(processing_class, mask_token_id=mask_token_id(model), masking=masking,
-                                              seed=args.seed)
-        fmt = args.student_format() if isinstance(args, MDLMConfig) else StudentFormat()
+                                              max_length=fmt.max_length, seed=args.seed)
         train_dataset = self._prepare(train_dataset, processing_class, fmt, masking, args)
         eval_dataset = (
             {name: self._prepare(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
             if isinstance(eval_dataset, dict) else self._prepare(eval_dataset, processing_class, fmt, masking, args)
         )
         self.loss_normalization = getattr(args, "loss_normalization", "token")
-        if self.loss_normalization not in ("token", "sequence"):
+        if self.loss_normalization not in NORMALIZATIONS:
             raise ValueError(f"loss_normalization must be 'token' or 'sequence', got {self.loss_normalization!r}.")
         super().__init__(
             model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
             eval_dataset=eval_dataset, processing_class=processing_class, **kwargs,
         )
-        self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
+        # Summed locally at every micro-step; reduced over processes only when logged (one collective per log).
+        self._metric_sums: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
+        collator_masking = getattr(data_collator, "masking", None)
+        if (isinstance(collator_masking, MaskingConfig) and collator_masking.train_on_padding
+                and collator_masking.padding == "longest" and args.per_device_train_batch_size > 1
+                and (args.gradient_accumulation_steps > 1 or args.world_size > 1)):
+            logger.warning("padding='longest' with trained EOS padding: each micro-batch is padded to its own longest "
+                           "row, so the loss depends on how the global batch is split; padding='max_length' does not.")
         if hasattr(data_collator, "epoch"):
             self.add_callback(_CollatorEpoch(data_collator))
             if args.dataloader_persistent_workers and args.dataloader_num_workers > 0:
@@ -126,17 +128,11 @@ class MDLMTrainer(Trainer):
         super()._set_signature_columns_if_needed()
         self._signature_columns = list(dict.fromkeys([*self._signature_columns, *INPUT_COLUMNS]))
 
-    def _normaliser(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        mask = batch["response_mask"]
-        if self.loss_normalization == "token":
-            return mask.sum()
-        return torch.tensor(mask.shape[0], device=mask.device)
-
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
         """Count the normaliser over all micro-batches of one optimizer step (and all devices)."""
-        if not batch_samples or "response_mask" not in batch_samples[0]:
+        if not batch_samples or "masked" not in batch_samples[0]:
             return None
-        count = sum(self._normaliser(batch) for batch in batch_samples).to(device)
+        count = sum(normaliser(batch["labels"], self.loss_normalization) for batch in batch_samples).to(device)
         if self.args.average_tokens_across_devices and self.args.world_size > 1:
             count = self.accelerator.gather(count).sum()
         return count
@@ -148,33 +144,26 @@ class MDLMTrainer(Trainer):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        batch = {key: inputs[key] for key in _BATCH_ONLY_KEYS}
+        batch = {key: inputs[key] for key in LOSS_KEYS}
         outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
-        per_sample = self.per_sample_loss(outputs.logits, batch)
-        if self.loss_normalization == "sequence":
-            per_sample = per_sample / batch["response_mask"].sum(1).clamp(min=1)
+        per_unit = per_unit_loss(self.per_sample_loss(outputs.logits, batch), batch["labels"], self.loss_normalization)
         scaled_across_devices = num_items_in_batch is not None and self.args.average_tokens_across_devices
         if num_items_in_batch is None:
-            num_items_in_batch = self._normaliser(batch)
-        loss = per_sample.sum() / num_items_in_batch
+            num_items_in_batch = normaliser(batch["labels"], self.loss_normalization)
+        loss = per_unit.sum() / num_items_in_batch
         if scaled_across_devices and self.args.world_size > 1:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
-        self._record_metrics(per_sample.detach(), batch)
+        self._record_metrics(per_unit.detach(), batch)
         return (loss, outputs) if return_outputs else loss
 
     def per_sample_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Weighted cross-entropy summed over the masked tokens of each sample. Override to change the objective."""
-        labels = batch["labels"]
-        rows, cols = (labels != -100).nonzero(as_tuple=True)
-        token_logits = logits[rows, self.student.source_positions(cols)].float()
-        token_loss = F.cross_entropy(token_logits, labels[rows, cols], reduction="none")
-        summed = torch.zeros(labels.shape[0], device=logits.device, dtype=token_loss.dtype).index_add_(0, rows, token_loss)
-        return summed * batch["loss_weights"].to(summed.dtype)
+        return per_sample_loss(logits, batch["labels"], batch["masked"], batch["loss_weights"], self.student)
 
     @torch.no_grad()
-    def _record_metrics(self, per_sample: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
-        response = batch["response_mask"].sum(1).float()
-        masked = (batch["labels"] != -100).sum(1).float()
+    def _record_metrics(self, per_unit: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        response = (batch["labels"] != IGNORE_INDEX).sum(1).float()
+        masked = batch["masked"].sum(1).float()
         trajectory = batch["is_trajectory"].float()
         # The per-kind losses use the same normaliser as the loss: tokens, or sequences (already length-divided).
         units = response if self.loss_normalization == "token" else torch.ones_like(response)
@@ -182,22 +171,23 @@ class MDLMTrainer(Trainer):
             (masked / response.clamp(min=1)).sum(),
             torch.tensor(float(len(response)), device=response.device),
             trajectory.sum(),
-            (per_sample * trajectory).sum(),
+            (per_unit * trajectory).sum(),
             (units * trajectory).sum(),
-            (per_sample * (1 - trajectory)).sum(),
+            (per_unit * (1 - trajectory)).sum(),
             (units * (1 - trajectory)).sum(),
         ])
-        if self.accelerator.num_processes > 1:
-            stats = self.accelerator.reduce(stats, reduction="sum")
-        sums = self._metric_sums["train" if self.model.training else "eval"]
-        names = ("mask_ratio", "samples", "trajectory", "loss_traj", "tokens_traj", "loss_std", "tokens_std")
-        for name, value in zip(names, stats.tolist()):
-            sums[name] += value
+        mode = "train" if self.model.training else "eval"
+        previous = self._metric_sums[mode]
+        self._metric_sums[mode] = stats if previous is None else previous + stats
 
     def _pop_metrics(self, mode: str) -> dict[str, float]:
-        sums = self._metric_sums[mode]
-        if not sums.get("samples"):
+        """Reduce the statistics summed since the last log over processes (all of them log together) and reset."""
+        stats, self._metric_sums[mode] = self._metric_sums[mode], None
+        if stats is None:
             return {}
+        if self.accelerator.num_processes > 1:
+            stats = self.accelerator.reduce(stats, reduction="sum")
+        sums = dict(zip(_METRIC_SUMS, stats.tolist()))
         metrics = {
             "mask_ratio": sums["mask_ratio"] / sums["samples"],
             "trajectory_share": sums["trajectory"] / sums["samples"],
@@ -206,7 +196,6 @@ class MDLMTrainer(Trainer):
             metrics["loss_trajectory"] = sums["loss_traj"] / sums["tokens_traj"]
         if sums["tokens_std"]:
             metrics["loss_standard"] = sums["loss_std"] / sums["tokens_std"]
-        sums.clear()
         return metrics
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

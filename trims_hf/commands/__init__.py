@@ -6,7 +6,9 @@ the library's heavy modules only inside ``main``, so ``trims <command> --help`` 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import re
 import sys
 from collections.abc import Iterable
 from typing import NoReturn
@@ -32,12 +34,12 @@ class CommandParser(HfArgumentParser):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
     def parse(self, argv: list[str]) -> tuple:
-        """Parse ``argv`` into one instance per dataclass; an unknown flag or a value a dataclass rejects is an
-        ``error:`` line too."""
+        """Parse ``argv`` into one instance per dataclass; an unknown flag, or a value a dataclass rejects, is an
+        ``error:`` line too, in the flags' terms."""
         try:
             *parsed, rest = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
         except ValueError as error:
-            self.error(str(error))
+            self.error(self.in_flag_terms(str(error)))
         if rest:
             flag = rest[0].split("=")[0]
             if flag.startswith("-"):
@@ -46,8 +48,24 @@ class CommandParser(HfArgumentParser):
             self.error(f"unexpected argument {flag!r}")
         return tuple(parsed)
 
+    def in_flag_terms(self, message: str) -> str:
+        """A library message as the command-line user reads it: the parsed settings named by their flags."""
+        return flag_terms(message, (f.name for cls in self.dataclass_types for f in dataclasses.fields(cls)))
 
-def fail(message: str) -> int:
-    """Report a user mistake in one line and return the usage-error exit code."""
+
+def flag_terms(message: str, names: Iterable[str]) -> str:
+    """Say ``max_length``, ``truncate=True`` and ``metric='x'`` as the flags typed: ``--max-length``, ``--truncate``,
+    ``--metric 'x'``. Bare names are rewritten only when they hold an underscore, so plain words stay words."""
+    for name in sorted(set(names), key=len, reverse=True):
+        flag, before = "--" + name.replace("_", "-"), r"(?<![\w'\-])"
+        message = re.sub(rf"{before}{name}=True\b", flag, message)
+        message = re.sub(rf"{before}{name}=", f"{flag} ", message)
+        if "_" in name:
+            message = re.sub(rf"{before}{name}\b(?!')", flag, message)
+    return message
+
+
+def fail(message: str, code: int = 2) -> int:
+    """Report a user mistake (or why a run stopped) in one line and return the exit code (usage error: 2)."""
     print(f"error: {message}", file=sys.stderr)
-    return 2
+    return code

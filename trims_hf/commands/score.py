@@ -1,12 +1,16 @@
 """``trims score``: teacher-score a prompt/completion data set and write (and push) the scored dataset.
 
 The teacher, scoring, bucket and output flags are shared with dataset scripts (``build_s1k_trims.py``)
-through :data:`SCORING_TYPES` and :func:`score`.
+through :data:`SCORING_TYPES` and :func:`score`, which also turns every user mistake into one ``error:``
+line in the user's terms (flags, columns, paths) before the teacher's weights load, and Ctrl-C into a line
+saying what was kept.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,16 +18,28 @@ from ..schema import COMPLETION, PROMPT
 from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
 from . import CommandParser, fail
 
+INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+
 
 @dataclass
 class SourceArguments:
     """Which rows to score."""
 
-    dataset: str = field(metadata={"help": "Hub dataset id, or a local .jsonl/.json/.parquet file."})
-    split: str = field(default="train", metadata={"help": "Split of a Hub dataset."})
+    dataset: str = field(metadata={"help": "Hub dataset id, or a local .jsonl/.json/.parquet file or dataset folder."})
+    split: str = field(default="train", metadata={"help": "Split of a Hub dataset or dataset folder."})
     prompt_column: str = field(default=PROMPT, metadata={"help": "Column holding the prompt (text or chat messages)."})
     completion_column: str = field(default=COMPLETION, metadata={"help": "Column holding the completion text."})
+
+
+@dataclass
+class RowLimit:
+    """How many rows to score."""
+
     limit: int | None = field(default=None, metadata={"help": "Score only the first N rows."})
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit={self.limit}: must be at least 1.")
 
 
 @dataclass
@@ -47,24 +63,79 @@ class OutputArguments:
     license: str | None = field(default=None, metadata={"help": "Licence of the scored data (usually the source data's)."})
 
 
-SCORING_TYPES = (TeacherArguments, ScoringOptions, BucketConfig, OutputArguments)
+SCORING_TYPES = (RowLimit, TeacherArguments, ScoringOptions, BucketConfig, OutputArguments)
+
+
+def column_terms(prompt: str, completion: str) -> dict[str, str]:
+    """How messages name the schema's prompt and completion fields: by the columns and flags the user gave."""
+    return {PROMPT: f"column '{prompt}' (--prompt-column)", COMPLETION: f"column '{completion}' (--completion-column)"}
+
+
+def in_user_terms(message: str, parser: CommandParser, fields: Mapping[str, str]) -> str:
+    """A library message (schema fields, Python argument names) in the terms of the command line."""
+    for name, term in fields.items():
+        message = message.replace(f"field '{name}'", term)
+    return parser.in_flag_terms(message)
+
+
+def _job_messages() -> logging.Handler:
+    """Show the job's progress notes (``resuming: ...``) on stderr as plain lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    job = logging.getLogger("trims_hf.jobs.score")
+    job.addHandler(handler)
+    job.setLevel(logging.INFO)
+    return handler
+
+
+@dataclass
+class DataSource:
+    """The data set the rows come from, as the command names it."""
+
+    flag: str
+    value: str
+    default: str | None = None
 
 
 def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOptions, buckets: BucketConfig,
-          out: OutputArguments, source: str, extra_metadata: dict[str, Any] | None = None) -> int:
-    """Load the rows (``load()``), score them, report the result; user mistakes exit with code 2."""
-    from ..hub import HubAccessError
-    from ..schema import SchemaError
-    from ..jobs.score import build_scored_dataset
+          out: OutputArguments, data: DataSource, parser: CommandParser, fields: Mapping[str, str],
+          extra_metadata: dict[str, Any] | None = None) -> int:
+    """Check the teacher, the data source and the output folder (in a second, before the heavy imports), then
+    score the rows ``load()`` returns (after the Hub access check).
+
+    User mistakes exit with code 2 and one line in the user's terms (``fields`` names the schema fields as the
+    user knows them); Ctrl-C exits with 130 and says what was kept.
+    """
+    from ..sources import OutputFolderError, SourceError, check_dataset_source, check_model_source, check_output_folder
 
     try:
+        check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
+        check_dataset_source(data.flag, data.value, default=data.default)
+        check_output_folder(out.output, out.overwrite)
+    except (SourceError, OutputFolderError) as error:
+        return fail(in_user_terms(str(error), parser, fields))
+    from ..hub import HubAccessError
+    from ..jobs.score import ScoringInterrupted, build_scored_dataset, work_dir_for
+    from ..schema import SchemaError
+
+    handler = _job_messages()
+    try:
         folder = build_scored_dataset(
-            load(), out.output, teacher.teacher, gguf_file=teacher.gguf_file, revision=teacher.revision, options=options,
-            buckets=buckets, source=source, license=out.license, push_to_hub=out.push_to_hub, token=out.token,
+            load, out.output, teacher.teacher, gguf_file=teacher.gguf_file, revision=teacher.revision, options=options,
+            buckets=buckets, source=data.value, license=out.license, push_to_hub=out.push_to_hub, token=out.token,
             private=out.private or None, overwrite=out.overwrite, extra_metadata=extra_metadata,
         )
-    except (SchemaError, HubAccessError, FileExistsError) as error:
-        return fail(str(error))
+    except (SchemaError, SourceError, HubAccessError, OutputFolderError) as error:
+        return fail(in_user_terms(str(error), parser, fields))
+    except ScoringInterrupted as stop:
+        print(f"interrupted: {stop}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print(f"interrupted: nothing was written to {out.output}; scoring work saved so far (if any) stays in "
+              f"{work_dir_for(out.output)}; rerun the same command to resume.", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        logging.getLogger("trims_hf.jobs.score").removeHandler(handler)
     if folder is not None:
         print(f"Scored dataset written to {folder}" + (f" and pushed to {out.push_to_hub}" if out.push_to_hub else ""))
     return 0
@@ -76,7 +147,7 @@ def as_prompt_completion(dataset: Any, prompt_column: str, completion_column: st
 
     for flag, column in (("--prompt-column", prompt_column), ("--completion-column", completion_column)):
         if column not in dataset.column_names:
-            raise SchemaError(f"{flag} {column}: no such column (columns: {dataset.column_names}).")
+            raise SchemaError(f"{flag} {column}: no such column (columns: {', '.join(dataset.column_names)}).")
     renames = {old: new for old, new in ((prompt_column, PROMPT), (completion_column, COMPLETION)) if old != new}
     return dataset.remove_columns([new for new in renames.values() if new in dataset.column_names]).rename_columns(renames)
 
@@ -84,11 +155,13 @@ def as_prompt_completion(dataset: Any, prompt_column: str, completion_column: st
 def main(argv: list[str]) -> int:
     parser = CommandParser((SourceArguments, *SCORING_TYPES), prog="trims score",
                            description="Score completions with an autoregressive teacher (NLL, entropy, buckets).")
-    source, teacher, options, buckets, out = parser.parse(argv)
-    from ..hub import load_source_dataset
+    source, limit, teacher, options, buckets, out = parser.parse(argv)
 
-    return score(
-        lambda: as_prompt_completion(load_source_dataset(source.dataset, source.split, source.limit),
-                                     source.prompt_column, source.completion_column),
-        teacher, options, buckets, out, source=source.dataset,
-    )
+    def load() -> Any:
+        from ..hub import load_source_dataset
+
+        rows = load_source_dataset(source.dataset, source.split, limit.limit, flag="--dataset")
+        return as_prompt_completion(rows, source.prompt_column, source.completion_column)
+
+    return score(load, teacher, options, buckets, out, DataSource("--dataset", source.dataset), parser,
+                 column_terms(source.prompt_column, source.completion_column))

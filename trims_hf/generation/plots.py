@@ -13,6 +13,10 @@ import matplotlib
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+NEVER_DECODED = "lightgrey"
+"""Colour of response positions no decoding step chose (EOS fill after early stop, padding)."""
 
 
 def plot_decode_order(
@@ -20,19 +24,22 @@ def plot_decode_order(
 ) -> Figure:
     """Heatmap of the step at which each response position was decoded (rows: samples, columns: positions).
 
-    Positions set to EOS by early stop (``filled``) and padding (-1) are drawn grey, so the picture shows
-    only what the model chose to commit.
+    Positions set to EOS by early stop (``filled``) and padding (-1) are never decoded: they are drawn grey and
+    named in a legend, so the picture shows only what the model chose to commit.
     """
     steps = decode_order.double().numpy()
     hidden = steps < 0
     if filled is not None:
         hidden |= filled.numpy()
-    figure = Figure(figsize=(max(6.0, steps.shape[1] / 24), max(2.0, steps.shape[0] / 4)))
+    figure = Figure(figsize=(max(6.0, steps.shape[1] / 24), max(2.4, steps.shape[0] / 4 + 1.0)), layout="constrained")
     axis = figure.subplots()
-    colormap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")
+    colormap = matplotlib.colormaps["viridis"].with_extremes(bad=NEVER_DECODED)
     image = axis.imshow(np.ma.masked_array(steps, hidden), aspect="auto", interpolation="nearest", cmap=colormap)
     figure.colorbar(image, ax=axis, label="decoding step")
-    axis.set(xlabel="response position", ylabel="sample", title=title or "Decode order (grey: EOS fill)")
+    axis.set(xlabel="response position", ylabel="sample", title=title or "Decode order")
+    if hidden.any():
+        never = Patch(facecolor=NEVER_DECODED, edgecolor="grey", label="never decoded (EOS fill after early stop, padding)")
+        figure.legend(handles=[never], loc="outside lower center", fontsize=8, frameon=False)
     if path is not None:
         figure.savefig(path, bbox_inches="tight", dpi=120)
     return figure

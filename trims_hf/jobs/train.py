@@ -42,12 +42,19 @@ from ..config import MDLMConfig
 from ..evaluation import check_task_inputs
 from ..hub import check_push_access, load_source_dataset
 from ..lora import lora_config
-from ..model_card import evaluation_from_logs, trims_model_card
+from ..model_card import trims_model_card
 from ..preparation import is_prepared
 from ..schema import COMPLETION, MESSAGES, PROMPT, has_teacher_scores
 from ..settings import DecodingConfig
-from ..sources import check_dataset_source, check_model_source
-from ..students import STUDENTS, detect_student_kind, load_student, prepare_student
+from ..sources import SourceError, check_dataset_source, check_model_source
+from ..students import (
+    STUDENTS,
+    MaskTokenError,
+    detect_student_kind,
+    load_student,
+    prepare_student,
+    student_mask_token_id,
+)
 from ..tasks import CodeExecutionDisabled, get_task
 from ..trainer import MDLMTrainer
 
@@ -65,6 +72,9 @@ class ModelArguments:
     model_name_or_path: str = field(metadata={"help": "Student Hub id or local folder (weights, config and tokenizer)."})
     model_kind: str | None = field(
         default=None, metadata={"help": "Student family; default: detected from the config.", "choices": sorted(STUDENTS)}
+    )
+    mask_token_id: int | None = field(
+        default=None, metadata={"help": "Mask token id; default: the student config's, else its tokenizer's mask token."}
     )
     model_revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit) of the student."})
     dtype: str = field(default="auto", metadata={"help": "Weight dtype to load the student in.", "choices": list(DTYPES)})
@@ -263,12 +273,12 @@ def build_student(model_args: ModelArguments, kind: str, tokenizer: Any) -> nn.M
     dtype = model_args.dtype if model_args.dtype == "auto" else getattr(torch, model_args.dtype)
     kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if not model_args.init_from_config:
-        return load_student(model_args.model_name_or_path, kind, revision=model_args.model_revision, dtype=dtype, **kwargs)
+        return load_student(model_args.model_name_or_path, kind, revision=model_args.model_revision,
+                            mask_token_id=model_args.mask_token_id, dtype=dtype, **kwargs)
     config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
     auto_class = AutoModelForCausalLM if STUDENTS[kind].decoder else AutoModelForMaskedLM
     model = auto_class.from_config(config, dtype=None if dtype == "auto" else dtype, **kwargs)
-    mask_id = getattr(config, "mask_token_id", None)
-    return prepare_student(model, kind, mask_id if mask_id is not None else tokenizer.mask_token_id)
+    return prepare_student(model, kind, student_mask_token_id(config.to_dict(), kind, model_args.mask_token_id, tokenizer))
 
 
 def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointing: bool) -> nn.Module:
@@ -285,7 +295,7 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
     """Every setting that defines a TRIMS run, grouped for the model card."""
     world = args.world_size
     optimisation = {
-        "learning_rate": args.learning_rate, "lr_scheduler_type": str(args.lr_scheduler_type),
+        "learning_rate": args.learning_rate, "lr_scheduler_type": args.lr_scheduler_type,
         "warmup_steps": args.warmup_steps, "weight_decay": args.weight_decay, "num_train_epochs": args.num_train_epochs,
         "max_steps": args.max_steps, "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps, "num_devices": world,
@@ -390,37 +400,31 @@ def check_columns(dataset: Dataset, source: str, args: MDLMConfig) -> None:
 def load_data(data_args: DataArguments, args: MDLMConfig) -> tuple[Dataset, Dataset | None]:
     """The train (and eval) split, with the columns the run needs, before any model loads."""
     source = data_args.dataset_name
-    splits = {"train_split": data_args.train_split, "eval_split": data_args.eval_split}
-    if Path(source).is_file() and (splits["train_split"] != "train" or splits["eval_split"]):
-        raise RecipeError(f"dataset_name {source} is a single file, so it has one split (train): drop eval_split/"
-                          "train_split, or use a dataset folder or Hub id that has those splits.")
     loaded: list[Dataset | None] = []
-    for key, split in splits.items():
-        if split is None:
-            loaded.append(None)
-            continue
+    for key, split in (("train_split", data_args.train_split), ("eval_split", data_args.eval_split)):
         try:
-            dataset = load_source_dataset(source, split)
-        except (ValueError, FileNotFoundError) as error:
+            loaded.append(split and load_source_dataset(source, split, flag="dataset_name"))
+        except SourceError:
+            raise
+        except (FileNotFoundError, ValueError) as error:  # a folder without data files, data files without rows
             raise RecipeError(f"{key} {split}: cannot load it from dataset_name {source} ({_one_line(error)}).") from None
-        if len(dataset) == 0:
-            raise RecipeError(f"{key} {split} of dataset_name {source} has no rows.")
+    for dataset in filter(None, loaded):
         check_columns(dataset, source, args)
-        loaded.append(dataset)
     return loaded[0], loaded[1]
 
 
-def load_tokenizer(model_args: ModelArguments) -> Any:
-    """The student's tokenizer, which must define the mask token unless the student's config does."""
+def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
+    """The student's tokenizer, with a mask token id for the student (``mask_token_id``, its config's or the tokenizer's)."""
     path, revision = model_args.model_name_or_path, model_args.model_revision
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     except (OSError, ValueError) as error:
         raise RecipeError(f"model_name_or_path {path}: cannot load its tokenizer ({_one_line(error)}).") from None
     config, _ = PreTrainedConfig.get_config_dict(path, revision=revision)
-    if config.get("mask_token_id") is None and tokenizer.mask_token_id is None:
-        raise RecipeError(f"model_name_or_path {path}: no mask token in its config.json or tokenizer; a masked "
-                          "diffusion student needs one.")
+    try:
+        student_mask_token_id(config, kind, model_args.mask_token_id, tokenizer)
+    except MaskTokenError as error:
+        raise RecipeError(f"model_name_or_path {path}: {error}; set mask_token_id.") from None
     return tokenizer
 
 
@@ -429,7 +433,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     resume = check_run(model_args, data_args, args)
     kind = student_kind(model_args)
     train_dataset, eval_dataset = load_data(data_args, args)
-    tokenizer = load_tokenizer(model_args)
+    tokenizer = load_tokenizer(model_args, kind)
     set_seed(args.seed)
     model = wrap_lora(build_student(model_args, kind, tokenizer), model_args, args.gradient_checkpointing)
     trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
@@ -445,7 +449,10 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
         card = trims_model_card(
             base_model=model_args.model_name_or_path, base_model_revision=model_args.model_revision,
             dataset=data_args.dataset_name, hyperparameters=hyperparameters(model_args, data_args, args),
-            evaluation=evaluation_from_logs(trainer.state.log_history), model_name=trainer.hub_model_id or args.output_dir,
+            log_history=trainer.state.log_history, model_kind=model_args.model_kind,
+            mask_token_id=model_args.mask_token_id, model_name=trainer.hub_model_id or args.output_dir,
+            decoding=data_args.decoding_config() if data_args.decode_eval_task else None,
+            eval_data_file=data_args.decode_eval_data_file,
         )
         card.save(Path(args.output_dir) / "README.md")
         if args.push_to_hub:

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from .base import StudentSpec, make_bidirectional
+from .base import StudentSpec, make_bidirectional, use_mdlm_loss
 from .dream import qwen2_config_from_dream
 from .llada import KEY_MAPPING as LLADA_KEY_MAPPING
 from .llada import llama_config_from_llada
@@ -40,24 +40,46 @@ def _config_of(model: nn.Module) -> PreTrainedConfig:
     return config
 
 
+class StudentKindError(ValueError):
+    """A config does not say which student family it is (a plain causal LM): the caller must name the kind."""
+
+    def __init__(self, model_type: str) -> None:
+        self.model_type = model_type
+        super().__init__(
+            f"Cannot tell which kind of student a '{model_type}' model is: pass kind='llada' (unshifted logits) or "
+            f"kind='dream' (logits shifted by one) to use a causal LM as a masked diffusion student."
+        )
+
+
+class MaskTokenError(ValueError):
+    """A student has no mask token id, or one outside its vocabulary."""
+
+
+def _checked_mask_id(mask_token_id: int | None, vocab_size: int | None) -> int:
+    if mask_token_id is None:
+        raise MaskTokenError("no mask token id: none was given and neither the config nor the tokenizer has one")
+    if vocab_size is not None and not 0 <= int(mask_token_id) < vocab_size:
+        raise MaskTokenError(f"mask token id {mask_token_id} is outside the vocabulary ({vocab_size} tokens)")
+    return int(mask_token_id)
+
+
 def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = None) -> nn.Module:
-    """Mark ``model`` as a student of ``kind`` and make its attention bidirectional, in place.
+    """Mark ``model`` as a student of ``kind``, make its attention bidirectional and, called on a
+    :class:`trims_hf.TrimsDataCollator` batch, make it return the MDLM loss (so a plain ``transformers.Trainer``
+    trains the same objective as :class:`trims_hf.MDLMTrainer`), in place.
 
     Use this on models you build yourself (e.g. a tiny ``LlamaForCausalLM`` in a test); models from
-    :func:`load_student` are already prepared.
+    :func:`load_student` are already prepared. The mask id defaults to the one on the model's config.
     """
     if kind not in STUDENTS:
         raise ValueError(f"Unknown student kind {kind!r}; choose one of {sorted(STUDENTS)}.")
     config = _config_of(model)
     mask_token_id = mask_token_id if mask_token_id is not None else getattr(config, "mask_token_id", None)
-    if mask_token_id is None:
-        raise ValueError(f"Student of kind {kind!r} needs a mask_token_id (none on its config).")
-    if not 0 <= int(mask_token_id) < config.get_text_config().vocab_size:
-        raise ValueError(f"mask_token_id={mask_token_id} is outside the vocabulary of size {config.vocab_size}.")
+    config.mask_token_id = _checked_mask_id(mask_token_id, config.get_text_config().vocab_size)
     config.trims_student = kind
-    config.mask_token_id = int(mask_token_id)
     if STUDENTS[kind].decoder:
         make_bidirectional(model)
+    use_mdlm_loss(model, STUDENTS[kind])
     return model
 
 
@@ -97,10 +119,24 @@ def detect_student_kind(config_dict: dict[str, Any]) -> str:
             return spec.kind
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return "masked_lm"
-    raise ValueError(
-        f"Cannot tell which kind of student a '{model_type}' model is: pass kind='llada' (unshifted logits) or "
-        f"kind='dream' (logits shifted by one) to use a causal LM as a masked diffusion student."
-    )
+    raise StudentKindError(model_type)
+
+
+def _native(config_dict: dict[str, Any], spec: StudentSpec) -> bool:
+    """An original LLaDA / Dream ``config.json`` (translated at load), not a transformers one."""
+    return spec.translate_config is not None and str(config_dict.get("model_type", "")).lower() == spec.native_model_type
+
+
+def student_mask_token_id(config_dict: dict[str, Any], kind: str, mask_token_id: int | None = None,
+                          tokenizer: Any = None) -> int:
+    """The mask id a student of ``kind`` with this ``config.json`` dict uses: ``mask_token_id``, else its config's,
+    else ``tokenizer``'s; checked against the vocabulary. Needs no weights, so a missing id fails in seconds."""
+    spec = STUDENTS[kind]
+    config = spec.translate_config(config_dict) if _native(config_dict, spec) else PreTrainedConfig.from_dict(config_dict)
+    for candidate in (mask_token_id, getattr(config, "mask_token_id", None), getattr(tokenizer, "mask_token_id", None)):
+        if candidate is not None:
+            break
+    return _checked_mask_id(candidate, getattr(config.get_text_config(), "vocab_size", None))
 
 
 def load_student(
@@ -115,31 +151,36 @@ def load_student(
     """Load a LLaDA, Dream or masked-LM student from the Hub or a folder, ready for training or decoding.
 
     LLaDA and Dream checkpoints load into transformers' native Llama/Qwen2 classes (weights renamed for
-    LLaDA), so ``trust_remote_code`` is never needed. The mask id comes from ``mask_token_id``, else the
-    config, else the tokenizer. Extra keyword arguments (``dtype``, ``device_map``, ``attn_implementation``...)
-    go to ``from_pretrained``.
+    LLaDA), so ``trust_remote_code`` is never needed. ``kind`` is detected from the config (a plain causal LM
+    such as Llama or Qwen2 needs it: :class:`StudentKindError`). The mask id comes from ``mask_token_id``, else
+    the config, else the tokenizer (:func:`student_mask_token_id`), before any weight is read. Extra keyword
+    arguments (``dtype``, ``device_map``, ``attn_implementation``...) go to ``from_pretrained``.
     """
     hub_kwargs = {"revision": revision, "token": token}
     config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **hub_kwargs)
     spec = STUDENTS[kind] if kind is not None else STUDENTS[detect_student_kind(config_dict)]
+    try:
+        mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id)
+    except MaskTokenError:  # none given or on the config: the tokenizer's (read only when needed)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs)
+        mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id, tokenizer)
     if spec.decoder:
-        native = spec.translate_config is not None and str(config_dict.get("model_type", "")).lower() == spec.native_model_type
         # Also for checkpoints we saved: transformers writes weights back under the checkpoint's original names.
         model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, config=spec.translate_config(config_dict) if native else None,
+            name_or_path, config=spec.translate_config(config_dict) if _native(config_dict, spec) else None,
             key_mapping=spec.key_mapping, **hub_kwargs, **from_pretrained_kwargs,
         )
     else:
         model = AutoModelForMaskedLM.from_pretrained(name_or_path, **hub_kwargs, **from_pretrained_kwargs)
-    if mask_token_id is None and getattr(model.config, "mask_token_id", None) is None:
-        from transformers import AutoTokenizer
-
-        mask_token_id = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs).mask_token_id
     return prepare_student(model, spec.kind, mask_token_id)
 
 
 __all__ = [
     "STUDENTS",
+    "MaskTokenError",
+    "StudentKindError",
     "StudentSpec",
     "detect_student_kind",
     "load_student",
@@ -147,5 +188,6 @@ __all__ = [
     "mask_token_id",
     "prepare_student",
     "student_logits",
+    "student_mask_token_id",
     "student_spec",
 ]

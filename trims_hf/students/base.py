@@ -8,12 +8,15 @@ survives ``save_pretrained`` / PEFT wrapping and every component can recover it 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..loss import LOSS_KEYS, mdlm_loss
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,57 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
     for config in configs.values():
         config.is_causal = False
     return model
+
+
+class MDLMLossHooks:
+    """Make ``model(**batch)`` on a :class:`trims_hf.TrimsDataCollator` batch return the MDLM loss.
+
+    ``transformers.Trainer`` calls ``model(**batch, num_items_in_batch=N)``. Before the forward, the loss-only
+    keys (``labels``, ``masked``, ``loss_weights``...) are taken out, so the model never computes its own
+    (e.g. causal, shifted) loss and models without ``**kwargs`` still run; after it, the one MDLM loss of
+    :mod:`trims_hf.loss` is computed from the logits and set as ``output.loss``. Calls without these keys
+    (decoding, :class:`trims_hf.MDLMTrainer`) are untouched.
+    """
+
+    def __init__(self, spec: StudentSpec) -> None:
+        self.spec = spec
+        self._pending: dict[int, dict[str, Any]] = {}  # per thread: nn.DataParallel runs replicas in threads
+
+    def before(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        if "masked" not in kwargs or "loss_weights" not in kwargs:
+            return None
+        batch = {key: kwargs.pop(key) for key in (*LOSS_KEYS, "num_items_in_batch") if key in kwargs}
+        self._pending[threading.get_ident()] = batch
+        return args, kwargs
+
+    def after(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> Any:
+        batch = self._pending.pop(threading.get_ident(), None)
+        if batch is None:
+            return None
+        logits = output.get("logits") if isinstance(output, Mapping) else None
+        labels = batch.get("labels")
+        if labels is None:
+            raise ValueError("A TrimsDataCollator batch reached the model without its 'labels'.")
+        if not isinstance(logits, torch.Tensor) or logits.shape[:2] != labels.shape:
+            raise ValueError(f"{type(module).__name__} does not return [batch, length, vocab] logits in a ModelOutput, "
+                             "so a plain transformers.Trainer cannot train it with the MDLM loss: use trims_hf.MDLMTrainer.")
+        output["loss"] = mdlm_loss(logits, labels, batch["masked"], batch["loss_weights"], self.spec,
+                                   batch.get("num_items_in_batch"))
+        return output
+
+
+def use_mdlm_loss(model: nn.Module, spec: StudentSpec) -> None:
+    """Let a plain ``transformers.Trainer`` train ``model`` with the MDLM loss (idempotent; the spec is updated).
+
+    ``accepts_loss_kwargs`` makes the Trainer count the normaliser over all accumulated micro-batches (and
+    devices) and pass it as ``num_items_in_batch``, whatever the forward's signature.
+    """
+    hooks = getattr(model, "_trims_loss_hooks", None)
+    if hooks is not None:
+        hooks.spec = spec
+        return
+    hooks = MDLMLossHooks(spec)
+    model.register_forward_pre_hook(hooks.before, with_kwargs=True)
+    model.register_forward_hook(hooks.after, with_kwargs=True)
+    model._trims_loss_hooks = hooks
+    model.accepts_loss_kwargs = True

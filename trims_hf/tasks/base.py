@@ -118,6 +118,11 @@ class Task(ABC):
 
     # -- judging ------------------------------------------------------------------------------
     @abstractmethod
+    def reference(self, example: Example) -> str | None:
+        """The gold answer as a reader checks it (a number, a LaTeX answer, a reference program), stored with
+        every graded sample so a verdict can be checked by eye."""
+
+    @abstractmethod
     def extract(self, completion_text: str) -> Any:
         """The answer (or program) in a completion; None when there is none."""
 

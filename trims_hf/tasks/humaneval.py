@@ -44,6 +44,10 @@ class HumanEvalTask(CodeTask):
             "instruction": INSTRUCTION,
         }
 
+    def reference(self, example: Example) -> str:
+        """The canonical solution under its stub (the verdict itself comes from the task's tests)."""
+        return example.fields["prompt"] + example.fields["canonical_solution"]
+
     def solution(self, example: Example, completion_text: str) -> str:
         """The stub completed by the completion's code.
 

@@ -51,6 +51,9 @@ class Math500Task(Task):
             "boxed_instruction": BOXED_INSTRUCTION,
         }
 
+    def reference(self, example: Example) -> str:
+        return example.fields["answer"]
+
     def extract(self, completion_text: str) -> str | None:
         """The last ``\\boxed{}``/``\\fbox{}``, else minerva's "final answer is X"."""
         boxed = last_boxed(completion_text)

@@ -87,6 +87,10 @@ class MBPPTask(CodeTask):
             "instruction": INSTRUCTION if self.style == "instruct" else "[BEGIN]...[DONE]",
         }
 
+    def reference(self, example: Example) -> str:
+        """The data set's reference program (the verdict itself comes from ``test_list``)."""
+        return example.fields["code"]
+
     def solution_and_tests(self, example: Example, completion_text: str) -> tuple[str, str]:
         """The solution followed by ``test_setup_code`` (it builds objects from the solution's
         classes, so it runs on the solution's side); the asserts run in the judge."""

@@ -1,0 +1,195 @@
+"""`trims score` as a user meets it: every mistake is one `error:` line in the user's terms (exit 2) before any
+model loads, with nothing written; Ctrl-C says what was kept (exit 130) and the rerun resumes to the same result."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datasets import load_dataset
+from helpers_teachers import save_teacher
+from huggingface_hub import HfApi
+
+from trims_hf.cli import main as trims_main
+from trims_hf.jobs import score as job
+from trims_hf.jobs.score import work_dir_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tokenizer, tmp_path_factory) -> Path:
+    return save_teacher(tokenizer, tmp_path_factory.mktemp("teacher") / "tiny-teacher")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_file(gsm8k_rows, tmp_path_factory) -> Path:
+    rows = [{"question": r["prompt"], "answer": r["completion"]} for r in gsm8k_rows[:8]]
+    return write_jsonl(tmp_path_factory.mktemp("data") / "gsm8k.jsonl", rows)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the teacher's weights were loaded before the mistake was reported")
+
+    monkeypatch.setattr(job, "load_teacher", refuse)
+
+
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    def refuse(self, repo_id, **kwargs):
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(HfApi, "repo_info", refuse)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error")]
+
+
+# case -> (extra flags, files to make, expected error line); {tmp}, {data}, {teacher}, {out} are filled in.
+CASES = {
+    "missing data file": (["--dataset", "{tmp}/nope.jsonl"], {}, "--dataset {tmp}/nope.jsonl: no such file or folder."),
+    "csv data file": (["--dataset", "{tmp}/rows.csv"], {"rows.csv": "a,b\n"},
+                      "--dataset {tmp}/rows.csv: unsupported file type '.csv' (use .jsonl, .json, .parquet)."),
+    "broken jsonl": (["--dataset", "{tmp}/bad.jsonl"], {"bad.jsonl": '{"question": "q", "answer": "a"\n{broken\n'},
+                     "--dataset {tmp}/bad.jsonl: cannot be read as a .jsonl file (JSON parse error: Missing a comma or "
+                     "'}}' after an object member. in row 0)."),
+    "split of a file": (["--split", "test"], {},
+                        "--dataset {data} is a single file, whose one split is 'train'; got --split 'test'."),
+    "missing teacher": (["--teacher", "{tmp}/no-teacher"], {}, "--teacher {tmp}/no-teacher: no such file or folder."),
+    "teacher folder without config": (["--teacher", "{tmp}/empty"], {"empty/": ""},
+                                      "--teacher {tmp}/empty: the folder has no config.json."),
+    "missing gguf file": (["--gguf-file", "x.gguf"], {}, "--gguf-file x.gguf: no such file in {teacher}."),
+    "output exists": ([], {"out/": ""}, "--output {out}: already exists; choose another folder or pass --overwrite."),
+    "output under a file": (["--output", "{tmp}/file/out"], {"file": "x"},
+                            "--output {tmp}/file/out: cannot be created, {tmp}/file is a file."),
+    "missing column": (["--prompt-column", "prompt"], {},
+                       "--prompt-column prompt: no such column (columns: question, answer)."),
+    "empty completion": (["--dataset", "{tmp}/empty.jsonl"], {"empty.jsonl": '{"question": "q", "answer": "  "}\n'},
+                         "row 0: column 'answer' (--completion-column) is empty."),
+    "null completion": (["--dataset", "{tmp}/null.jsonl"], {"null.jsonl": '{"question": "q", "answer": null}\n'},
+                        "row 0: column 'answer' (--completion-column) is missing or null."),
+    "too long": (["--max-length", "30"], {},
+                 "row 0: column 'answer' (--completion-column) is too long for the teacher: 108 prompt + 90 completion "
+                 "tokens > context 30 (pass a larger --max-length, or --truncate)."),
+    "prompt without tokens": (["--dataset", "{tmp}/p.jsonl", "--prompt-format", "verbatim"],
+                              {"p.jsonl": '{"question": "", "answer": "Natalia sold 48 clips."}\n'},
+                              "row 0: column 'question' (--prompt-column) renders to no teacher tokens, so nothing predicts "
+                              "the first completion token; give a prompt, or a --prompt-format that adds one "
+                              "(chat_template, plain with a BOS)."),
+    "no kept tokens": (["--train-max-length", "20"], {},
+                       "no row has a completion token within --train-max-length 20 teacher tokens (the prompts are "
+                       "longer); raise it, or cut quantiles over --quantile-tokens all."),
+    "num buckets": (["--num-buckets", "0"], {}, "--num-buckets must be in [1, 127], got 0. (see `trims score --help`)"),
+    "prompt format": (["--prompt-format", "foo"], {},
+                      "--prompt-format must be one of chat_template, plain, verbatim or contain '{{prompt}}', got 'foo'. "
+                      "(see `trims score --help`)"),
+    "limit": (["--limit", "0"], {}, "--limit 0: must be at least 1. (see `trims score --help`)"),
+    "chunk size": (["--rows-per-work-chunk", "0"], {}, "--rows-per-work-chunk 0: must be at least 1. (see `trims score --help`)"),
+    "push offline": (["--push-to-hub", "me/x"], {}, "Cannot push to me/x: HF_HUB_OFFLINE is set. Unset it, or drop --push-to-hub."),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_mistake_is_one_line_before_any_model_loads(case, teacher_dir, data_file, tmp_path, capsys, monkeypatch,
+                                                         no_model_load):
+    flags, files, expected = CASES[case]
+    for name, content in files.items():
+        (tmp_path / name).mkdir() if name.endswith("/") else (tmp_path / name).write_text(content)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", case == "push offline")
+    out = tmp_path / "out"
+    names = {"tmp": tmp_path, "data": data_file, "teacher": teacher_dir, "out": out}
+    base = ["--teacher", str(teacher_dir), "--dataset", str(data_file), "--prompt-column", "question",
+            "--completion-column", "answer", "--output", str(out)]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert trims_main(["score", *base, *(flag.format(**names) for flag in flags)]) == 2
+    assert error_lines(capsys.readouterr().err) == ["error: " + expected.format(**names)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no work folder
+
+
+@pytest.mark.parametrize("flag, value, default", [("--teacher", None, "Qwen/Qwen3-8B (the default)"),
+                                                  ("--dataset", "org/data", "org/data")])
+def test_unreachable_hub_says_what_works_offline(flag, value, default, teacher_dir, data_file, tmp_path, capsys,
+                                                 unreachable_hub, no_model_load):
+    args = {"--teacher": str(teacher_dir), "--dataset": str(data_file)}
+    if value is None:
+        del args[flag]
+    else:
+        args[flag] = value
+    start = time.monotonic()
+    code = trims_main(["score", *(x for pair in args.items() for x in pair), "--output", str(tmp_path / "out")])
+    hint = "pass a local model folder or .gguf file to --teacher" if flag == "--teacher" else \
+        "pass a local .jsonl/.json/.parquet file or dataset folder to --dataset"
+    assert code == 2 and time.monotonic() - start < 5
+    assert error_lines(capsys.readouterr().err) == [
+        f"error: {flag} {default}: not a local path, and the Hugging Face Hub is unreachable ([Errno -2] Name or service "
+        f"not known); {hint}."]
+
+
+def score_args(teacher_dir: Path, data_file: Path, out: Path) -> list[str]:
+    return ["score", "--teacher", str(teacher_dir), "--dataset", str(data_file), "--prompt-column", "question",
+            "--completion-column", "answer", "--output", str(out)]
+
+
+def test_interrupt_says_what_was_kept_and_the_rerun_resumes(teacher_dir, data_file, tmp_path, capsys, monkeypatch):
+    reference = tmp_path / "reference"
+    assert trims_main(score_args(teacher_dir, data_file, reference)) == 0  # 8 rows: 8 chunks of one row
+    capsys.readouterr()
+    calls, score_rows = [], job.score_rows
+
+    def interrupted_on_third_chunk(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return score_rows(*args, **kwargs)
+
+    monkeypatch.setattr(job, "score_rows", interrupted_on_third_chunk)
+    out = tmp_path / "scored"
+    assert trims_main(score_args(teacher_dir, data_file, out)) == 130
+    (work,) = work_dir_for(out).iterdir()
+    err = capsys.readouterr().err.splitlines()
+    assert f"interrupted: 2 of 8 chunks saved in {work}; rerun the same command to resume." in err
+    assert not out.exists() and len(list(work.glob("chunk-*.parquet"))) == 2 and not list(work.glob(".*"))
+
+    monkeypatch.setattr(job, "score_rows", score_rows)
+    assert trims_main(score_args(teacher_dir, data_file, out)) == 0
+    assert f"resuming: 2 of 8 chunks done (saved in {work})" in capsys.readouterr().err.splitlines()
+    assert not work_dir_for(out).exists()
+    resumed, whole = load_dataset(str(out), split="train"), load_dataset(str(reference), split="train")
+    assert resumed["teacher_token_start"] == whole["teacher_token_start"]
+    assert resumed["teacher_bucket"] == whole["teacher_bucket"]
+    np.testing.assert_array_equal(np.concatenate(resumed["teacher_nll"]), np.concatenate(whole["teacher_nll"]))
+
+
+def test_ctrl_c_on_the_command(teacher_dir, gsm8k_rows, tmp_path):
+    """A real SIGINT to `python -m trims_hf.cli score` once the first chunk is saved: exit 130 and the kept count."""
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"question": r["prompt"], "answer": r["completion"]} for r in gsm8k_rows])
+    out = tmp_path / "scored"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "trims_hf.cli", *score_args(teacher_dir, data, out),
+                                "--max-tokens-per-batch", "1"], stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not list(work_dir_for(out).glob("*/chunk-*.parquet")) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err[-2000:]
+    match = re.search(r"^interrupted: (\d+) of 16 chunks saved in (\S+); rerun the same command to resume\.$", err, re.M)
+    assert match and 1 <= int(match[1]) < 16 and Path(match[2]).parent == work_dir_for(out)
+    assert "Traceback" not in err and not out.exists()
