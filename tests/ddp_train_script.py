@@ -1,11 +1,10 @@
 """Train a tiny student for a few steps on GSM8K rows of different lengths; run by tests/test_distributed.py.
 
 Usage: ``python tests/ddp_train_script.py OUT PER_DEVICE_BATCH GRADIENT_ACCUMULATION`` or the same under
-``accelerate launch`` (DDP with ``--multi_gpu --num_processes N``, or DeepSpeed with ``--config_file
-recipes/accelerate/zero2.yaml``). The real collator pads every batch to max_length and draws each row's masks
-from the row alone, so any split of the global batch of 8 sees the same samples. Each rank writes
-``OUT/rank<i>.pt``: flat weights before and after, the training logs, how many metric reductions ran, the world
-size and the ZeRO stage (or None).
+``accelerate launch --multi_gpu --num_processes N`` (DDP) or ``--config_file recipes/accelerate/zero2.yaml``
+(DeepSpeed). The real collator pads every batch to max_length and draws each row's masks from the row alone, so
+any split of the global batch of 8 sees the same samples. Each rank writes ``OUT/rank<i>.pt``: flat weights
+before and after, the training logs, how many metric reductions ran, and the ZeRO stage (None without DeepSpeed).
 """
 
 from __future__ import annotations

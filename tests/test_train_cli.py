@@ -143,9 +143,10 @@ MISTAKES = [
     ("data-unscored", None, {"dataset_name": "{w}/plain.jsonl"}, [],
      r"^dataset_name .*plain\.jsonl: no teacher scores for metric nll .*set trajectory_ratio 0"),
     ("data-file-with-eval-split", None, {"dataset_name": "{w}/plain.jsonl", "eval_split": "test"}, [],
-     r"^dataset_name .*plain\.jsonl is a single file, so it has one split \(train\)"),
-    ("data-unknown-split", None, {"eval_split": "test"}, [], r"^eval_split test: dataset_name .*scored has no split='test' \(Unknown split"),
+     r"^dataset_name .*plain\.jsonl is a single file, whose one split is 'train'; got split='test'\.$"),
+    ("data-unknown-split", None, {"eval_split": "test"}, [], r"^dataset_name .*scored has no split='test' \(Unknown split"),
     ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [], r"^train_split train: cannot load it from dataset_name .*empty"),
+    ("data-no-rows", None, {"dataset_name": "{w}/no-rows.parquet"}, [], r"^train_split train: cannot load it from dataset_name .*no-rows\.parquet \(Instruction \"train\" corresponds to no data!\)\.$"),
     ("output-is-a-file", None, {"output_dir": "{w}/a-file"}, [], r"^output_dir .*a-file: a file, not a folder\.$"),
     ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [], r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
     ("output-not-empty", None, {"output_dir": "{w}/earlier-run"}, [],
@@ -175,6 +176,7 @@ def workspace(toy_inputs) -> Path:
     (folder / "gsm8k.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
     (folder / "plain.jsonl").write_text(json.dumps({"prompt": "1 + 1?", "completion": "2"}) + "\n")
     (folder / "rows.csv").write_text("prompt,completion\n")
+    Dataset.from_dict({"prompt": [], "completion": []}).to_parquet(str(folder / "no-rows.parquet"))
     (folder / "a-file").write_text("")
     (folder / "empty").mkdir()
     (folder / "earlier-run" / "checkpoint-3").mkdir(parents=True)

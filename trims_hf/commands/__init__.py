@@ -34,8 +34,8 @@ class CommandParser(HfArgumentParser):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
     def parse(self, argv: list[str]) -> tuple:
-        """Parse ``argv`` into one instance per dataclass; a value a dataclass rejects is an ``error:`` line too,
-        in the flags' terms."""
+        """Parse ``argv`` into one instance per dataclass; an unknown flag, or a value a dataclass rejects, is an
+        ``error:`` line too, in the flags' terms."""
         try:
             *parsed, rest = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
         except ValueError as error:

@@ -47,7 +47,14 @@ from ..preparation import is_prepared
 from ..schema import COMPLETION, MESSAGES, PROMPT, has_teacher_scores
 from ..settings import DecodingConfig
 from ..sources import SourceError, check_dataset_source, check_model_source
-from ..students import STUDENTS, detect_student_kind, load_student, prepare_student, student_mask_token_id
+from ..students import (
+    STUDENTS,
+    MaskTokenError,
+    detect_student_kind,
+    load_student,
+    prepare_student,
+    student_mask_token_id,
+)
 from ..tasks import CodeExecutionDisabled, get_task
 from ..trainer import MDLMTrainer
 
@@ -393,39 +400,31 @@ def check_columns(dataset: Dataset, source: str, args: MDLMConfig) -> None:
 def load_data(data_args: DataArguments, args: MDLMConfig) -> tuple[Dataset, Dataset | None]:
     """The train (and eval) split, with the columns the run needs, before any model loads."""
     source = data_args.dataset_name
-    splits = {"train_split": data_args.train_split, "eval_split": data_args.eval_split}
-    if Path(source).is_file() and (splits["train_split"] != "train" or splits["eval_split"]):
-        raise RecipeError(f"dataset_name {source} is a single file, so it has one split (train): drop eval_split/"
-                          "train_split, or use a dataset folder or Hub id that has those splits.")
     loaded: list[Dataset | None] = []
-    for key, split in splits.items():
-        if split is None:
-            loaded.append(None)
-            continue
+    for key, split in (("train_split", data_args.train_split), ("eval_split", data_args.eval_split)):
         try:
-            dataset = load_source_dataset(source, split, flag="dataset_name")
-        except SourceError as error:
-            raise RecipeError(f"{key} {split}: {error}") from None
-        except (ValueError, FileNotFoundError) as error:
+            loaded.append(split and load_source_dataset(source, split, flag="dataset_name"))
+        except SourceError:
+            raise
+        except (FileNotFoundError, ValueError) as error:  # a folder without data files, data files without rows
             raise RecipeError(f"{key} {split}: cannot load it from dataset_name {source} ({_one_line(error)}).") from None
-        if len(dataset) == 0:
-            raise RecipeError(f"{key} {split} of dataset_name {source} has no rows.")
+    for dataset in filter(None, loaded):
         check_columns(dataset, source, args)
-        loaded.append(dataset)
     return loaded[0], loaded[1]
 
 
-def load_tokenizer(model_args: ModelArguments) -> Any:
-    """The student's tokenizer, which must define the mask token unless the student's config does."""
+def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
+    """The student's tokenizer, with a mask token id for the student (``mask_token_id``, its config's or the tokenizer's)."""
     path, revision = model_args.model_name_or_path, model_args.model_revision
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     except (OSError, ValueError) as error:
         raise RecipeError(f"model_name_or_path {path}: cannot load its tokenizer ({_one_line(error)}).") from None
     config, _ = PreTrainedConfig.get_config_dict(path, revision=revision)
-    if config.get("mask_token_id") is None and tokenizer.mask_token_id is None:
-        raise RecipeError(f"model_name_or_path {path}: no mask token in its config.json or tokenizer; a masked "
-                          "diffusion student needs one.")
+    try:
+        student_mask_token_id(config, kind, model_args.mask_token_id, tokenizer)
+    except MaskTokenError as error:
+        raise RecipeError(f"model_name_or_path {path}: {error}; set mask_token_id.") from None
     return tokenizer
 
 
@@ -434,7 +433,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     resume = check_run(model_args, data_args, args)
     kind = student_kind(model_args)
     train_dataset, eval_dataset = load_data(data_args, args)
-    tokenizer = load_tokenizer(model_args)
+    tokenizer = load_tokenizer(model_args, kind)
     set_seed(args.seed)
     model = wrap_lora(build_student(model_args, kind, tokenizer), model_args, args.gradient_checkpointing)
     trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
