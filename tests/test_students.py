@@ -115,6 +115,6 @@ def test_recipes_take_the_mask_token_id(plain_llama_folder, tokenizer, tmp_path)
     recipe.write_text(f"model_name_or_path: {plain_llama_folder}\nmodel_kind: llada\ndataset_name: rows.jsonl\n"
                       f"output_dir: {tmp_path / 'out'}\n")
     model_args, _, _ = parse_recipe(recipe, ["--mask_token_id", "7"])
-    assert model_args.mask_token_id == 7 and mask_token_id(build_student(model_args, tokenizer)) == 7
+    assert model_args.mask_token_id == 7 and mask_token_id(build_student(model_args, "llada", tokenizer)) == 7
     scratch = ModelArguments(plain_llama_folder, model_kind="llada", init_from_config=True, mask_token_id=6)
     assert mask_token_id(build_student(scratch, tokenizer)) == 6
