@@ -117,4 +117,4 @@ def test_recipes_take_the_mask_token_id(plain_llama_folder, tokenizer, tmp_path)
     model_args, _, _ = parse_recipe(recipe, ["--mask_token_id", "7"])
     assert model_args.mask_token_id == 7 and mask_token_id(build_student(model_args, "llada", tokenizer)) == 7
     scratch = ModelArguments(plain_llama_folder, model_kind="llada", init_from_config=True, mask_token_id=6)
-    assert mask_token_id(build_student(scratch, tokenizer)) == 6
+    assert mask_token_id(build_student(scratch, "llada", tokenizer)) == 6
