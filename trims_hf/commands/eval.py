@@ -10,7 +10,6 @@ finish: after Ctrl-C or a crash, the same command resumes there.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
