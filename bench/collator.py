@@ -23,13 +23,14 @@ class _Tokenizer:
     mask_token_id = 2
 
 
-def prepared_rows(n: int, length: int, prompt: int, seed: int = 0) -> list[dict]:
+def prepared_rows(n: int, length: int, prompt: int, seed: int = 0, high: int = 8000) -> list[dict]:
+    """Prepared rows of ``length // 2`` to ``length`` token ids in ``[3, high)``, with 8 random buckets."""
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
         size = int(rng.integers(length // 2, length + 1))
         rows.append({
-            "input_ids": rng.integers(3, 8000, size).tolist(),
+            "input_ids": rng.integers(3, high, size).tolist(),
             "prompt_length": prompt,
             "bucket_ids": rng.integers(0, 8, size - prompt).tolist(),
             "example_id": i,

@@ -18,6 +18,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from trims_hf import prepare_student
 from trims_hf.generation import DecodingConfig, TokensPerStepRecorder, generate
 
+CACHE_MODES = ("none", "prefix", "dual")
+
 
 def random_student(vocab: int, hidden: int, layers: int, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
@@ -32,6 +34,18 @@ def random_student(vocab: int, hidden: int, layers: int, seed: int) -> torch.nn.
         eos_token_id=vocab - 2,
     )
     return prepare_student(LlamaForCausalLM(config).eval(), "llada", vocab - 1)
+
+
+def decode_modes(model: torch.nn.Module, batches: list[torch.Tensor],
+                 base: DecodingConfig) -> dict[str, tuple[dict[str, object], list[torch.Tensor]]]:
+    """Decode every batch of prompts with each cache mode: the recorder's summary (every generated position
+    counted, so modes doing the same steps do the same work) and the responses, per mode."""
+    results = {}
+    for mode in CACHE_MODES:
+        recorder = TokensPerStepRecorder(count_tokens=lambda ids: ids.numel())
+        outputs = [generate(model, batch, config=replace(base, cache=mode), hooks=[recorder]).responses for batch in batches]
+        results[mode] = (recorder.summary(), outputs)
+    return results
 
 
 def main() -> None:
@@ -62,14 +76,9 @@ def main() -> None:
         "early_stop": False,
         "threads": args.threads,
     }
-    outputs = {}
-    for mode in ("none", "prefix", "dual"):
-        recorder = TokensPerStepRecorder(count_tokens=lambda ids: ids.numel())
-        outputs[mode] = [
-            generate(model, prompt[None], config=replace(base, cache=mode), hooks=[recorder]).responses
-            for prompt in prompts
-        ]
-        summary = recorder.summary()
+    decoded = decode_modes(model, [prompt[None] for prompt in prompts], base)
+    outputs = {mode: responses for mode, (_, responses) in decoded.items()}
+    for mode, (summary, _) in decoded.items():
         result[f"{mode}_tokens_per_second"] = round(summary["tokens_per_second"], 1)
         result[f"{mode}_nfe"] = summary["nfe"]
         result[f"{mode}_tokens_per_step"] = round(summary["tokens_per_step"], 3)

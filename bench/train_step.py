@@ -1,8 +1,9 @@
 """Median optimizer-step time with TRIMS vs standard MDLM masking on the same small student.
 
-A step is collate + forward + backward + AdamW update through MDLMTrainer.training_step. Steps of
-the two variants are interleaved so that machine noise hits both alike. Prints one JSON line.
-Goal: TRIMS costs <= 2% more per step.
+A step is collate + forward + backward + AdamW update through MDLMTrainer.training_step. One model is trained
+by two collators that differ only in the trajectory ratio (0.1, the recipes', vs 0: plain MDLM); their steps are
+interleaved so that machine noise hits both alike. Prints one JSON line. Goal: TRIMS costs <= 2% more per step.
+``bench/real_size.py`` times the paper's model shapes with the same helpers.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -21,29 +24,53 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collator import _Tokenizer, prepared_rows  # noqa: E402
 
-from trims_hf import MDLMConfig, MDLMTrainer, TrimsDataCollator, prepare_student  # noqa: E402
+from trims_hf import MaskingConfig, MDLMConfig, MDLMTrainer, TrimsDataCollator, prepare_student  # noqa: E402
 
 
-def build_trainer(ratio: float, length: int, output_dir: str) -> MDLMTrainer:
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=8000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=length)
-    model = prepare_student(LlamaForCausalLM(config), "llada", mask_token_id=_Tokenizer.mask_token_id)
-    args = MDLMConfig(output_dir=output_dir, report_to="none", use_cpu=True, learning_rate=1e-4, max_steps=1,
-                      trajectory_ratio=ratio, max_length=length)
-    collator = TrimsDataCollator(_Tokenizer(), masking=args.masking(), max_length=length)
+def masking_collators(tokenizer: Any, length: int, mask_token_id: int | None = None, padding: str = "longest",
+                      ratio: float = 0.1) -> dict[str, TrimsDataCollator]:
+    """The TRIMS collator (trajectory ratio ``ratio``) and the plain MDLM one (ratio 0), otherwise identical."""
+    return {name: TrimsDataCollator(tokenizer, mask_token_id=mask_token_id, max_length=length,
+                                    masking=MaskingConfig(trajectory_ratio=r, padding=padding))
+            for name, r in (("trims", ratio), ("mdlm", 0.0))}
+
+
+def build_trainer(model: torch.nn.Module, collator: TrimsDataCollator, output_dir: str, **config: Any) -> MDLMTrainer:
+    """An MDLMTrainer with its AdamW optimizer created, ready for :func:`step` (``config`` goes to MDLMConfig)."""
+    args = MDLMConfig(output_dir=output_dir, report_to="none", learning_rate=1e-4, max_steps=1, **config)
     trainer = MDLMTrainer(model, args, data_collator=collator)
     trainer.create_optimizer_and_scheduler(num_training_steps=1000)
     return trainer
 
 
-def step(trainer: MDLMTrainer, rows: list[dict]) -> float:
+def synchronize(device: torch.device) -> None:
+    """Wait for queued accelerator work, so a wall-clock reading covers it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step(trainer: MDLMTrainer, collator: TrimsDataCollator, rows: list[dict]) -> float:
+    """Seconds for one optimizer step on ``rows`` masked by ``collator``."""
+    synchronize(trainer.args.device)
     start = time.perf_counter()
-    batch = trainer.data_collator(rows)
+    batch = collator(rows)
     trainer.training_step(trainer.model, batch)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad()
+    synchronize(trainer.args.device)
     return time.perf_counter() - start
+
+
+def interleaved_steps(trainer: MDLMTrainer, collators: dict[str, TrimsDataCollator],
+                      batches: Sequence[list[dict]]) -> dict[str, list[float]]:
+    """Step times per collator; one warm-up step each on the first batch, then every batch once per collator in turn."""
+    for collator in collators.values():
+        step(trainer, collator, batches[0])
+    times: dict[str, list[float]] = {name: [] for name in collators}
+    for batch in batches:
+        for name, collator in collators.items():
+            times[name].append(step(trainer, collator, batch))
+    return times
 
 
 def main() -> None:
@@ -54,14 +81,15 @@ def main() -> None:
     args = parser.parse_args()
     rows = prepared_rows(args.steps * args.batch_size, args.length, prompt=64)
     batches = [rows[i:i + args.batch_size] for i in range(0, len(rows), args.batch_size)]
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=8000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=args.length)
+    model = prepare_student(LlamaForCausalLM(config), "llada", mask_token_id=_Tokenizer.mask_token_id)
+    collators = masking_collators(_Tokenizer(), args.length)
     with tempfile.TemporaryDirectory() as tmp:
-        trims, mdlm = build_trainer(0.1, args.length, tmp), build_trainer(0.0, args.length, tmp)
-        step(trims, batches[0]), step(mdlm, batches[0])  # warm-up
-        trims_times, mdlm_times = [], []
-        for batch in batches:
-            trims_times.append(step(trims, batch))
-            mdlm_times.append(step(mdlm, batch))
-    trims_median, mdlm_median = statistics.median(trims_times), statistics.median(mdlm_times)
+        trainer = build_trainer(model, collators["trims"], tmp, use_cpu=True, max_length=args.length)
+        times = interleaved_steps(trainer, collators, batches)
+    trims_median, mdlm_median = statistics.median(times["trims"]), statistics.median(times["mdlm"])
     print(json.dumps({
         "bench": "train_step",
         "model": "llama hidden 128, 2 layers, vocab 8000",

@@ -15,9 +15,9 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def library_versions() -> dict[str, str]:
-    """``{package: version}`` for trims_hf and :data:`VERSIONED_PACKAGES`, read from the installed metadata
-    (importing nothing), so a result can be reproduced with the same stack."""
+def library_versions(*extra: str) -> dict[str, str]:
+    """``{package: version}`` for trims_hf, :data:`VERSIONED_PACKAGES` and the ``extra`` packages (e.g. deepspeed
+    for a benchmark), read from the installed metadata (importing nothing), so a result can be reproduced."""
     from . import __version__
 
     def installed(name: str) -> str:
@@ -26,4 +26,4 @@ def library_versions() -> dict[str, str]:
         except PackageNotFoundError:
             return "not installed"
 
-    return {"trims_hf": __version__, **{name: installed(name) for name in VERSIONED_PACKAGES}}
+    return {"trims_hf": __version__, **{name: installed(name) for name in (*VERSIONED_PACKAGES, *extra)}}

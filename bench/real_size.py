@@ -1,0 +1,623 @@
+"""The paper's models at their true shapes: training, teacher scoring and decoding; one JSON line per measurement.
+
+``--scale real`` builds randomly initialised models in the exact shapes of the public config.json files, directly
+on ``--device`` in ``--dtype`` (no CPU init); ``--scale tiny`` builds the same architecture classes through the
+same code paths with tiny dimensions, so the whole script runs on a CPU in seconds (the test suite does that).
+Student shapes go through the library's own config translation (``llama_config_from_llada``,
+``qwen2_config_from_dream``) from dicts mirroring the public config.json; attention is whatever transformers
+picks on the device (SDPA on CUDA unless ``--attn-implementation`` says otherwise), recorded in every line.
+
+Parts (each sized to finish within a 10-minute command on one H100):
+
+- ``train``: LoRA r=32 / alpha=32 student (all attention and MLP projections, ``trims_hf.lora_config``) at sequence
+  length 1024 through MDLMTrainer: per-device batch 1 and the largest batch that fits (searched: doubling, then
+  bisection, an out-of-memory step counts as "does not fit"), with and without gradient checkpointing; TRIMS
+  (trajectory ratio 0.1) and MDLM (ratio 0) steps interleaved on the same model, their step-time ratio, tokens/s,
+  peak memory and model FLOPs utilisation (:func:`training_flops_per_token` states the convention).
+- ``zero2``: one DeepSpeed ZeRO-2 training run of a few steps through the shipped ``recipes/accelerate/zero2.yaml``
+  (and the zero2.json it names), launched with ``accelerate launch --num_processes 1``.
+- ``score``: the Qwen3-8B-shaped teacher over ``--score-rows`` rows of s1K-like lengths (:func:`s1k_like_lengths`)
+  with the library's planner and scorer: tokens/s, peak memory, extrapolated s1K curation time, the 1M-tokens goal.
+- ``decode``: the LLaDA-8B-shaped student, gen 256, block 32, threshold 0.9, batch 1 and 16, no / prefix / dual
+  cache: ms per forward, tokens/s, NFE, and the weight-read bound (weight bytes / memory bandwidth).
+
+Public configs (verified with the search tool on 2026-11-26; the Hub itself is unreachable here):
+- LLaDA-8B-Instruct: a copy of its config.json in github.com/yinj66/support_basis
+  ("LLaDA-8B-Instruct-B&S-light/config.json"): d_model 4096, n_layers 32, n_heads = n_kv_heads 32,
+  mlp_hidden_size 12288, vocab_size = embedding_size 126464, max_sequence_length 4096, rope_theta 500000,
+  rms_norm_eps 1e-5, weight_tying false, no biases, mask 126336, eos = pad 126081.
+- Dream-v0-Instruct-7B: its own config.json is not in the index; the same DreamModel config of
+  apple/DiffuCoder-7B-Instruct (huggingface.co/apple/DiffuCoder-7B-Instruct/resolve/main/config.json, also
+  Qwen2.5-7B-based) and Qwen2.5-7B's config give: hidden 3584, 28 layers, 28 heads / 4 KV (head_dim 128),
+  intermediate 18944, vocab 152064, max_position_embeddings 131072, rope_theta 1e6, rms_norm_eps 1e-6,
+  tie_word_embeddings false, mask 151666, bos = eos = pad 151643 (as ../shared/fixtures/README.md lists for 7B).
+- Qwen3-8B: "Copy config.json from Qwen/Qwen3-8B" (huggingface.co/thejaminator/qwen-hook-layer-9, commit
+  478fb72): hidden 4096, 36 layers, 32 heads / 8 KV, head_dim 128, intermediate 12288, vocab 151936,
+  max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-6, tie_word_embeddings false, no attention bias.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from peft import get_peft_model
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig, TrainerCallback
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from collator import prepared_rows  # noqa: E402
+from decode import CACHE_MODES, decode_modes  # noqa: E402
+from scoring import rss_kb  # noqa: E402
+from train_step import build_trainer, interleaved_steps, masking_collators, step, synchronize  # noqa: E402
+
+from trims_hf import lora_config, mask_token_id, prepare_student  # noqa: E402
+from trims_hf.generation import DecodingConfig, generate  # noqa: E402
+from trims_hf.reports import library_versions  # noqa: E402
+from trims_hf.scoring import EncodedRow, plan_batches  # noqa: E402
+from trims_hf.settings import ScoringOptions  # noqa: E402
+from trims_hf.students import STUDENTS  # noqa: E402
+from trims_hf.teacher import check_chunked_head, score_rows  # noqa: E402
+
+# --- public configs (see the module docstring for the sources) --------------------------------------------------
+
+LLADA_8B_INSTRUCT: dict[str, Any] = {
+    "model_type": "llada", "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 32, "mlp_hidden_size": 12288,
+    "vocab_size": 126464, "embedding_size": 126464, "max_sequence_length": 4096, "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-05, "weight_tying": False, "include_bias": False, "include_qkv_bias": False,
+    "block_type": "llama", "activation_type": "silu", "layer_norm_type": "rms", "alibi": False, "rope": True,
+    "bias_for_layer_norm": False, "input_emb_norm": False, "attention_layer_norm": False, "scale_logits": False,
+    "mask_token_id": 126336, "eos_token_id": 126081, "pad_token_id": 126081,
+}
+DREAM_V0_INSTRUCT_7B: dict[str, Any] = {
+    "model_type": "Dream", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "hidden_act": "silu",
+    "use_sliding_window": False, "sliding_window": None, "rope_scaling": None,
+    "mask_token_id": 151666, "bos_token_id": 151643, "eos_token_id": 151643, "pad_token_id": 151643,
+}
+QWEN3_8B: dict[str, Any] = {
+    "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936,
+    "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+    "attention_bias": False, "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
+}
+PUBLIC_CONFIGS = {"llada": LLADA_8B_INSTRUCT, "dream": DREAM_V0_INSTRUCT_7B, "teacher": QWEN3_8B}
+MODEL_NAMES = {"llada": "LLaDA-8B-Instruct", "dream": "Dream-v0-Instruct-7B", "teacher": "Qwen3-8B"}
+
+# Tiny dimensions: same fields, same classes; vocab 512 with the special ids at its top.
+TINY_OVERRIDES: dict[str, dict[str, Any]] = {
+    "llada": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "mlp_hidden_size": 128, "vocab_size": 512,
+              "embedding_size": 512, "mask_token_id": 511, "eos_token_id": 510, "pad_token_id": 510},
+    "dream": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 4096,
+              "mask_token_id": 511, "bos_token_id": 510, "eos_token_id": 510, "pad_token_id": 510},
+    "teacher": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 16, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 4096,
+                "bos_token_id": 510, "eos_token_id": 510},
+}
+TOKEN_ID_HIGH = 500
+"""Synthetic token ids are drawn from [3, 500): below every model's special ids at both scales."""
+
+# --- accelerators: the one table of peaks ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Dense bf16 tensor-core peak (no sparsity) and HBM bandwidth, from the vendors' data sheets."""
+
+    name: str
+    bf16_tflops: float
+    bandwidth_tb_s: float
+
+
+# Matched in order against torch.cuda.get_device_name(): the more specific names first.
+ACCELERATORS = (
+    ("GH200", Accelerator("GH200", 989.0, 4.0)),
+    ("H200", Accelerator("H200 SXM", 989.0, 4.8)),
+    ("H100 NVL", Accelerator("H100 NVL", 835.0, 3.9)),
+    ("H100 PCIe", Accelerator("H100 PCIe", 756.0, 2.0)),
+    ("H100", Accelerator("H100 SXM", 989.0, 3.35)),
+    ("A100-SXM4-80GB", Accelerator("A100 SXM 80GB", 312.0, 2.039)),
+    ("A100 80GB PCIe", Accelerator("A100 PCIe 80GB", 312.0, 1.935)),
+    ("A100", Accelerator("A100 40GB", 312.0, 1.555)),
+    ("L40S", Accelerator("L40S", 362.0, 0.864)),
+)
+
+
+def accelerator(device_name: str) -> Accelerator | None:
+    """The peaks of a CUDA device by its name; None for a CPU or a device missing from :data:`ACCELERATORS`."""
+    return next((spec for key, spec in ACCELERATORS if key in device_name), None)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor() or "unknown CPU")
+    return f"CPU: {model}, {os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads"
+
+
+# --- models -----------------------------------------------------------------------------------------------------
+
+
+def model_config(role: str, scale: str, attn_implementation: str | None = None) -> PreTrainedConfig:
+    """The transformers config of ``role`` (llada, dream, teacher) at ``scale``; students through the library's
+    own translation of their native config.json, as :func:`trims_hf.load_student` does."""
+    raw = PUBLIC_CONFIGS[role] | (TINY_OVERRIDES[role] if scale == "tiny" else {})
+    if role == "teacher":
+        config = AutoConfig.for_model(**raw)
+    else:
+        config = STUDENTS[role].translate_config(raw)
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    return config
+
+
+def build_model(role: str, scale: str, device: torch.device | str, dtype: torch.dtype,
+                attn_implementation: str | None = None) -> nn.Module:
+    """A randomly initialised model created directly on ``device`` (``"meta"`` for shapes only); students prepared
+    (bidirectional, mask id from the config) as ``load_student`` leaves them."""
+    config = model_config(role, scale, attn_implementation)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model if role == "teacher" else prepare_student(model, role)
+
+
+def shape(config: PreTrainedConfig, parameters: int) -> dict[str, int]:
+    heads = config.num_attention_heads
+    return {"hidden": config.hidden_size, "layers": config.num_hidden_layers, "heads": heads,
+            "kv_heads": config.num_key_value_heads, "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+            "intermediate": config.intermediate_size, "vocab": config.vocab_size, "parameters": parameters}
+
+
+def linear_weights(model: nn.Module) -> int:
+    """Parameters of the matmuls (every nn.Linear, LM head included; the embedding lookup is no matmul)."""
+    return sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
+
+
+def training_flops_per_token(config: PreTrainedConfig, sequence: int, frozen_matmul: int, lora: int) -> float:
+    """Model FLOPs per trained token of a LoRA student (convention of the MFU we report).
+
+    Frozen matmul weights cost 2 FLOPs per weight forward and 2 backward (activation gradients only, no weight
+    gradients: 4N, not 6N); the LoRA weights 6 (forward, activation and weight gradients); bidirectional attention
+    (QK^T and AV over the whole sequence, no causal halving) 4 * layers * sequence * heads * head_dim forward and
+    twice that backward. Recomputation under gradient checkpointing is not counted (model, not hardware, FLOPs).
+    """
+    s = shape(config, 0)
+    attention = 3 * 4 * s["layers"] * sequence * s["heads"] * s["head_dim"]
+    return 4.0 * frozen_matmul + 6.0 * lora + attention
+
+
+# --- measurement plumbing ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every measurement line shares."""
+
+    scale: str
+    device: torch.device
+    dtype: torch.dtype
+    attn_implementation: str | None
+    output: Path | None
+    steps: int
+    max_batch: int
+    score_rows: int
+    max_tokens_per_batch: int
+
+    def goal(self, met: bool) -> bool | None:
+        """Whether a goal is met; None at tiny scale, where the goals (set for real shapes on a GPU) do not apply."""
+        return bool(met) if self.scale == "real" else None
+
+    def emit(self, part: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Print (and append to ``--output``) one JSON line: ``record`` with the device, versions and settings."""
+        line = {"bench": "real_size", "part": part, "scale": self.scale, "device": device_name(self.device),
+                "device_type": self.device.type, "dtype": str(self.dtype).removeprefix("torch."),
+                **record, "versions": library_versions("accelerate", "deepspeed")}
+        text = json.dumps(line)
+        print(text, flush=True)
+        if self.output is not None:
+            with self.output.open("a") as handle:
+                handle.write(text + "\n")
+        return line
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # peak RSS (VmHWM) back to the current RSS
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """Peak since :func:`reset_peak_memory`: CUDA allocated bytes, or the process's peak resident memory on a CPU."""
+    if device.type == "cuda":
+        return {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+                "peak_memory_kind": "torch.cuda.max_memory_allocated"}
+    return {"peak_memory_gib": round(rss_kb("VmHWM") / 2**20, 3), "peak_memory_kind": "process peak RSS (VmHWM)"}
+
+
+def release(device: torch.device) -> None:
+    """Give freed tensors back after an out-of-memory step, so the next (smaller) try starts clean."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def largest_batch(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest batch in [1, limit] for which ``fits`` holds, assuming it holds up to some size and not beyond:
+    doubling from 1 until a failure or ``limit``, then bisection between the last fit and the first failure.
+    0 when even batch 1 does not fit."""
+    if not fits(1):
+        return 0
+    good, bad = 1, None
+    while bad is None and good < limit:
+        candidate = min(2 * good, limit)
+        if fits(candidate):
+            good = candidate
+        else:
+            bad = candidate
+    while bad is not None and bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good
+
+
+# --- part 1: training --------------------------------------------------------------------------------------------
+
+SEQUENCE_LENGTH = 1024
+PROMPT_TOKENS = 128
+
+
+def training_rows(count: int, seed: int = 0) -> list[dict]:
+    """Prepared rows of 512-1024 tokens (prompt 128, random buckets); batches are padded to 1024 with EOS, as the
+    recipes' ``padding: max_length`` does, so every trained row is 1024 tokens."""
+    return prepared_rows(count, SEQUENCE_LENGTH, PROMPT_TOKENS, seed=seed, high=TOKEN_ID_HIGH)
+
+
+@dataclass(frozen=True)
+class LoraStudent:
+    model: nn.Module
+    base_parameters: int
+    frozen_matmul: int
+    """Weights of the base model's matmuls (:func:`linear_weights`)."""
+    lora_parameters: int
+
+
+def lora_student(run: Run, role: str) -> LoraStudent:
+    """The student wrapped with the paper's LoRA (r=32, alpha=32 on every attention and MLP projection)."""
+    model = build_model(role, run.scale, run.device, run.dtype, run.attn_implementation)
+    base, frozen = model.num_parameters(), linear_weights(model)
+    model = get_peft_model(model, lora_config(model))
+    return LoraStudent(model, base, frozen, sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+def trainer_settings(run: Run, **extra: Any) -> dict[str, Any]:
+    return {"use_cpu": run.device.type == "cpu", "bf16": run.dtype == torch.bfloat16 and run.device.type == "cuda",
+            "max_length": SEQUENCE_LENGTH, "padding": "max_length", **extra}
+
+
+def train_part(run: Run) -> None:
+    student = lora_student(run, "llada")
+    model, lora = student.model, student.lora_parameters
+    config = model.get_base_model().config
+    peak = accelerator(device_name(run.device))
+    flops = training_flops_per_token(config, SEQUENCE_LENGTH, student.frozen_matmul, lora)
+    eos = SimpleNamespace(eos_token_id=config.eos_token_id)
+    collators = masking_collators(eos, SEQUENCE_LENGTH, mask_token_id(model), padding="max_length")
+    rows = training_rows(max(run.max_batch, 1) * (run.steps + 1))
+
+    def batches(size: int) -> list[list[dict]]:
+        return [rows[i * size:(i + 1) * size] for i in range(run.steps)]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer(model, collators["trims"], tmp, **trainer_settings(run))
+
+        def fits(size: int) -> bool:
+            try:
+                step(trainer, collators["trims"], rows[:size])
+                return True
+            except torch.OutOfMemoryError:
+                trainer.optimizer.zero_grad(set_to_none=True)
+                release(run.device)
+                return False
+
+        for checkpointing in (False, True):
+            if checkpointing:
+                trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            largest = largest_batch(fits, run.max_batch)
+            for size in sorted({1, largest} - {0}):
+                reset_peak_memory(run.device)
+                times = interleaved_steps(trainer, collators, batches(size))
+                medians = {name: statistics.median(values) for name, values in times.items()}
+                tokens_per_s = size * SEQUENCE_LENGTH / medians["trims"]
+                ratio = medians["trims"] / medians["mdlm"]
+                run.emit("train", {
+                    "measurement": "lora_training_step", "model": MODEL_NAMES["llada"], "shape": shape(config, student.base_parameters),
+                    "attn_implementation": config._attn_implementation, "lora": {"r": 32, "alpha": 32, "parameters": lora},
+                    "sequence_length": SEQUENCE_LENGTH, "per_device_batch": size, "largest_fitting_batch": largest,
+                    "batch_search_limit": run.max_batch, "gradient_checkpointing": checkpointing, "steps_each": run.steps,
+                    "trims_median_step_s": round(medians["trims"], 4), "mdlm_median_step_s": round(medians["mdlm"], 4),
+                    "trims_over_mdlm": round(ratio, 4), "goal_trims_over_mdlm_max": 1.02,
+                    "tokens_per_s": round(tokens_per_s, 1), "goal_tokens_per_s_min": 4000,
+                    **peak_memory(run.device), "flops_per_token": flops,
+                    "flop_convention": "4N frozen + 6N LoRA + 12*layers*seq*heads*head_dim attention; no recompute",
+                    "mfu": round(flops * tokens_per_s / (peak.bf16_tflops * 1e12), 4) if peak else None,
+                    "peak_bf16_tflops": peak.bf16_tflops if peak else None,
+                    "goals_met": run.goal(ratio <= 1.02 and tokens_per_s >= 4000),
+                })
+
+
+# --- part 1b: one DeepSpeed ZeRO-2 run through the shipped recipe ------------------------------------------------
+
+ZERO2_STEPS = 3
+
+
+class _StepTimer(TrainerCallback):
+    """Wall time of every optimizer step (synchronised), so the first (DeepSpeed set-up) can be left out."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.times, self._start = device, [], 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        synchronize(self.device)
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        synchronize(self.device)
+        self.times.append(time.perf_counter() - self._start)
+
+
+def zero2_worker(run: Run) -> None:
+    """Runs inside ``accelerate launch --config_file recipes/accelerate/zero2.yaml``: trains ZERO2_STEPS steps."""
+    from datasets import Dataset
+
+    from trims_hf import MDLMConfig, MDLMTrainer
+
+    student = lora_student(run, "llada")
+    model, lora = student.model, student.lora_parameters
+    config = model.get_base_model().config
+    collators = masking_collators(SimpleNamespace(eos_token_id=config.eos_token_id), SEQUENCE_LENGTH, mask_token_id(model),
+                                  padding="max_length")
+    timer = _StepTimer(run.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = MDLMConfig(output_dir=tmp, report_to="none", max_steps=ZERO2_STEPS, per_device_train_batch_size=1,
+                          learning_rate=1e-4, save_strategy="no", logging_steps=1, disable_tqdm=True,
+                          **trainer_settings(run))
+        trainer = MDLMTrainer(model, args, data_collator=collators["trims"], callbacks=[timer],
+                              train_dataset=Dataset.from_list(training_rows(ZERO2_STEPS)))
+        reset_peak_memory(run.device)
+        trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    run.emit("zero2", {
+        "measurement": "deepspeed_zero2_steps", "model": MODEL_NAMES["llada"], "launch": "accelerate launch "
+        "--config_file recipes/accelerate/zero2.yaml --num_processes 1", "lora": {"r": 32, "alpha": 32, "parameters": lora},
+        "zero_stage": trainer.model_wrapped.zero_optimization_stage() if trainer.is_deepspeed_enabled else None,
+        "sequence_length": SEQUENCE_LENGTH, "per_device_batch": 1, "steps": ZERO2_STEPS, "losses": losses,
+        "step_s": [round(t, 4) for t in timer.times],
+        "tokens_per_s_after_first": round(SEQUENCE_LENGTH * (len(timer.times) - 1) / sum(timer.times[1:]), 1),
+        **peak_memory(run.device),
+        "completed": trainer.is_deepspeed_enabled and len(losses) == ZERO2_STEPS and all(map(math.isfinite, losses)),
+    })
+
+
+def zero2_part(run: Run) -> None:
+    """Launch this script's ZeRO-2 worker as users launch training: the shipped YAML, one process."""
+    settings = ["--scale", run.scale, "--device", str(run.device), "--dtype", str(run.dtype).removeprefix("torch.")]
+    settings += ["--output", str(run.output)] if run.output else []
+    settings += ["--attn-implementation", run.attn_implementation] if run.attn_implementation else []
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "recipes/accelerate/zero2.yaml",
+               "--num_processes", "1", str(Path(__file__).resolve()), *settings, "--part", "zero2", "--zero2-worker"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"error: the ZeRO-2 worker failed (exit {result.returncode}):\n{result.stdout[-3000:]}"
+                         f"{result.stderr[-3000:]}")
+    print(result.stdout.strip(), flush=True)
+
+
+# --- part 2: teacher scoring -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LengthModel:
+    """Log-normal token lengths (median, sigma), clipped to [low, high]."""
+
+    median: float
+    sigma: float
+    low: int
+    high: int
+
+    def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        return np.clip(np.rint(rng.lognormal(math.log(self.median), self.sigma, count)), self.low, self.high).astype(int)
+
+
+# Assumed s1K-like lengths in Qwen3 tokens (s1K itself is not reachable offline): questions ~160 tokens, a
+# thinking trace plus answer ~3,600 tokens at the median with a long tail (mean ~4,600), capped at 16,384.
+S1K_PROMPT = LengthModel(median=160, sigma=0.6, low=16, high=2048)
+S1K_COMPLETION = LengthModel(median=3600, sigma=0.7, low=128, high=16384)
+TINY_LENGTH_DIVISOR = 32
+S1K_ROWS = 1000
+
+
+def s1k_like_lengths(rows: int, scale: str, seed: int = 0) -> list[tuple[int, int]]:
+    """(prompt, completion) token lengths of ``rows`` s1K-like rows; tiny scale divides them by 32."""
+    rng = np.random.default_rng(seed)
+    divisor = TINY_LENGTH_DIVISOR if scale == "tiny" else 1
+    models = [replace(m, median=m.median / divisor, low=max(1, m.low // divisor), high=m.high // divisor)
+              for m in (S1K_PROMPT, S1K_COMPLETION)]
+    return list(zip(*(m.draw(rng, rows).tolist() for m in models)))
+
+
+def synthetic_rows(lengths: list[tuple[int, int]], seed: int = 0) -> tuple[list[EncodedRow], list[str]]:
+    """Encoded teacher rows of random ids with one character per completion token (spans the scorer validates)."""
+    rng = np.random.default_rng(seed)
+    rows, completions = [], []
+    for index, (prompt, completion) in enumerate(lengths):
+        ids = tuple(rng.integers(3, TOKEN_ID_HIGH, prompt + completion).tolist())
+        rows.append(EncodedRow(index, ids, prompt, tuple((i, i + 1) for i in range(completion)), False))
+        completions.append("x" * completion)
+    return rows, completions
+
+
+def score_part(run: Run) -> None:
+    model = build_model("teacher", run.scale, run.device, run.dtype, run.attn_implementation).eval()
+    check_chunked_head(model)  # what load_teacher checks before scoring
+    options = ScoringOptions(max_tokens_per_batch=run.max_tokens_per_batch)
+    lengths = s1k_like_lengths(run.score_rows, run.scale)
+    rows, completions = synthetic_rows(lengths)
+    first = plan_batches([len(r.input_ids) for r in rows], options.max_tokens_per_batch)[0]
+    score_rows(model, [rows[i] for i in first], [completions[i] for i in first], options, 0)  # warm-up, largest batch
+    reset_peak_memory(run.device)
+    synchronize(run.device)
+    start = time.perf_counter()
+    score_rows(model, rows, completions, options, 0)
+    synchronize(run.device)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(r.input_ids) for r in rows)
+    tokens_per_s = tokens / seconds
+    s1k_seconds = seconds * S1K_ROWS / run.score_rows
+    run.emit("score", {
+        "measurement": "teacher_scoring", "model": MODEL_NAMES["teacher"], "shape": shape(model.config, model.num_parameters()),
+        "attn_implementation": model.config._attn_implementation, "rows": run.score_rows,
+        "lengths": {"prompt": asdict(S1K_PROMPT), "completion": asdict(S1K_COMPLETION),
+                    "divided_by": TINY_LENGTH_DIVISOR if run.scale == "tiny" else 1,
+                    "source": "assumed s1K-like (s1K not reachable offline)",
+                    "prompt_tokens": sum(p for p, _ in lengths), "completion_tokens": sum(c for _, c in lengths),
+                    "longest_row": max(p + c for p, c in lengths)},
+        "max_tokens_per_batch": options.max_tokens_per_batch, "teacher_tokens": tokens, "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens_per_s, 1), **peak_memory(run.device),
+        "seconds_per_million_tokens": round(1e6 / tokens_per_s, 2), "goal_seconds_per_million_tokens_max": 120,
+        "s1k_curation_estimate_s": round(s1k_seconds, 1), "s1k_curation_estimate_gpu_hours": round(s1k_seconds / 3600, 4),
+        "paper_curation_a100_gpu_hours": 0.6, "goals_met": run.goal(1e6 / tokens_per_s <= 120),
+    })
+
+
+# --- part 3: decoding --------------------------------------------------------------------------------------------
+
+DECODE_PROMPT_TOKENS = 128
+DECODE_BATCHES = {"tiny": (1, 4), "real": (1, 16)}
+DECODE_GEN_LENGTH = {"tiny": 64, "real": 256}
+"""Tiny scale decodes 2 blocks (enough for every cache mode to refresh once), the real one the paper's 256."""
+
+
+def weight_read_bytes(model: nn.Module) -> int:
+    """Bytes a forward must read from memory at least once: every parameter but the input embedding table (of
+    which only the looked-up rows are read)."""
+    embedding = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters()) - embedding.numel() * embedding.element_size()
+
+
+def decode_part(run: Run) -> None:
+    model = build_model("llada", run.scale, run.device, run.dtype, run.attn_implementation).eval()
+    peak = accelerator(device_name(run.device))
+    weight_bytes = weight_read_bytes(model)
+    bound_ms = weight_bytes / (peak.bandwidth_tb_s * 1e12) * 1e3 if peak else None
+    base = DecodingConfig(gen_length=DECODE_GEN_LENGTH[run.scale], block_length=32, threshold=0.9, early_stop=False)
+    prompts = torch.randint(3, TOKEN_ID_HIGH, (max(DECODE_BATCHES[run.scale]), DECODE_PROMPT_TOKENS),
+                            generator=torch.Generator().manual_seed(0)).to(run.device)
+    with torch.inference_mode():
+        for mode in CACHE_MODES:  # warm-up: kernels and allocator, one block per mode
+            generate(model, prompts[:1], config=replace(base, gen_length=base.block_length, cache=mode))
+        for batch in DECODE_BATCHES[run.scale]:
+            results = decode_modes(model, [prompts[:batch]], base)
+            per_second = {mode: summary["tokens_per_second"] for mode, (summary, _) in results.items()}
+            for mode, (summary, _) in results.items():
+                ms_per_forward = summary["wall_time_s"] * 1e3 / summary["model_forwards"]
+                speedup = per_second[mode] / per_second["none"]
+                judged = mode == "dual" and batch == 1
+                run.emit("decode", {
+                    "measurement": "decode", "model": MODEL_NAMES["llada"], "shape": shape(model.config, model.num_parameters()),
+                    "attn_implementation": model.config._attn_implementation, "batch": batch,
+                    "prompt_tokens": DECODE_PROMPT_TOKENS, "gen_length": base.gen_length, "block_length": base.block_length,
+                    "threshold": base.threshold, "early_stop": False, "cache": mode, "nfe": summary["nfe"],
+                    "model_forwards": summary["model_forwards"], "tokens_per_step": round(summary["tokens_per_step"], 3),
+                    "ms_per_forward": round(ms_per_forward, 3), "tokens_per_s": round(per_second[mode], 1),
+                    "speedup_over_no_cache": round(speedup, 3),
+                    "weight_read_bytes": weight_bytes, "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
+                    "weight_read_bound_ms": round(bound_ms, 3) if bound_ms else None,
+                    "forward_over_bound": round(ms_per_forward / bound_ms, 3) if bound_ms else None,
+                    "goal_batch1_dual_forward_over_bound_max": 1.5, "goal_dual_speedup_min": 1.5,
+                    "goals_met": run.goal(speedup >= 1.5 and bound_ms is not None and ms_per_forward <= 1.5 * bound_ms)
+                    if judged else None,
+                    "note": "random weights: about one token committed per step, so every mode does the same steps",
+                })
+
+
+# --- command line ------------------------------------------------------------------------------------------------
+
+PARTS = ("train", "zero2", "score", "decode")
+SCALE_DEFAULTS = {"tiny": {"steps": 2, "max_batch": 4, "score_rows": 40}, "real": {"steps": 4, "max_batch": 32, "score_rows": 1000}}
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scale", choices=("tiny", "real"), default="tiny")
+    parser.add_argument("--part", choices=(*PARTS, "all"), default="all")
+    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                        help="default: bfloat16 on CUDA, float32 on a CPU")
+    parser.add_argument("--attn-implementation", default=None, help="e.g. sdpa, flash_attention_2 (default: transformers')")
+    parser.add_argument("--output", type=Path, default=None, help="append the JSON lines to this file")
+    parser.add_argument("--steps", type=int, default=None, help="timed training steps per variant")
+    parser.add_argument("--max-batch", type=int, default=None, help="upper end of the per-device batch search")
+    parser.add_argument("--score-rows", type=int, default=None, help="rows scored by the teacher")
+    parser.add_argument("--max-tokens-per-batch", type=int, default=ScoringOptions.max_tokens_per_batch)
+    parser.add_argument("--zero2-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for flag in ("steps", "max_batch", "score_rows"):
+        value = getattr(args, flag)
+        setattr(args, flag, SCALE_DEFAULTS[args.scale][flag] if value is None else value)
+        if getattr(args, flag) < 1:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be at least 1, got {value}")
+    if args.max_tokens_per_batch < 1:
+        parser.error(f"argument --max-tokens-per-batch: must be at least 1, got {args.max_tokens_per_batch}")
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as error:
+        parser.error(f"argument --device: {error}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"argument --device: {device} asked for, but CUDA is not available here")
+    if device.type not in ("cuda", "cpu"):
+        parser.error(f"argument --device: {device.type} is not supported (cuda or cpu)")
+    if args.output is not None and not args.output.parent.is_dir():
+        parser.error(f"argument --output: folder {args.output.parent} does not exist")
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    run = Run(args.scale, device, dtype, args.attn_implementation, args.output and args.output.resolve(), args.steps,
+              args.max_batch, args.score_rows, args.max_tokens_per_batch)
+    return args, run
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, run = parse(sys.argv[1:] if argv is None else argv)
+    if args.zero2_worker:
+        zero2_worker(run)
+        return
+    parts = {"train": train_part, "zero2": zero2_part, "score": score_part, "decode": decode_part}
+    for name in PARTS if args.part == "all" else (args.part,):
+        parts[name](run)
+        release(run.device)
+
+
+if __name__ == "__main__":
+    main()
