@@ -69,7 +69,7 @@ from decode import CACHE_MODES, decode_modes  # noqa: E402
 from scoring import rss_kb  # noqa: E402
 from train_step import build_trainer, interleaved_steps, masking_collators, step, synchronize  # noqa: E402
 
-from trims_hf import lora_config, mask_token_id, prepare_student  # noqa: E402
+from trims_hf import TrimsDataCollator, lora_config, mask_token_id, prepare_student  # noqa: E402
 from trims_hf.generation import DecodingConfig, generate  # noqa: E402
 from trims_hf.reports import library_versions  # noqa: E402
 from trims_hf.scoring import EncodedRow, plan_batches  # noqa: E402
@@ -285,14 +285,14 @@ def largest_batch(fits: Callable[[int], bool], limit: int) -> int:
 
 # --- part 1: training --------------------------------------------------------------------------------------------
 
-SEQUENCE_LENGTH = 1024
-PROMPT_TOKENS = 128
+SEQUENCE_LENGTH = {"tiny": 256, "real": 1024}
+PROMPT_TOKENS = 64
 
 
-def training_rows(count: int, seed: int = 0) -> list[dict]:
-    """Prepared rows of 512-1024 tokens (prompt 128, random buckets); batches are padded to 1024 with EOS, as the
-    recipes' ``padding: max_length`` does, so every trained row is 1024 tokens."""
-    return prepared_rows(count, SEQUENCE_LENGTH, PROMPT_TOKENS, seed=seed, high=TOKEN_ID_HIGH)
+def training_rows(run: Run, count: int, seed: int = 0) -> list[dict]:
+    """Prepared rows of half to all of the sequence length (prompt 64, random buckets); batches are padded to the
+    sequence length with EOS, as the recipes' ``padding: max_length`` does, so every trained row has that length."""
+    return prepared_rows(count, SEQUENCE_LENGTH[run.scale], PROMPT_TOKENS, seed=seed, high=TOKEN_ID_HIGH)
 
 
 @dataclass(frozen=True)
@@ -312,9 +312,15 @@ def lora_student(run: Run, role: str) -> LoraStudent:
     return LoraStudent(model, base, frozen, sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
+def student_collators(run: Run, model: nn.Module) -> dict[str, TrimsDataCollator]:
+    """TRIMS and MDLM collators padding to the sequence length; the student's own EOS and mask ids."""
+    eos = SimpleNamespace(eos_token_id=model.get_base_model().config.eos_token_id)
+    return masking_collators(eos, SEQUENCE_LENGTH[run.scale], mask_token_id(model), padding="max_length")
+
+
 def trainer_settings(run: Run, **extra: Any) -> dict[str, Any]:
     return {"use_cpu": run.device.type == "cpu", "bf16": run.dtype == torch.bfloat16 and run.device.type == "cuda",
-            "max_length": SEQUENCE_LENGTH, "padding": "max_length", **extra}
+            "max_length": SEQUENCE_LENGTH[run.scale], "padding": "max_length", **extra}
 
 
 def train_part(run: Run) -> None:
@@ -322,10 +328,10 @@ def train_part(run: Run) -> None:
     model, lora = student.model, student.lora_parameters
     config = model.get_base_model().config
     peak = accelerator(device_name(run.device))
-    flops = training_flops_per_token(config, SEQUENCE_LENGTH, student.frozen_matmul, lora)
-    eos = SimpleNamespace(eos_token_id=config.eos_token_id)
-    collators = masking_collators(eos, SEQUENCE_LENGTH, mask_token_id(model), padding="max_length")
-    rows = training_rows(max(run.max_batch, 1) * (run.steps + 1))
+    length = SEQUENCE_LENGTH[run.scale]
+    flops = training_flops_per_token(config, length, student.frozen_matmul, lora)
+    collators = student_collators(run, model)
+    rows = training_rows(run, run.max_batch * run.steps)
 
     def batches(size: int) -> list[list[dict]]:
         return [rows[i * size:(i + 1) * size] for i in range(run.steps)]
@@ -350,14 +356,14 @@ def train_part(run: Run) -> None:
                 reset_peak_memory(run.device)
                 times = interleaved_steps(trainer, collators, batches(size))
                 medians = {name: statistics.median(values) for name, values in times.items()}
-                tokens_per_s = size * SEQUENCE_LENGTH / medians["trims"]
+                tokens_per_s = size * length / medians["trims"]
                 ratio = medians["trims"] / medians["mdlm"]
                 run.emit("train", {
                     "measurement": "lora_training_step", "model": MODEL_NAMES["llada"], "shape": shape(config, student.base_parameters),
                     "attn_implementation": config._attn_implementation, "lora": {"r": 32, "alpha": 32, "parameters": lora},
-                    "sequence_length": SEQUENCE_LENGTH, "per_device_batch": size, "largest_fitting_batch": largest,
+                    "sequence_length": length, "per_device_batch": size, "largest_fitting_batch": largest,
                     "batch_search_limit": run.max_batch, "gradient_checkpointing": checkpointing, "steps_each": run.steps,
-                    "trims_median_step_s": round(medians["trims"], 4), "mdlm_median_step_s": round(medians["mdlm"], 4),
+                    "trims_median_step_s": round(medians["trims"], 6), "mdlm_median_step_s": round(medians["mdlm"], 6),
                     "trims_over_mdlm": round(ratio, 4), "goal_trims_over_mdlm_max": 1.02,
                     "tokens_per_s": round(tokens_per_s, 1), "goal_tokens_per_s_min": 4000,
                     **peak_memory(run.device), "flops_per_token": flops,
@@ -396,16 +402,14 @@ def zero2_worker(run: Run) -> None:
 
     student = lora_student(run, "llada")
     model, lora = student.model, student.lora_parameters
-    config = model.get_base_model().config
-    collators = masking_collators(SimpleNamespace(eos_token_id=config.eos_token_id), SEQUENCE_LENGTH, mask_token_id(model),
-                                  padding="max_length")
+    collators = student_collators(run, model)
     timer = _StepTimer(run.device)
     with tempfile.TemporaryDirectory() as tmp:
         args = MDLMConfig(output_dir=tmp, report_to="none", max_steps=ZERO2_STEPS, per_device_train_batch_size=1,
                           learning_rate=1e-4, save_strategy="no", logging_steps=1, disable_tqdm=True,
                           **trainer_settings(run))
         trainer = MDLMTrainer(model, args, data_collator=collators["trims"], callbacks=[timer],
-                              train_dataset=Dataset.from_list(training_rows(ZERO2_STEPS)))
+                              train_dataset=Dataset.from_list(training_rows(run, ZERO2_STEPS)))
         reset_peak_memory(run.device)
         trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -413,9 +417,9 @@ def zero2_worker(run: Run) -> None:
         "measurement": "deepspeed_zero2_steps", "model": MODEL_NAMES["llada"], "launch": "accelerate launch "
         "--config_file recipes/accelerate/zero2.yaml --num_processes 1", "lora": {"r": 32, "alpha": 32, "parameters": lora},
         "zero_stage": trainer.model_wrapped.zero_optimization_stage() if trainer.is_deepspeed_enabled else None,
-        "sequence_length": SEQUENCE_LENGTH, "per_device_batch": 1, "steps": ZERO2_STEPS, "losses": losses,
+        "sequence_length": SEQUENCE_LENGTH[run.scale], "per_device_batch": 1, "steps": ZERO2_STEPS, "losses": losses,
         "step_s": [round(t, 4) for t in timer.times],
-        "tokens_per_s_after_first": round(SEQUENCE_LENGTH * (len(timer.times) - 1) / sum(timer.times[1:]), 1),
+        "tokens_per_s_after_first": round(SEQUENCE_LENGTH[run.scale] * (len(timer.times) - 1) / sum(timer.times[1:]), 1),
         **peak_memory(run.device),
         "completed": trainer.is_deepspeed_enabled and len(losses) == ZERO2_STEPS and all(map(math.isfinite, losses)),
     })
@@ -505,10 +509,10 @@ def score_part(run: Run) -> None:
                     "source": "assumed s1K-like (s1K not reachable offline)",
                     "prompt_tokens": sum(p for p, _ in lengths), "completion_tokens": sum(c for _, c in lengths),
                     "longest_row": max(p + c for p, c in lengths)},
-        "max_tokens_per_batch": options.max_tokens_per_batch, "teacher_tokens": tokens, "seconds": round(seconds, 3),
+        "max_tokens_per_batch": options.max_tokens_per_batch, "teacher_tokens": tokens, "seconds": round(seconds, 6),
         "tokens_per_s": round(tokens_per_s, 1), **peak_memory(run.device),
         "seconds_per_million_tokens": round(1e6 / tokens_per_s, 2), "goal_seconds_per_million_tokens_max": 120,
-        "s1k_curation_estimate_s": round(s1k_seconds, 1), "s1k_curation_estimate_gpu_hours": round(s1k_seconds / 3600, 4),
+        "s1k_curation_estimate_s": round(s1k_seconds, 3), "s1k_curation_estimate_gpu_hours": round(s1k_seconds / 3600, 4),
         "paper_curation_a100_gpu_hours": 0.6, "goals_met": run.goal(1e6 / tokens_per_s <= 120),
     })
 
@@ -571,7 +575,7 @@ SCALE_DEFAULTS = {"tiny": {"steps": 2, "max_batch": 4, "score_rows": 40}, "real"
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bench/real_size.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--part", choices=(*PARTS, "all"), default="all")
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
