@@ -49,7 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -224,6 +225,8 @@ class Run:
     max_batch: int
     score_rows: int
     max_tokens_per_batch: int
+    profile: Path | None = None
+    """Where :func:`profiled` appends each part's torch.profiler table; lines measured under it say so."""
 
     def goal(self, met: bool) -> bool | None:
         """Whether a goal is met; None at tiny scale, where the goals (set for real shapes on a GPU) do not apply."""
@@ -233,13 +236,29 @@ class Run:
         """Print (and append to ``--output``) one JSON line: ``record`` with the device, versions and settings."""
         line = {"bench": "real_size", "part": part, "scale": self.scale, "device": device_name(self.device),
                 "device_type": self.device.type, "dtype": str(self.dtype).removeprefix("torch."),
-                **record, "versions": library_versions("accelerate", "deepspeed")}
+                **record, "profiled": self.profile is not None, "versions": library_versions("accelerate", "deepspeed")}
         text = json.dumps(line)
         print(text, flush=True)
         if self.output is not None:
             with self.output.open("a") as handle:
                 handle.write(text + "\n")
         return line
+
+
+@contextmanager
+def profiled(run: Run, part: str) -> Iterator[None]:
+    """Run a part under torch.profiler when ``--profile`` is given and append its top operators (by device time on
+    CUDA) to that file: what to read when a goal is missed. The timings of a profiled run are not benchmarks."""
+    if run.profile is None:
+        yield
+        return
+    cuda = run.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as profiler:
+        yield
+    table = profiler.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=40)
+    with run.profile.open("a") as handle:
+        handle.write(f"== {part} ({run.scale}, {device_name(run.device)}) ==\n{table}\n")
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -587,6 +606,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
     parser.add_argument("--max-batch", type=int, default=None, help="upper end of the per-device batch search")
     parser.add_argument("--score-rows", type=int, default=None, help="rows scored by the teacher")
     parser.add_argument("--max-tokens-per-batch", type=int, default=ScoringOptions.max_tokens_per_batch)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="append a torch.profiler table of each part (train, score, decode) to this file")
     parser.add_argument("--zero2-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for flag in ("steps", "max_batch", "score_rows"):
@@ -604,11 +625,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         parser.error(f"argument --device: {device} asked for, but CUDA is not available here")
     if device.type not in ("cuda", "cpu"):
         parser.error(f"argument --device: {device.type} is not supported (cuda or cpu)")
-    if args.output is not None and not args.output.parent.is_dir():
-        parser.error(f"argument --output: folder {args.output.parent} does not exist")
+    for flag in ("output", "profile"):
+        path = getattr(args, flag)
+        if path is not None and not path.parent.is_dir():
+            parser.error(f"argument --{flag}: folder {path.parent} does not exist")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     run = Run(args.scale, device, dtype, args.attn_implementation, args.output and args.output.resolve(), args.steps,
-              args.max_batch, args.score_rows, args.max_tokens_per_batch)
+              args.max_batch, args.score_rows, args.max_tokens_per_batch, args.profile and args.profile.resolve())
     return args, run
 
 
@@ -617,9 +640,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.zero2_worker:
         zero2_worker(run)
         return
-    parts = {"train": train_part, "zero2": zero2_part, "score": score_part, "decode": decode_part}
+    parts = {"train": train_part, "score": score_part, "decode": decode_part}
     for name in PARTS if args.part == "all" else (args.part,):
-        parts[name](run)
+        if name == "zero2":  # a subprocess: nothing to profile here
+            zero2_part(run)
+        else:
+            with profiled(run, name):
+                parts[name](run)
         release(run.device)
 
 

@@ -167,3 +167,11 @@ def test_bad_flags_are_one_line_errors(argv, flag, capsys):
         real_size.main(argv)
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_info.value.code == 2 and error.startswith("bench/real_size.py: error: argument " + flag)
+
+
+def test_profile_writes_a_table_and_marks_the_lines(tmp_path):
+    output, profile = tmp_path / "score.jsonl", tmp_path / "profile.txt"
+    real_size.main(["--part", "score", "--device", "cpu", "--output", str(output), "--profile", str(profile)])
+    table = profile.read_text()
+    assert table.startswith("== score (tiny, CPU: ") and "aten::mm" in table
+    assert json.loads(output.read_text())["profiled"] is True
