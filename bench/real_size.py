@@ -217,6 +217,8 @@ class Run:
     """What every measurement line shares."""
 
     scale: str
+    student: str
+    """Student family of the train, zero2 and decode parts: llada (the issue's goals) or dream."""
     device: torch.device
     dtype: torch.dtype
     attn_implementation: str | None
@@ -343,7 +345,7 @@ def trainer_settings(run: Run, **extra: Any) -> dict[str, Any]:
 
 
 def train_part(run: Run) -> None:
-    student = lora_student(run, "llada")
+    student = lora_student(run, run.student)
     model, lora = student.model, student.lora_parameters
     config = model.get_base_model().config
     peak = accelerator(device_name(run.device))
@@ -378,7 +380,7 @@ def train_part(run: Run) -> None:
                 tokens_per_s = size * length / medians["trims"]
                 ratio = medians["trims"] / medians["mdlm"]
                 run.emit("train", {
-                    "measurement": "lora_training_step", "model": MODEL_NAMES["llada"], "shape": shape(config, student.base_parameters),
+                    "measurement": "lora_training_step", "model": MODEL_NAMES[run.student], "shape": shape(config, student.base_parameters),
                     "attn_implementation": config._attn_implementation, "lora": {"r": 32, "alpha": 32, "parameters": lora},
                     "sequence_length": length, "per_device_batch": size, "largest_fitting_batch": largest,
                     "batch_search_limit": run.max_batch, "gradient_checkpointing": checkpointing, "steps_each": run.steps,
@@ -388,7 +390,7 @@ def train_part(run: Run) -> None:
                     **peak_memory(run.device), "flops_per_token": flops,
                     "flop_convention": "4N frozen + 6N LoRA + 12*layers*seq*heads*head_dim attention; no recompute",
                     "mfu": round(flops * tokens_per_s / (peak.bf16_tflops * 1e12), 4) if peak else None,
-                    "peak_bf16_tflops": peak.bf16_tflops if peak else None,
+                    "accelerator": peak.name if peak else None, "peak_bf16_tflops": peak.bf16_tflops if peak else None,
                     "goals_met": run.goal(ratio <= 1.02 and tokens_per_s >= 4000),
                 })
 
@@ -419,7 +421,7 @@ def zero2_worker(run: Run) -> None:
 
     from trims_hf import MDLMConfig, MDLMTrainer
 
-    student = lora_student(run, "llada")
+    student = lora_student(run, run.student)
     model, lora = student.model, student.lora_parameters
     collators = student_collators(run, model)
     timer = _StepTimer(run.device)
@@ -433,7 +435,7 @@ def zero2_worker(run: Run) -> None:
         trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     run.emit("zero2", {
-        "measurement": "deepspeed_zero2_steps", "model": MODEL_NAMES["llada"], "launch": "accelerate launch "
+        "measurement": "deepspeed_zero2_steps", "model": MODEL_NAMES[run.student], "launch": "accelerate launch "
         "--config_file recipes/accelerate/zero2.yaml --num_processes 1", "lora": {"r": 32, "alpha": 32, "parameters": lora},
         "zero_stage": trainer.model_wrapped.zero_optimization_stage() if trainer.is_deepspeed_enabled else None,
         "sequence_length": SEQUENCE_LENGTH[run.scale], "per_device_batch": 1, "steps": ZERO2_STEPS, "losses": losses,
@@ -446,7 +448,8 @@ def zero2_worker(run: Run) -> None:
 
 def zero2_part(run: Run) -> None:
     """Launch this script's ZeRO-2 worker as users launch training: the shipped YAML, one process."""
-    settings = ["--scale", run.scale, "--device", str(run.device), "--dtype", str(run.dtype).removeprefix("torch.")]
+    settings = ["--scale", run.scale, "--student", run.student, "--device", str(run.device),
+                "--dtype", str(run.dtype).removeprefix("torch.")]
     settings += ["--output", str(run.output)] if run.output else []
     settings += ["--attn-implementation", run.attn_implementation] if run.attn_implementation else []
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "recipes/accelerate/zero2.yaml",
@@ -552,7 +555,7 @@ def weight_read_bytes(model: nn.Module) -> int:
 
 
 def decode_part(run: Run) -> None:
-    model = build_model("llada", run.scale, run.device, run.dtype, run.attn_implementation).eval()
+    model = build_model(run.student, run.scale, run.device, run.dtype, run.attn_implementation).eval()
     peak = accelerator(device_name(run.device))
     weight_bytes = weight_read_bytes(model)
     bound_ms = weight_bytes / (peak.bandwidth_tb_s * 1e12) * 1e3 if peak else None
@@ -570,14 +573,15 @@ def decode_part(run: Run) -> None:
                 speedup = per_second[mode] / per_second["none"]
                 judged = mode == "dual" and batch == 1
                 run.emit("decode", {
-                    "measurement": "decode", "model": MODEL_NAMES["llada"], "shape": shape(model.config, model.num_parameters()),
+                    "measurement": "decode", "model": MODEL_NAMES[run.student], "shape": shape(model.config, model.num_parameters()),
                     "attn_implementation": model.config._attn_implementation, "batch": batch,
                     "prompt_tokens": DECODE_PROMPT_TOKENS, "gen_length": base.gen_length, "block_length": base.block_length,
                     "threshold": base.threshold, "early_stop": False, "cache": mode, "nfe": summary["nfe"],
                     "model_forwards": summary["model_forwards"], "tokens_per_step": round(summary["tokens_per_step"], 3),
                     "ms_per_forward": round(ms_per_forward, 3), "tokens_per_s": round(per_second[mode], 1),
                     "speedup_over_no_cache": round(speedup, 3),
-                    "weight_read_bytes": weight_bytes, "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
+                    "weight_read_bytes": weight_bytes, "accelerator": peak.name if peak else None,
+                    "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
                     "weight_read_bound_ms": round(bound_ms, 3) if bound_ms else None,
                     "forward_over_bound": round(ms_per_forward / bound_ms, 3) if bound_ms else None,
                     "goal_batch1_dual_forward_over_bound_max": 1.5, "goal_dual_speedup_min": 1.5,
@@ -597,6 +601,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
     parser = argparse.ArgumentParser(prog="bench/real_size.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--part", choices=(*PARTS, "all"), default="all")
+    parser.add_argument("--student", choices=("llada", "dream"), default="llada",
+                        help="student shape of the train, zero2 and decode parts (the goals are set for llada)")
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                         help="default: bfloat16 on CUDA, float32 on a CPU")
@@ -630,7 +636,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         if path is not None and not path.parent.is_dir():
             parser.error(f"argument --{flag}: folder {path.parent} does not exist")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    run = Run(args.scale, device, dtype, args.attn_implementation, args.output and args.output.resolve(), args.steps,
+    run = Run(args.scale, args.student, device, dtype, args.attn_implementation, args.output and args.output.resolve(), args.steps,
               args.max_batch, args.score_rows, args.max_tokens_per_batch, args.profile and args.profile.resolve())
     return args, run
 

@@ -175,3 +175,15 @@ def test_profile_writes_a_table_and_marks_the_lines(tmp_path):
     table = profile.read_text()
     assert table.startswith("== score (tiny, CPU: ") and "aten::mm" in table
     assert json.loads(output.read_text())["profiled"] is True
+
+
+def test_dream_student_trains_and_decodes(tmp_path):
+    """The Dream shape (shifted logits, GQA, q/k/v biases) goes through the same training and decoding paths."""
+    output = tmp_path / "dream.jsonl"
+    for part in ("train", "decode"):
+        real_size.main(["--part", part, "--student", "dream", "--device", "cpu", "--max-batch", "1", "--steps", "1",
+                        "--output", str(output)])
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert {line["model"] for line in lines} == {"Dream-v0-Instruct-7B"}
+    assert Counter(line["part"] for line in lines) == {"train": 2, "decode": 6}
+    assert all(line["shape"]["kv_heads"] == 2 for line in lines)
