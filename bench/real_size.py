@@ -150,6 +150,7 @@ def accelerator(device_name: str) -> Accelerator | None:
 
 
 def device_name(device: torch.device) -> str:
+    """What every line names the hardware by: the CUDA device's name, or the CPU model and the threads used."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -185,9 +186,11 @@ def build_model(role: str, scale: str, device: torch.device | str, dtype: torch.
 
 
 def shape(config: PreTrainedConfig, parameters: int) -> dict[str, int]:
+    """The dimensions a line reports, so a reader can check them against the public config."""
     heads = config.num_attention_heads
     return {"hidden": config.hidden_size, "layers": config.num_hidden_layers, "heads": heads,
-            "kv_heads": config.num_key_value_heads, "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+            "kv_heads": config.num_key_value_heads,
+            "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
             "intermediate": config.intermediate_size, "vocab": config.vocab_size, "parameters": parameters}
 
 
@@ -264,6 +267,7 @@ def profiled(run: Run, part: str) -> Iterator[None]:
 
 
 def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak for :func:`peak_memory`, so each measurement reports its own."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:
@@ -283,6 +287,20 @@ def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def stepping_down(measure: Callable[[int], Any], size: int, recover: Callable[[], None]) -> tuple[int, Any]:
+    """``(batch, measure(batch))`` for the largest batch <= ``size`` that runs: a batch that fit during the search can
+    still run out of memory later (a mask draw hiding more tokens makes the loss gather more logits), so after each
+    out-of-memory error ``recover`` frees memory and the measurement is retried one row smaller."""
+    while True:
+        try:
+            return size, measure(size)
+        except torch.OutOfMemoryError:
+            recover()
+            if size == 1:
+                raise
+            size -= 1
 
 
 def largest_batch(fits: Callable[[int], bool], limit: int) -> int:
@@ -345,6 +363,7 @@ def trainer_settings(run: Run, **extra: Any) -> dict[str, Any]:
 
 
 def train_part(run: Run) -> None:
+    """Per gradient-checkpointing setting: the batch search, then batch 1 and the largest batch measured."""
     student = lora_student(run, run.student)
     model, lora = student.model, student.lora_parameters
     config = model.get_base_model().config
@@ -360,27 +379,38 @@ def train_part(run: Run) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_trainer(model, collators["trims"], tmp, **trainer_settings(run))
 
+        def recover() -> None:
+            trainer.optimizer.zero_grad(set_to_none=True)
+            release(run.device)
+
         def fits(size: int) -> bool:
             try:
                 step(trainer, collators["trims"], rows[:size])
                 return True
             except torch.OutOfMemoryError:
-                trainer.optimizer.zero_grad(set_to_none=True)
-                release(run.device)
+                recover()
                 return False
+
+        def measure(size: int) -> dict[str, list[float]]:
+            reset_peak_memory(run.device)
+            return interleaved_steps(trainer, collators, batches(size))
 
         for checkpointing in (False, True):
             if checkpointing:
                 trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             largest = largest_batch(fits, run.max_batch)
-            for size in sorted({1, largest} - {0}):
-                reset_peak_memory(run.device)
-                times = interleaved_steps(trainer, collators, batches(size))
+            if largest == 0:
+                run.emit("train", {"measurement": "lora_training_step", "model": MODEL_NAMES[run.student],
+                                   "sequence_length": length, "gradient_checkpointing": checkpointing,
+                                   "largest_fitting_batch": 0, "note": "per-device batch 1 runs out of memory"})
+            for searched in sorted({1, largest} - {0}):
+                size, times = stepping_down(measure, searched, recover)
                 medians = {name: statistics.median(values) for name, values in times.items()}
                 tokens_per_s = size * length / medians["trims"]
                 ratio = medians["trims"] / medians["mdlm"]
                 run.emit("train", {
-                    "measurement": "lora_training_step", "model": MODEL_NAMES[run.student], "shape": shape(config, student.base_parameters),
+                    "measurement": "lora_training_step", "model": MODEL_NAMES[run.student],
+                    "shape": shape(config, student.base_parameters),
                     "attn_implementation": config._attn_implementation, "lora": {"r": 32, "alpha": 32, "parameters": lora},
                     "sequence_length": length, "per_device_batch": size, "largest_fitting_batch": largest,
                     "batch_search_limit": run.max_batch, "gradient_checkpointing": checkpointing, "steps_each": run.steps,
@@ -435,8 +465,9 @@ def zero2_worker(run: Run) -> None:
         trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     run.emit("zero2", {
-        "measurement": "deepspeed_zero2_steps", "model": MODEL_NAMES[run.student], "launch": "accelerate launch "
-        "--config_file recipes/accelerate/zero2.yaml --num_processes 1", "lora": {"r": 32, "alpha": 32, "parameters": lora},
+        "measurement": "deepspeed_zero2_steps", "model": MODEL_NAMES[run.student],
+        "launch": "accelerate launch --config_file recipes/accelerate/zero2.yaml --num_processes 1",
+        "lora": {"r": 32, "alpha": 32, "parameters": lora},
         "zero_stage": trainer.model_wrapped.zero_optimization_stage() if trainer.is_deepspeed_enabled else None,
         "sequence_length": SEQUENCE_LENGTH[run.scale], "per_device_batch": 1, "steps": ZERO2_STEPS, "losses": losses,
         "step_s": [round(t, 4) for t in timer.times],
@@ -479,7 +510,7 @@ class LengthModel:
 
 
 # Assumed s1K-like lengths in Qwen3 tokens (s1K itself is not reachable offline): questions ~160 tokens, a
-# thinking trace plus answer ~3,600 tokens at the median with a long tail (mean ~4,600), capped at 16,384.
+# thinking trace plus answer ~3,600 tokens at the median with a long tail (mean ~4,500), capped at 16,384.
 S1K_PROMPT = LengthModel(median=160, sigma=0.6, low=16, high=2048)
 S1K_COMPLETION = LengthModel(median=3600, sigma=0.7, low=128, high=16384)
 TINY_LENGTH_DIVISOR = 32
@@ -507,6 +538,8 @@ def synthetic_rows(lengths: list[tuple[int, int]], seed: int = 0) -> tuple[list[
 
 
 def score_part(run: Run) -> None:
+    """Times the library's whole scoring pass (``score_rows``: planned batches, forwards, chunked head, per-row
+    checks), as ``trims score`` runs it, after a warm-up on the largest batch."""
     model = build_model("teacher", run.scale, run.device, run.dtype, run.attn_implementation).eval()
     check_chunked_head(model)  # what load_teacher checks before scoring
     options = ScoringOptions(max_tokens_per_batch=run.max_tokens_per_batch)
@@ -524,7 +557,8 @@ def score_part(run: Run) -> None:
     tokens_per_s = tokens / seconds
     s1k_seconds = seconds * S1K_ROWS / run.score_rows
     run.emit("score", {
-        "measurement": "teacher_scoring", "model": MODEL_NAMES["teacher"], "shape": shape(model.config, model.num_parameters()),
+        "measurement": "teacher_scoring", "model": MODEL_NAMES["teacher"],
+        "shape": shape(model.config, model.num_parameters()),
         "attn_implementation": model.config._attn_implementation, "rows": run.score_rows,
         "lengths": {"prompt": asdict(S1K_PROMPT), "completion": asdict(S1K_COMPLETION),
                     "divided_by": TINY_LENGTH_DIVISOR if run.scale == "tiny" else 1,
@@ -555,6 +589,7 @@ def weight_read_bytes(model: nn.Module) -> int:
 
 
 def decode_part(run: Run) -> None:
+    """ms per forward averages every model call of a mode, the full forwards that (re)fill the caches included."""
     model = build_model(run.student, run.scale, run.device, run.dtype, run.attn_implementation).eval()
     peak = accelerator(device_name(run.device))
     weight_bytes = weight_read_bytes(model)
@@ -573,7 +608,8 @@ def decode_part(run: Run) -> None:
                 speedup = per_second[mode] / per_second["none"]
                 judged = mode == "dual" and batch == 1
                 run.emit("decode", {
-                    "measurement": "decode", "model": MODEL_NAMES[run.student], "shape": shape(model.config, model.num_parameters()),
+                    "measurement": "decode", "model": MODEL_NAMES[run.student],
+                    "shape": shape(model.config, model.num_parameters()),
                     "attn_implementation": model.config._attn_implementation, "batch": batch,
                     "prompt_tokens": DECODE_PROMPT_TOKENS, "gen_length": base.gen_length, "block_length": base.block_length,
                     "threshold": base.threshold, "early_stop": False, "cache": mode, "nfe": summary["nfe"],
@@ -594,7 +630,8 @@ def decode_part(run: Run) -> None:
 # --- command line ------------------------------------------------------------------------------------------------
 
 PARTS = ("train", "zero2", "score", "decode")
-SCALE_DEFAULTS = {"tiny": {"steps": 2, "max_batch": 4, "score_rows": 40}, "real": {"steps": 4, "max_batch": 32, "score_rows": 1000}}
+SCALE_DEFAULTS = {"tiny": {"steps": 2, "max_batch": 4, "score_rows": 40},
+                  "real": {"steps": 4, "max_batch": 32, "score_rows": 1000}}
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
@@ -636,8 +673,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         if path is not None and not path.parent.is_dir():
             parser.error(f"argument --{flag}: folder {path.parent} does not exist")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    run = Run(args.scale, args.student, device, dtype, args.attn_implementation, args.output and args.output.resolve(), args.steps,
-              args.max_batch, args.score_rows, args.max_tokens_per_batch, args.profile and args.profile.resolve())
+    run = Run(args.scale, args.student, device, dtype, args.attn_implementation, args.output and args.output.resolve(),
+              args.steps, args.max_batch, args.score_rows, args.max_tokens_per_batch,
+              args.profile and args.profile.resolve())
     return args, run
 
 

@@ -80,7 +80,8 @@ def test_scoring_line(lines):
 
 def test_decoding_lines_do_equal_work_per_mode(lines):
     decode = by_part(lines, "decode")
-    assert {(line["batch"], line["cache"]) for line in decode} == {(b, m) for b in (1, 4) for m in ("none", "prefix", "dual")}
+    modes = ("none", "prefix", "dual")
+    assert {(line["batch"], line["cache"]) for line in decode} == {(b, m) for b in (1, 4) for m in modes}
     config = real_size.model_config("llada", "tiny")
     for line in decode:
         none = next(other for other in decode if other["batch"] == line["batch"] and other["cache"] == "none")
@@ -187,3 +188,17 @@ def test_dream_student_trains_and_decodes(tmp_path):
     assert {line["model"] for line in lines} == {"Dream-v0-Instruct-7B"}
     assert Counter(line["part"] for line in lines) == {"train": 2, "decode": 6}
     assert all(line["shape"]["kv_heads"] == 2 for line in lines)
+
+
+def test_measurement_steps_down_after_a_late_out_of_memory():
+    recovered = []
+
+    def measure(size: int) -> str:
+        if size > 2:
+            raise torch.OutOfMemoryError("simulated")
+        return f"measured {size}"
+
+    assert real_size.stepping_down(measure, 4, lambda: recovered.append(1)) == (2, "measured 2")
+    assert len(recovered) == 2
+    with pytest.raises(torch.OutOfMemoryError):
+        real_size.stepping_down(lambda size: measure(size + 5), 3, lambda: None)
