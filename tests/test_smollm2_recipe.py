@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -127,6 +128,18 @@ def test_numbers_come_from_the_evaluation_records(study):
         assert math.isclose(row["tokens_per_step"], sum(s["generated_tokens"] for s in samples) / nfe if nfe else 0.0)
         assert "samples" not in result
     assert len(records) == sum(r["num_samples"] for r in report["results"])
+
+
+def test_a_report_with_missing_evaluations_says_so(study, tmp_path):
+    output, *_ = study
+    copy = tmp_path / "study"
+    shutil.copytree(output, copy)
+    shutil.rmtree(copy / "eval" / "trims_random-seed1" / "tau0.9")
+    recipe.stage_report(recipe.Run(copy, recipe.SMOKE, None, math.inf, "cpu"), None)
+    report = json.loads((copy / "report" / "results.json").read_text())
+    assert not report["complete"] and report["missing"] == ["TRIMS random (seed 1) tau 0.9"]
+    assert len(report["results"]) == len(planned(recipe.SMOKE)) * len(recipe.SMOKE.thresholds) - 1
+    assert (copy / "report" / "table.md").read_text().startswith("PARTIAL: 1 of")
 
 
 def test_a_changed_protocol_is_refused_in_one_line(study, capsys):

@@ -9,11 +9,15 @@ setting is a new study in a new folder, never a silent mix). Stages, each resuma
   score     every training completion scored by that teacher with the library's scorer (``trims score``)
   base      SmolLM2 + a mask token, made a Dream-style student, MDLM-trained into the base
   select    the base alone decides the evaluated level (the pre-registered rule of :func:`select_level`)
-  variants  MDLM and TRIMS hard-to-easy / easy-to-hard / random from the base, per seed (+ the longer SFT)
-  eval      accuracy and tokens per step per model and threshold on the selected level's test problems,
-            with the decode-order correlation and per-step teacher NLL curve of every model
+  models    the base evaluated, then model by model: MDLM and TRIMS hard-to-easy / easy-to-hard / random
+            continued from the base (seed by seed, the longer SFT last), each evaluated right after it is
+            trained: accuracy and tokens per step per threshold on the selected level's test problems, with
+            the decode-order correlation and per-step teacher NLL curve of every model
   report    results.json (protocol, every number, no per-problem records), table.md, frontier.png,
             teacher_nll_per_step.png, records.jsonl.gz (every graded problem)
+
+Model by model, so that a device session that runs out of time has finished whole models, the main comparison
+first; a call stopped by ``--budget-minutes`` still writes the report of what is finished, marked partial.
 
 ``--size smoke`` runs the same stages on a CPU in seconds with a tiny random Llama and a tokenizer built from the
 data standing in for SmolLM2. See recipes/smollm2/README.md for the GPU runbook.
@@ -36,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-STAGES = ("data", "teacher", "score", "base", "select", "variants", "eval", "report")
+STAGES = ("data", "teacher", "score", "base", "select", "models", "report")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -159,14 +163,15 @@ class Run:
     def key(self, unit: str) -> dict[str, str]:
         return {"unit": unit, "protocol": self.protocol.fingerprint()}
 
-    def unit(self, folder: Path, name: str) -> bool:
-        """True when ``folder`` must be (re)built now: not finished under this protocol; raises when out of time."""
+    def unit(self, folder: Path, name: str, timed: bool = True) -> bool:
+        """True when ``folder`` must be (re)built now: not finished under this protocol; raises when out of time
+        (unless not ``timed``)."""
         from trims_hf.study import cached
 
         if cached(folder, self.key(name)):
             self.skipped.append(name)
             return False
-        if time.monotonic() > self.deadline:
+        if timed and time.monotonic() > self.deadline:
             raise OutOfBudget(name)
         print(f"\n== {name} ==", flush=True)
         self.ran.append(name)
@@ -231,12 +236,13 @@ def pretrained(run: Run) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trims_hf.teacher import load_teacher
+    from trims_hf.teacher import drop_gguf_marks, load_teacher
 
     if run.protocol.student == "tiny":
         folder = run.output / "data" / "pretrained"
         return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
-    return load_teacher(str(run.gguf), device="cpu", dtype=torch.float32)
+    model, tokenizer = load_teacher(str(run.gguf), device="cpu", dtype=torch.float32)
+    return drop_gguf_marks(model), tokenizer
 
 
 def train_args(run: Run, cls: type, folder: Path, steps: int, lr: float, seed: int, **extra: Any) -> Any:
@@ -425,76 +431,85 @@ def variant_settings(name: str, p: Protocol) -> tuple[float, str]:
     return (p.trajectory_ratio if ratio else 0.0), ordering
 
 
-def stage_variants(run: Run) -> None:
-    """Every variant continued from the base with the same steps, data order and seed; only the masking differs."""
-    from trims_hf.study import train_student
-
-    p, tokenizer, data = run.protocol, None, {}
-    for name, folder_name, seed, steps in variant_plan(p):
-        folder = run.output / "variants" / folder_name
-        if not run.unit(folder, f"variant {folder_name}"):
-            continue
-        started = time.perf_counter()
-        tokenizer = tokenizer or student_tokenizer(run)
-        ratio, ordering = variant_settings(name, p)
-        if ordering not in data:
-            data[ordering] = prepared(run, tokenizer, ordering)
-        model = load_student_folder(run.output / "base")
-        train_student(model, tokenizer, data[ordering], student_args(run, run.output / "work" / folder_name, steps,
-                                                                     p.variant_lr, seed, ratio, ordering))
-        model.save_pretrained(folder)
-        run.done(folder, f"variant {folder_name}", started,
-                 {"model": name, "seed": seed, "steps": steps, "trajectory_ratio": ratio, "bucket_ordering": ordering})
-
-
-def evaluated_models(run: Run) -> list[tuple[str, Path, int | None]]:
-    """(name, folder, seed) of every model the study evaluates: the base, then the planned variants."""
+def evaluated_models(p: Protocol) -> list[tuple[str, str, int | None, int]]:
+    """(name, folder name, seed, SFT steps) of every model the study evaluates, in the order they run: the base
+    (no SFT), then each variant seed by seed, then the longer SFT."""
     from trims_hf.study import BASE
 
-    return [(BASE, run.output / "base", None)] + [(name, run.output / "variants" / folder, seed)
-                                                   for name, folder, seed, _ in variant_plan(run.protocol)]
+    return [(BASE, "base", None, 0)] + variant_plan(p)
 
 
-def stage_eval(run: Run) -> None:
-    """Per model and threshold: accuracy and tokens per step on the selected level's test rows (one unit each);
-    at the trace threshold also the decode-order correlation and per-step teacher NLL curve."""
+def stage_models(run: Run) -> None:
+    """Each model in turn: trained from the base (variants), then evaluated at every threshold."""
     from trims_hf.demo.task import DemoTask
+
+    p, level = run.protocol, selected_level(run)
+    rows = read_rows(run.output / "data" / f"test-L{level}.jsonl")
+    context = {"task": DemoTask(rows, name=f"arith-L{level}"),
+               "prompts": {str(i): row["question"] for i, row in enumerate(rows)}}
+    for name, folder_name, seed, steps in evaluated_models(p):
+        if steps:
+            train_variant(run, name, folder_name, seed, steps, context)
+        for tau in p.thresholds:
+            evaluate_unit(run, name, folder_name, seed, tau, context)
+
+
+def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, context: dict[str, Any]) -> None:
+    """One variant continued from the base with the protocol's data order and ``seed``; only the masking differs."""
+    from trims_hf.study import train_student
+
+    p, folder = run.protocol, run.output / "variants" / folder_name
+    if not run.unit(folder, f"variant {folder_name}"):
+        return
+    started = time.perf_counter()
+    tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
+    ratio, ordering = variant_settings(name, p)
+    if ordering not in context:
+        context[ordering] = prepared(run, tokenizer, ordering)
+    model = load_student_folder(run.output / "base")
+    train_student(model, tokenizer, context[ordering], student_args(run, run.output / "work" / folder_name, steps,
+                                                                    p.variant_lr, seed, ratio, ordering))
+    model.save_pretrained(folder)
+    run.done(folder, f"variant {folder_name}", started,
+             {"model": name, "seed": seed, "steps": steps, "trajectory_ratio": ratio, "bucket_ordering": ordering})
+
+
+def model_folder(run: Run, folder_name: str) -> Path:
+    return run.output / ("base" if folder_name == "base" else f"variants/{folder_name}")
+
+
+def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: float, context: dict[str, Any]) -> None:
+    """Accuracy and tokens per step of one model at one threshold on the selected level's test rows; at the trace
+    threshold also its decode-order correlation and per-step teacher NLL curve."""
     from trims_hf.evaluation import evaluate_task, save_results
     from trims_hf.generation import TrajectoryRecorder
     from trims_hf.study import plot_trace_order, trace_metrics, write_atomic
 
-    p, level = run.protocol, selected_level(run)
-    rows = read_rows(run.output / "data" / f"test-L{level}.jsonl")
-    task, prompts = DemoTask(rows, name=f"arith-L{level}"), {str(i): row["question"] for i, row in enumerate(rows)}
-    tokenizer, teacher, loaded = None, None, None
-    for name, model_folder, seed in evaluated_models(run):
-        label = model_folder.name
-        for tau in p.thresholds:
-            folder = run.output / "eval" / label / f"tau{tau}"
-            if not run.unit(folder, f"eval {label} tau {tau}"):
-                continue
-            started = time.perf_counter()
-            tokenizer = tokenizer or student_tokenizer(run)
-            if loaded is None or loaded[0] != model_folder:
-                loaded = (model_folder, on_device(load_student_folder(model_folder), run.device))
-            traced = tau == p.trace_threshold()
-            recorder = TrajectoryRecorder()
-            result = evaluate_task(loaded[1], tokenizer, task, decoding(run, tau), batch_size=p.eval_batch_size,
-                                   hooks=[recorder] if traced else [], model_name=name,
-                                   records_file=run.output / "work" / "records" / f"{label}-tau{tau}.jsonl")
-            save_results([result], folder / "result.json")
-            info: dict[str, Any] = {"model": name, "seed": seed, "threshold": tau}
-            if traced:
-                teacher = teacher or load_causal(run.output / "teacher", run.device)
-                curve, hard_first = trace_metrics(recorder, prompts, tokenizer, teacher, p.trace_samples,
-                                                  4 * p.max_length, p.block_length)
-                plot_trace_order(recorder, p.trace_samples, folder / "decode_order.png",
-                                 title=f"{name} (seed {seed}): decode order at tau {tau}")
-                write_atomic(folder / "trace.json", json.dumps({"teacher_nll_per_step": curve,
-                                                                 "nll_vs_decode_step_spearman": hard_first}))
-            print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, "
-                  f"tokens/step {result.tokens_per_step:.2f}", flush=True)
-            run.done(folder, f"eval {label} tau {tau}", started, info)
+    p, folder = run.protocol, run.output / "eval" / folder_name / f"tau{tau}"
+    if not run.unit(folder, f"eval {folder_name} tau {tau}"):
+        return
+    started = time.perf_counter()
+    tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
+    if context.get("model", (None,))[0] != folder_name:
+        context["model"] = (folder_name, on_device(load_student_folder(model_folder(run, folder_name)), run.device))
+    traced = tau == p.trace_threshold()
+    recorder = TrajectoryRecorder()
+    result = evaluate_task(context["model"][1], tokenizer, context["task"], decoding(run, tau),
+                           batch_size=p.eval_batch_size, hooks=[recorder] if traced else [], model_name=name,
+                           records_file=run.output / "work" / "records" / f"{folder_name}-tau{tau}.jsonl")
+    save_results([result], folder / "result.json")
+    if traced:
+        if "teacher" not in context:
+            context["teacher"] = load_causal(run.output / "teacher", run.device)
+        curve, hard_first = trace_metrics(recorder, context["prompts"], tokenizer, context["teacher"], p.trace_samples,
+                                          4 * p.max_length, p.block_length)
+        plot_trace_order(recorder, p.trace_samples, folder / "decode_order.png",
+                         title=f"{name} (seed {seed}): decode order at tau {tau}")
+        write_atomic(folder / "trace.json", json.dumps({"teacher_nll_per_step": curve,
+                                                         "nll_vs_decode_step_spearman": hard_first}))
+    print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
+          flush=True)
+    run.done(folder, f"eval {folder_name} tau {tau}", started, {"model": name, "seed": seed, "threshold": tau})
 
 
 # -- report ----------------------------------------------------------------------------------------------------------
@@ -507,42 +522,49 @@ def load_result(path: Path) -> Any:
 
 
 def stage_report(run: Run, results_dir: Path | None) -> None:
-    """results.json, table.md, frontier.png, teacher_nll_per_step.png and records.jsonl.gz from the eval units."""
-    from trims_hf.study import write_study_reports
+    """results.json, table.md, frontier.png, teacher_nll_per_step.png and records.jsonl.gz from the finished
+    evaluation units; rebuilt whenever more have finished, and marked partial while some are missing."""
+    from trims_hf.study import cached, write_atomic, write_study_reports
 
-    folder, p = run.output / "report", run.protocol
-    if not run.unit(folder, "report"):
+    p, folder = run.protocol, run.output / "report"
+    planned = [(name, folder_name, seed, tau) for name, folder_name, seed, _ in evaluated_models(p) for tau in p.thresholds]
+    finished = [(name, seed, run.output / "eval" / folder_name / f"tau{tau}") for name, folder_name, seed, tau in planned
+                if cached(run.output / "eval" / folder_name / f"tau{tau}", run.key(f"eval {folder_name} tau {tau}"))]
+    if not finished or not run.unit(folder, f"report ({len(finished)} of {len(planned)} evaluations)", timed=False):
         copy_results(folder, results_dir)
         return
     started = time.perf_counter()
     results, curves, order, traces = [], {}, {}, {}
-    for name, model_folder, seed in evaluated_models(run):
-        for tau in p.thresholds:
-            unit = run.output / "eval" / model_folder.name / f"tau{tau}"
-            results.append((seed, load_result(unit / "result.json")))
-            if (unit / "trace.json").is_file():
-                traces[f"{name}, seed {seed}"] = trace = json.loads((unit / "trace.json").read_text())
-                if seed in (None, p.seeds[0], *p.long_seeds[:1]):
-                    curves[name], order[name] = trace["teacher_nll_per_step"], trace["nll_vs_decode_step_spearman"]
+    for name, seed, unit in finished:
+        results.append((seed, load_result(unit / "result.json")))
+        if (unit / "trace.json").is_file():
+            traces[f"{name}, seed {seed}"] = trace = json.loads((unit / "trace.json").read_text())
+            if seed in (None, p.seeds[0], *p.long_seeds[:1]):
+                curves[name], order[name] = trace["teacher_nll_per_step"], trace["nll_vs_decode_step_spearman"]
+    missing = [f"{name} (seed {seed}) tau {tau}" for name, folder_name, seed, tau in planned
+               if not (run.output / "eval" / folder_name / f"tau{tau}" / "result.json").is_file()]
     baselines = {name: "MDLM (long SFT)" for name, *_ in variant_plan(p) if name.endswith("(long SFT)")}
-    units = {unit: json.loads((run.output / unit / "unit.json").read_text()) for unit in ("data", "teacher", "score",
-                                                                                          "base", "select")}
+    units = {unit: json.loads((run.output / unit / "unit.json").read_text())
+             for unit in ("data", "teacher", "score", "base", "select")}
     payload = {"protocol": asdict(p), "protocol_fingerprint": p.fingerprint(), "device": run.device,
-               "selection": units["select"], "buckets": units["base"]["buckets"],
-               "stage_wall_s": {unit: info["wall_s"] for unit, info in units.items()},
+               "complete": not missing, "missing": missing, "selection": units["select"],
+               "buckets": units["base"]["buckets"], "stage_wall_s": {unit: info["wall_s"] for unit, info in units.items()},
                "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), variant_settings(name, p)))
                             for name, *_ in variant_plan(p)},
                "traces": traces}
-    write_study_reports(folder, results, p.seeds, curves, order, p.trace_threshold(), p.trace_samples, payload,
-                        with_samples=False, baselines=baselines)
+    paths = write_study_reports(folder, results, p.seeds, curves, order, p.trace_threshold(), p.trace_samples, payload,
+                                with_samples=False, baselines=baselines)
+    if missing:
+        write_atomic(paths["table"], f"PARTIAL: {len(missing)} of {len(planned)} evaluations not run yet "
+                     f"({'; '.join(missing)}).\n\n" + paths["table"].read_text())
     with gzip.open(folder / "records.jsonl.gz.partial", "wt") as handle:
         for seed, result in results:
             for sample in result.samples:
                 handle.write(json.dumps({"model": result.model, "seed": seed, "threshold": result.decoding["threshold"],
                                          **asdict(sample)}) + "\n")
     (folder / "records.jsonl.gz.partial").replace(folder / "records.jsonl.gz")
-    print("\n" + (folder / "table.md").read_text(), flush=True)
-    run.done(folder, "report", started, {"results": len(results)})
+    print("\n" + paths["table"].read_text(), flush=True)
+    run.done(folder, f"report ({len(finished)} of {len(planned)} evaluations)", started, {"results": len(results)})
     copy_results(folder, results_dir)
 
 
@@ -613,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import torch
 
-    from trims_hf.study import write_atomic
+    from trims_hf.study import cached, write_atomic
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -624,14 +646,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                             "protocol": asdict(protocol)}, indent=1))
     print(f"protocol {protocol.fingerprint()} on {run.device}; output {args.output}", flush=True)
     steps = {"data": stage_data, "teacher": stage_teacher, "score": stage_score, "base": stage_base,
-             "select": stage_select, "variants": stage_variants, "eval": stage_eval,
-             "report": lambda r: stage_report(r, args.results_dir)}
+             "select": stage_select, "models": stage_models, "report": lambda r: stage_report(r, args.results_dir)}
     try:
         for stage in STAGES[: STAGES.index(args.until) + 1]:
             steps[stage](run)
     except OutOfBudget as stop:
         print(f"stopped before {stop} after {(time.monotonic() - start) / 60:.1f} min (--budget-minutes "
               f"{args.budget_minutes}); rerun the same command to continue.", flush=True)
+        if STAGES.index(args.until) >= STAGES.index("models") and cached(args.output / "select", run.key("select")):
+            stage_report(run, args.results_dir)  # the finished models' report, marked partial
         return 3
     print(f"done in {time.monotonic() - start:.0f} s: ran {len(run.ran)} units, skipped {len(run.skipped)} finished ones.")
     return 0
