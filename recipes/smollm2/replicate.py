@@ -65,7 +65,7 @@ class Protocol:
     max_length: int = 256
     batch_size: int = 32
     # -- teacher: autoregressive SFT of SmolLM2 on the train split
-    teacher_steps: int = 500
+    teacher_steps: int = 300
     teacher_lr: float = 5e-5
     # -- buckets and masking (MaskingConfig's names; the variants' orderings are trims_hf.study.VARIANTS)
     num_buckets: int = 8
@@ -73,13 +73,13 @@ class Protocol:
     p_context: float = 0.05
     p_future: float = 0.95
     # -- student: MDLM base, then the variants from it with the same steps, data order and seeds
-    base_steps: int = 2000
+    base_steps: int = 1500
     base_lr: float = 1e-4
-    variant_steps: int = 500
+    variant_steps: int = 400
     variant_lr: float = 5e-5
     seeds: tuple[int, ...] = (0, 1)
-    long_steps: int = 2000
-    """The longer-SFT setting (4x the exposure), run for ``long_seeds``."""
+    long_steps: int = 1200
+    """The longer-SFT setting (3x the exposure), run for ``long_seeds``, last (it is what a short session drops)."""
     long_seeds: tuple[int, ...] = (0,)
     # -- evaluation: Fast-dLLM threshold decoder, dual cache
     thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
@@ -87,6 +87,7 @@ class Protocol:
     gen_length: int = 128
     block_length: int = 32
     eval_batch_size: int = 250
+    """Problems decoded together (left padding); ~10 GB of transient logits per forward with a 49k vocabulary."""
     trace_samples: int = 32
     """Problems whose decode order and per-step teacher NLL are traced per model (at the threshold nearest 0.9)."""
 
@@ -494,9 +495,11 @@ def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: 
         context["model"] = (folder_name, on_device(load_student_folder(model_folder(run, folder_name)), run.device))
     traced = tau == p.trace_threshold()
     recorder = TrajectoryRecorder()
+    # A traced evaluation decodes every problem afresh (resumed records would leave gaps in the traces).
+    records = None if traced else run.output / "work" / "records" / f"{folder_name}-tau{tau}.jsonl"
     result = evaluate_task(context["model"][1], tokenizer, context["task"], decoding(run, tau),
                            batch_size=p.eval_batch_size, hooks=[recorder] if traced else [], model_name=name,
-                           records_file=run.output / "work" / "records" / f"{folder_name}-tau{tau}.jsonl")
+                           records_file=records)
     save_results([result], folder / "result.json")
     if traced:
         if "teacher" not in context:
