@@ -79,6 +79,9 @@ def test_every_stage_produced_its_outputs(study):
     assert set(selection["accuracies"]) == {str(level) for level in p.levels} and selection["level"] in p.levels
     assert len(list((output / "variants").iterdir())) == len(recipe.variant_plan(p))
     assert len(list((output / "eval").glob("*/tau*/result.json"))) == len(planned(p)) * len(p.thresholds)
+    traced = f"tau{p.trace_threshold()}"
+    assert len(list((output / "eval").glob(f"*/{traced}/trace.json"))) == len(planned(p))
+    assert len(list((output / "eval").glob(f"*/{traced}/decode_order.png"))) == len(planned(p))
     for name in recipe.REPORT_FILES:
         assert (results / name).read_bytes() == (output / "report" / name).read_bytes()
     assert (output / "report" / "records.jsonl.gz").is_file()
@@ -154,6 +157,8 @@ def test_a_changed_protocol_is_refused_in_one_line(study, capsys):
     (["--gguf", "missing/SmolLM2.gguf"], "--gguf"),
     (["--size", "smoke", "--set", "bogus=1"], "--set"),
     (["--size", "smoke", "--set", "seeds=a,b"], "--set"),
+    (["--size", "smoke", "--set", "cache=full"], "--set"),
+    (["--size", "smoke", "--set", "gen_length=40"], "--set"),
     (["--size", "smoke", "--threads", "0"], "--threads"),
 ])
 def test_bad_input_fails_in_one_line_before_any_work(flags, named, tmp_path, capsys):

@@ -91,6 +91,25 @@ class Protocol:
     trace_samples: int = 32
     """Problems whose decode order and per-step teacher NLL are traced per model (at the threshold nearest 0.9)."""
 
+    def __post_init__(self) -> None:
+        """Every setting checked at once (the library's own dataclasses check theirs), so a bad ``--set`` fails in a
+        line before anything runs."""
+        from trims_hf.settings import DecodingConfig, MaskingConfig
+
+        if self.student not in ("smollm2", "tiny"):
+            raise ValueError(f"student={self.student!r}: choose smollm2 or tiny.")
+        if not self.levels or min(self.levels) < 1 or not self.seeds or not self.thresholds:
+            raise ValueError("levels (from 1), seeds and thresholds each need at least one value.")
+        sizes = ("train_per_level", "selection_per_level", "test_problems", "max_length", "batch_size", "teacher_steps",
+                 "base_steps", "variant_steps", "long_steps", "eval_batch_size", "trace_samples")
+        if (small := [name for name in sizes if getattr(self, name) < 1]):
+            raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
+        MaskingConfig(num_buckets=self.num_buckets, trajectory_ratio=self.trajectory_ratio, p_context=self.p_context,
+                      p_future=self.p_future)
+        for tau in (*self.thresholds, self.selection_threshold):
+            DecodingConfig(strategy="threshold", threshold=tau, gen_length=self.gen_length,
+                           block_length=self.block_length, cache=self.cache)
+
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
@@ -131,7 +150,10 @@ def parse_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
                 changes[name] = types[name](text)
         except ValueError:
             raise UsageError(f"--set {assignment}: {text!r} is not a valid {types[name].__name__}.") from None
-    return replace(protocol, **changes)
+    try:
+        return replace(protocol, **changes)
+    except ValueError as error:
+        raise UsageError(f"--set {' '.join(assignments)}: {error}") from None
 
 
 def check_protocol(output: Path, protocol: Protocol) -> None:
