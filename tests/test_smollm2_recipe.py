@@ -138,7 +138,7 @@ def test_a_report_with_missing_evaluations_says_so(study, tmp_path):
     copy = tmp_path / "study"
     shutil.copytree(output, copy)
     shutil.rmtree(copy / "eval" / "trims_random-seed1" / "tau0.9")
-    recipe.stage_report(recipe.Run(copy, recipe.SMOKE, None, math.inf, "cpu"), None)
+    recipe.stage_report(recipe.make_run(copy, recipe.SMOKE, None, "cpu"), None)
     report = json.loads((copy / "report" / "results.json").read_text())
     assert not report["complete"] and report["missing"] == ["TRIMS random (seed 1) tau 0.9"]
     assert len(report["results"]) == len(planned(recipe.SMOKE)) * len(recipe.SMOKE.thresholds) - 1
@@ -204,7 +204,7 @@ def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
 
     from trims_hf import prepare_student, student_logits
 
-    model, tokenizer = recipe.pretrained(recipe.Run(tmp_path, recipe.FULL, recipe.default_gguf(), math.inf, "cpu"))
+    model, tokenizer = recipe.pretrained(recipe.make_run(tmp_path, recipe.FULL, recipe.default_gguf(), "cpu"))
     validate_quantization_for_training(model)  # the Trainer's own check: a GGUF model fails it until its marks go
     vocab = len(tokenizer)
     mask_id = add_mask_token(model, tokenizer)

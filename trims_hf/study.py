@@ -1,5 +1,6 @@
 """The steps of a TRIMS study, shared by ``trims demo`` and ``recipes/smollm2``: an autoregressive SFT of the
-teacher, MDLM / TRIMS training of a student, threshold evaluation with decode-order traces, and the reports.
+teacher, MDLM / TRIMS training of a student, threshold evaluation with decode-order traces, the reports, and the
+bookkeeping of a pre-registered study (protocol fingerprint, resumable units of work, a time budget).
 
 A study compares the MDLM baseline with the three TRIMS orderings (:data:`VARIANTS`), each continued from one
 base with the same steps, data order and seed, so they differ only by their masking. The callers decide what is
@@ -8,13 +9,17 @@ cached and where; these functions only train, measure and write.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
+import shutil
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from datasets import Dataset
@@ -65,6 +70,103 @@ def cached(folder: Path, key: Mapping[str, Any]) -> bool:
 def mark_cached(folder: Path, key: Mapping[str, Any]) -> None:
     """Mark ``folder`` complete for ``key``; call it after everything else in the folder is written."""
     write_atomic(folder / KEY_FILE, json.dumps(key, indent=2))
+
+
+Protocol = TypeVar("Protocol")
+
+
+def fingerprint(protocol: Any) -> str:
+    """A short hash of every field of a (dataclass) protocol: what each output of a study records."""
+    return hashlib.sha256(json.dumps(dataclasses.asdict(protocol), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def with_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
+    """``protocol`` with ``FIELD=VALUE`` assignments applied (tuple fields comma-separated, each value of the type
+    of the field's current value); ValueError names the assignment. The protocol's own checks run on the result."""
+    types = {f.name: type(getattr(protocol, f.name)) for f in dataclasses.fields(protocol)}
+    changes: dict[str, Any] = {}
+    for assignment in assignments:
+        name, sep, text = assignment.partition("=")
+        if not sep or name not in types:
+            raise ValueError(f"{assignment}: expected FIELD=VALUE with FIELD one of {', '.join(types)}.")
+        try:
+            if types[name] is tuple:
+                element = type(getattr(protocol, name)[0])
+                changes[name] = tuple(element(part) for part in text.split(","))
+            else:
+                changes[name] = types[name](text)
+        except ValueError:
+            raise ValueError(f"{assignment}: {text!r} is not a valid {types[name].__name__}.") from None
+    return dataclasses.replace(protocol, **changes)
+
+
+PROTOCOL_FILE = "protocol.json"
+
+
+def check_protocol(folder: Path, protocol: Any) -> None:
+    """Refuse a study folder started under another protocol, naming each changed field (nothing is written):
+    a pre-registered protocol is never mixed with a changed one, so a change is a new study in a new folder."""
+    path = folder / PROTOCOL_FILE
+    if not path.is_file():
+        return
+    recorded = json.loads(path.read_text())
+    if recorded["fingerprint"] == fingerprint(protocol):
+        return
+    now = json.loads(json.dumps(dataclasses.asdict(protocol)))
+    changed = [f"{k} ({recorded['protocol'].get(k)} -> {now[k]})" for k in now if recorded["protocol"].get(k) != now[k]]
+    raise ValueError(f"holds the study of protocol {recorded['fingerprint']}; this protocol ({fingerprint(protocol)}) "
+                     f"differs in {', '.join(changed)}. A changed protocol is a new study: use a new folder.")
+
+
+def record_protocol(folder: Path, protocol: Any) -> None:
+    """Write the protocol and its fingerprint into the study folder (what :func:`check_protocol` compares with)."""
+    write_atomic(folder / PROTOCOL_FILE, json.dumps({"fingerprint": fingerprint(protocol),
+                                                     "protocol": dataclasses.asdict(protocol)}, indent=1))
+
+
+class OutOfBudget(Exception):
+    """A study's time budget ran out between two units of work; running it again continues."""
+
+
+@dataclasses.dataclass
+class Units:
+    """Resumable units of work of one study: each unit is a folder, finished when its key file names the unit and
+    the protocol's fingerprint (written last, after ``unit.json`` with its wall time and measurements). A unit
+    cut short is started over; no unit starts after ``deadline`` (``time.monotonic()``)."""
+
+    protocol_fingerprint: str
+    device: str
+    deadline: float = math.inf
+    ran: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+
+    def key(self, name: str) -> dict[str, str]:
+        return {"unit": name, "protocol": self.protocol_fingerprint}
+
+    def finished(self, folder: Path, name: str) -> bool:
+        return cached(folder, self.key(name))
+
+    def unit(self, folder: Path, name: str, timed: bool = True) -> bool:
+        """True when ``folder`` must be (re)built now (it is then empty); raises :class:`OutOfBudget` past the
+        deadline unless not ``timed``."""
+        if self.finished(folder, name):
+            self.skipped.append(name)
+            return False
+        if timed and time.monotonic() > self.deadline:
+            raise OutOfBudget(name)
+        print(f"\n== {name} ==", flush=True)
+        self.ran.append(name)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return True
+
+    def done(self, folder: Path, name: str, started: float, info: Mapping[str, Any] | None = None) -> None:
+        """Record what the unit measured and its wall time since ``started`` (``time.perf_counter()``), then mark
+        it finished."""
+        record = {"unit": name, "protocol": self.protocol_fingerprint, "device": self.device,
+                  "wall_s": round(time.perf_counter() - started, 2), **(info or {})}
+        write_atomic(folder / "unit.json", json.dumps(record, indent=1, default=str))
+        mark_cached(folder, self.key(name))
 
 
 def training_arguments(cls: type[TrainingArguments], folder: Path, steps: int, lr: float, batch_size: int, seed: int,

@@ -26,9 +26,7 @@ data standing in for SmolLM2. See recipes/smollm2/README.md for the GPU runbook.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
-import hashlib
 import importlib.util
 import json
 import random
@@ -36,7 +34,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +109,9 @@ class Protocol:
                            block_length=self.block_length, cache=self.cache)
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        from trims_hf.study import fingerprint
+
+        return fingerprint(self)
 
     def trace_threshold(self) -> float:
         return min(self.thresholds, key=lambda tau: abs(tau - 0.9))
@@ -129,87 +129,26 @@ class UsageError(ValueError):
     """Bad input, reported in one line naming the flag before anything expensive runs."""
 
 
-class OutOfBudget(Exception):
-    """The call's time budget ran out between two units of work; the same command continues."""
-
-
-# -- protocol, fingerprint and bookkeeping ------------------------------------------------------------------------
-def parse_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
-    """``--set field=value`` (tuples comma-separated) applied to ``protocol``; any mistake names the flag."""
-    types = {f.name: type(getattr(protocol, f.name)) for f in dataclasses.fields(protocol)}
-    changes: dict[str, Any] = {}
-    for assignment in assignments:
-        name, sep, text = assignment.partition("=")
-        if not sep or name not in types:
-            raise UsageError(f"--set {assignment}: expected FIELD=VALUE with FIELD one of {', '.join(types)}.")
-        try:
-            if types[name] is tuple:
-                element = type(getattr(protocol, name)[0])
-                changes[name] = tuple(element(part) for part in text.split(","))
-            else:
-                changes[name] = types[name](text)
-        except ValueError:
-            raise UsageError(f"--set {assignment}: {text!r} is not a valid {types[name].__name__}.") from None
-    try:
-        return replace(protocol, **changes)
-    except ValueError as error:
-        raise UsageError(f"--set {' '.join(assignments)}: {error}") from None
-
-
-def check_protocol(output: Path, protocol: Protocol) -> None:
-    """Refuse an output folder started under another protocol, naming what changed (nothing is written)."""
-    path = output / "protocol.json"
-    if not path.is_file():
-        return
-    recorded = json.loads(path.read_text())
-    if recorded["fingerprint"] == protocol.fingerprint():
-        return
-    now = json.loads(json.dumps(asdict(protocol)))
-    changed = [f"{k} ({recorded['protocol'].get(k)} -> {now[k]})" for k in now if recorded["protocol"].get(k) != now[k]]
-    raise UsageError(f"--output {output}: holds the study of protocol {recorded['fingerprint']}; this protocol "
-                     f"({protocol.fingerprint()}) differs in {', '.join(changed)}. A changed protocol is a new study: "
-                     "use a new --output.")
-
-
+# -- one invocation --------------------------------------------------------------------------------------------------
 @dataclass
 class Run:
-    """One invocation: where, under which protocol, on which device, and until when."""
+    """One invocation: where, under which protocol, with which GGUF, and its units of work."""
 
     output: Path
     protocol: Protocol
     gguf: Path | None
-    deadline: float
-    device: str
-    ran: list[str] = dataclasses.field(default_factory=list)
-    skipped: list[str] = dataclasses.field(default_factory=list)
+    units: Any
+    """:class:`trims_hf.study.Units` (finished-unit markers under the protocol's fingerprint, the time budget)."""
 
-    def key(self, unit: str) -> dict[str, str]:
-        return {"unit": unit, "protocol": self.protocol.fingerprint()}
+    @property
+    def device(self) -> str:
+        return self.units.device
 
-    def unit(self, folder: Path, name: str, timed: bool = True) -> bool:
-        """True when ``folder`` must be (re)built now: not finished under this protocol; raises when out of time
-        (unless not ``timed``)."""
-        from trims_hf.study import cached
 
-        if cached(folder, self.key(name)):
-            self.skipped.append(name)
-            return False
-        if timed and time.monotonic() > self.deadline:
-            raise OutOfBudget(name)
-        print(f"\n== {name} ==", flush=True)
-        self.ran.append(name)
-        shutil.rmtree(folder, ignore_errors=True)  # a unit cut short by a crash starts over
-        folder.mkdir(parents=True)
-        return True
+def make_run(output: Path, protocol: Protocol, gguf: Path | None, device: str, deadline: float = float("inf")) -> Run:
+    from trims_hf.study import Units
 
-    def done(self, folder: Path, name: str, started: float, info: dict[str, Any] | None = None) -> None:
-        """Record what the unit measured and took, then mark it finished (the marker is written last)."""
-        from trims_hf.study import mark_cached, write_atomic
-
-        record = {"unit": name, "protocol": self.protocol.fingerprint(), "device": self.device,
-                  "wall_s": round(time.perf_counter() - started, 2), **(info or {})}
-        write_atomic(folder / "unit.json", json.dumps(record, indent=1, default=str))
-        mark_cached(folder, self.key(name))
+    return Run(output, protocol, gguf, Units(protocol.fingerprint(), device, deadline))
 
 
 # -- data and models -------------------------------------------------------------------------------------------
@@ -228,7 +167,7 @@ def stage_data(run: Run) -> None:
     from trims_hf.demo.task import make_splits
 
     folder, p = run.output / "data", run.protocol
-    if not run.unit(folder, "data"):
+    if not run.units.unit(folder, "data"):
         return
     started, train = time.perf_counter(), []
     for level in p.levels:
@@ -240,7 +179,7 @@ def stage_data(run: Run) -> None:
     write_rows(folder / "train.jsonl", train)
     if p.student == "tiny":
         tiny_pretrained(folder / "pretrained", train, p)
-    run.done(folder, "data", started, {"train_rows": len(train)})
+    run.units.done(folder, "data", started, {"train_rows": len(train)})
 
 
 def tiny_pretrained(folder: Path, rows: Sequence[dict[str, str]], p: Protocol) -> None:
@@ -283,7 +222,7 @@ def stage_teacher(run: Run) -> None:
     from trims_hf.study import train_causal_lm
 
     folder, p = run.output / "teacher", run.protocol
-    if not run.unit(folder, "teacher"):
+    if not run.units.unit(folder, "teacher"):
         return
     started = time.perf_counter()
     model, tokenizer = pretrained(run)
@@ -292,7 +231,7 @@ def stage_teacher(run: Run) -> None:
     train_causal_lm(model, tokenizer, rows, args)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    run.done(folder, "teacher", started)
+    run.units.done(folder, "teacher", started)
 
 
 def load_causal(folder: Path, device: str) -> tuple[Any, Any]:
@@ -313,7 +252,7 @@ def stage_score(run: Run) -> None:
     from trims_hf.settings import BucketConfig, ScoringOptions
 
     folder, p = run.output / "score", run.protocol
-    if not run.unit(folder, "score"):
+    if not run.units.unit(folder, "score"):
         return
     started = time.perf_counter()
     teacher = load_causal(run.output / "teacher", run.device)
@@ -323,7 +262,7 @@ def stage_score(run: Run) -> None:
                          buckets=BucketConfig(num_buckets=p.num_buckets),
                          options=ScoringOptions(max_length=4 * p.max_length, train_max_length=p.max_length),
                          source="recipes/smollm2", overwrite=True)
-    run.done(folder, "score", started)
+    run.units.done(folder, "score", started)
 
 
 def student_tokenizer(run: Run) -> Any:
@@ -371,7 +310,7 @@ def stage_base(run: Run) -> None:
     from trims_hf.study import train_student
 
     folder, p = run.output / "base", run.protocol
-    if not run.unit(folder, "base"):
+    if not run.units.unit(folder, "base"):
         return
     started = time.perf_counter()
     model, tokenizer = pretrained(run)
@@ -382,7 +321,7 @@ def stage_base(run: Run) -> None:
                                                        p.data_seed, 0.0, "hard_to_easy"))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    run.done(folder, "base", started, {"buckets": buckets})
+    run.units.done(folder, "base", started, {"buckets": buckets})
 
 
 # -- selection, variants, evaluation ------------------------------------------------------------------------------
@@ -416,7 +355,7 @@ def stage_select(run: Run) -> None:
     from trims_hf.study import BASE
 
     folder, p = run.output / "select", run.protocol
-    if not run.unit(folder, "select"):
+    if not run.units.unit(folder, "select"):
         return
     started = time.perf_counter()
     model, tokenizer = on_device(load_student_folder(run.output / "base"), run.device), student_tokenizer(run)
@@ -430,7 +369,7 @@ def stage_select(run: Run) -> None:
         print(f"level {level}: base accuracy {result.accuracy:.3f} (n={result.num_samples})", flush=True)
     level, met = select_level(accuracies, p.target_accuracy)
     print(f"selected level {level} ({'meets' if met else 'MISSES'} the {p.target_accuracy:.0%} target)", flush=True)
-    run.done(folder, "select", started, {"accuracies": accuracies, "level": level, "meets_target": met})
+    run.units.done(folder, "select", started, {"accuracies": accuracies, "level": level, "meets_target": met})
 
 
 def selected_level(run: Run) -> int:
@@ -482,7 +421,7 @@ def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, 
     from trims_hf.study import train_student
 
     p, folder = run.protocol, run.output / "variants" / folder_name
-    if not run.unit(folder, f"variant {folder_name}"):
+    if not run.units.unit(folder, f"variant {folder_name}"):
         return
     started = time.perf_counter()
     tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
@@ -493,7 +432,7 @@ def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, 
     train_student(model, tokenizer, context[ordering], student_args(run, run.output / "work" / folder_name, steps,
                                                                     p.variant_lr, seed, ratio, ordering))
     model.save_pretrained(folder)
-    run.done(folder, f"variant {folder_name}", started,
+    run.units.done(folder, f"variant {folder_name}", started,
              {"model": name, "seed": seed, "steps": steps, "trajectory_ratio": ratio, "bucket_ordering": ordering})
 
 
@@ -509,7 +448,7 @@ def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: 
     from trims_hf.study import plot_trace_order, trace_metrics, write_atomic
 
     p, folder = run.protocol, run.output / "eval" / folder_name / f"tau{tau}"
-    if not run.unit(folder, f"eval {folder_name} tau {tau}"):
+    if not run.units.unit(folder, f"eval {folder_name} tau {tau}"):
         return
     started = time.perf_counter()
     tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
@@ -534,7 +473,7 @@ def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: 
                                                          "nll_vs_decode_step_spearman": hard_first}))
     print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
           flush=True)
-    run.done(folder, f"eval {folder_name} tau {tau}", started, {"model": name, "seed": seed, "threshold": tau})
+    run.units.done(folder, f"eval {folder_name} tau {tau}", started, {"model": name, "seed": seed, "threshold": tau})
 
 
 # -- report ----------------------------------------------------------------------------------------------------------
@@ -549,13 +488,13 @@ def load_result(path: Path) -> Any:
 def stage_report(run: Run, results_dir: Path | None) -> None:
     """results.json, table.md, frontier.png, teacher_nll_per_step.png and records.jsonl.gz from the finished
     evaluation units; rebuilt whenever more have finished, and marked partial while some are missing."""
-    from trims_hf.study import cached, write_atomic, write_study_reports
+    from trims_hf.study import write_atomic, write_study_reports
 
     p, folder = run.protocol, run.output / "report"
     planned = [(name, folder_name, seed, tau) for name, folder_name, seed, _ in evaluated_models(p) for tau in p.thresholds]
     finished = [(name, seed, run.output / "eval" / folder_name / f"tau{tau}") for name, folder_name, seed, tau in planned
-                if cached(run.output / "eval" / folder_name / f"tau{tau}", run.key(f"eval {folder_name} tau {tau}"))]
-    if not finished or not run.unit(folder, f"report ({len(finished)} of {len(planned)} evaluations)", timed=False):
+                if run.units.finished(run.output / "eval" / folder_name / f"tau{tau}", f"eval {folder_name} tau {tau}")]
+    if not finished or not run.units.unit(folder, f"report ({len(finished)} of {len(planned)} evaluations)", timed=False):
         copy_results(folder, results_dir)
         return
     started = time.perf_counter()
@@ -589,7 +528,7 @@ def stage_report(run: Run, results_dir: Path | None) -> None:
                                          **asdict(sample)}) + "\n")
     (folder / "records.jsonl.gz.partial").replace(folder / "records.jsonl.gz")
     print("\n" + paths["table"].read_text(), flush=True)
-    run.done(folder, f"report ({len(finished)} of {len(planned)} evaluations)", started, {"results": len(results)})
+    run.units.done(folder, f"report ({len(finished)} of {len(planned)} evaluations)", started, {"results": len(results)})
     copy_results(folder, results_dir)
 
 
@@ -630,7 +569,12 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
                         "exit code 3 then, and the same command continues.")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
     args = parser.parse_args(argv)
-    protocol = parse_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
+    from trims_hf.study import check_protocol, with_overrides
+
+    try:
+        protocol = with_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
+    except ValueError as error:
+        raise UsageError(f"--set {error}") from None
     gguf = None
     if protocol.student == "smollm2":
         gguf = args.gguf or default_gguf()
@@ -646,7 +590,10 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
         raise UsageError(f"--threads {args.threads}: must be at least 1.")
     if args.budget_minutes is not None and args.budget_minutes <= 0:
         raise UsageError(f"--budget-minutes {args.budget_minutes}: must be positive.")
-    check_protocol(args.output, protocol)
+    try:
+        check_protocol(args.output, protocol)
+    except ValueError as error:
+        raise UsageError(f"--output {args.output}: {error}") from None
     return args, protocol, gguf
 
 
@@ -660,15 +607,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import torch
 
-    from trims_hf.study import cached, write_atomic
+    from trims_hf.study import OutOfBudget, record_protocol
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
-    run = Run(args.output, protocol, gguf, start + budget, "cuda" if torch.cuda.is_available() else "cpu")
+    run = make_run(args.output, protocol, gguf, "cuda" if torch.cuda.is_available() else "cpu", start + budget)
     args.output.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.output / "protocol.json", json.dumps({"fingerprint": protocol.fingerprint(),
-                                                            "protocol": asdict(protocol)}, indent=1))
+    record_protocol(args.output, protocol)
     print(f"protocol {protocol.fingerprint()} on {run.device}; output {args.output}", flush=True)
     steps = {"data": stage_data, "teacher": stage_teacher, "score": stage_score, "base": stage_base,
              "select": stage_select, "models": stage_models, "report": lambda r: stage_report(r, args.results_dir)}
@@ -678,10 +624,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OutOfBudget as stop:
         print(f"stopped before {stop} after {(time.monotonic() - start) / 60:.1f} min (--budget-minutes "
               f"{args.budget_minutes}); rerun the same command to continue.", flush=True)
-        if STAGES.index(args.until) >= STAGES.index("models") and cached(args.output / "select", run.key("select")):
+        if STAGES.index(args.until) >= STAGES.index("models") and run.units.finished(args.output / "select", "select"):
             stage_report(run, args.results_dir)  # the finished models' report, marked partial
         return 3
-    print(f"done in {time.monotonic() - start:.0f} s: ran {len(run.ran)} units, skipped {len(run.skipped)} finished ones.")
+    print(f"done in {time.monotonic() - start:.0f} s: ran {len(run.units.ran)} units, "
+          f"skipped {len(run.units.skipped)} finished ones.")
     return 0
 
 
