@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -129,10 +129,12 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
             "min": min(values), "max": max(values)}
 
 
-def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str = "MDLM") -> list[dict[str, Any]]:
+def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str = "MDLM",
+               baselines: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Per model and threshold: mean, population std and min-max over seeds of accuracy and tokens per step,
     and the tokens-per-step ratio to ``baseline`` (mean over seeds of the per-seed ratio, so a seed is only
-    compared with the baseline trained with the same seed).
+    compared with the baseline trained with the same seed). ``baselines`` names another baseline for some
+    models (e.g. a longer-trained TRIMS variant against the MDLM trained as long).
 
     ``results`` are ``(seed, result)`` pairs of the confidence-threshold strategy; seed ``None`` marks a model
     without a training seed (e.g. the shared base), which counts as one run.
@@ -144,7 +146,7 @@ def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str =
         groups.setdefault((result.model, result.decoding["threshold"]), {})[seed] = result
     rows = []
     for (model, tau), by_seed in groups.items():
-        reference = groups.get((baseline, tau), {})
+        reference = groups.get(((baselines or {}).get(model, baseline), tau), {})
         ratios = [r.tokens_per_step / reference[s].tokens_per_step for s, r in by_seed.items()
                   if s in reference and reference[s].tokens_per_step]
         rows.append({"model": model, "threshold": tau, "seeds": [s for s in by_seed if s is not None],

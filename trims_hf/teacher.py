@@ -58,6 +58,21 @@ def load_teacher(
     return model, tokenizer
 
 
+def drop_gguf_marks(model: PreTrainedModel) -> PreTrainedModel:
+    """Make a model loaded from a GGUF file trainable and savable as a plain checkpoint, in place.
+
+    transformers dequantizes GGUF weights into ordinary float tensors at load, yet keeps the model marked as
+    quantized, and the Trainer refuses to fine-tune a quantized model; the marks are all that is removed.
+    """
+    if getattr(getattr(model, "hf_quantizer", None), "quantization_config", None) is None or \
+            str(model.hf_quantizer.quantization_config.quant_method.value) != "gguf":
+        return model
+    model.hf_quantizer, model.is_quantized = None, False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model
+
+
 def teacher_identity(name_or_path: str, gguf_file: str | None = None, loaded: bool = False) -> dict[str, str | None]:
     """How a dataset card names the teacher: its Hub id, or a local model's own name (a GGUF file's stem, a
     folder's name), never this machine's absolute path, and where it came from."""

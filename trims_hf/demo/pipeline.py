@@ -10,11 +10,8 @@ or TRIMS with one of the three bucket orderings).
 from __future__ import annotations
 
 import importlib.util
-import json
-import math
 import random
 import shutil
-import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -24,42 +21,25 @@ from typing import Any
 
 import torch
 from datasets import Dataset, load_dataset
-from transformers import (
-    DataCollatorForSeq2Seq,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-    Trainer,
-    TrainingArguments,
-)
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast, TrainingArguments
 
-from ..analysis import bucket_statistics, format_study, hard_first_correlation, study_rows, teacher_nll_scorer
+from ..analysis import bucket_statistics
 from ..config import MDLMConfig
-from ..evaluation import EvalResult, evaluate_task, format_table, plot_frontier
-from ..generation import DecodingConfig, TrajectoryRecorder, teacher_nll_per_step
-from ..generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
-from ..preparation import prepare_dataset, tokenize_example
+from ..evaluation import EvalResult, evaluate_task
+from ..generation import DecodingConfig, TrajectoryRecorder
+from ..preparation import prepare_dataset
 from ..jobs.score import build_scored_dataset
 from ..settings import ScoringOptions
 from ..teacher import load_teacher
 from ..settings import BucketConfig, StudentFormat
 from ..students import prepare_student
 from ..tasks.base import read_json_rows
-from ..trainer import MDLMTrainer
+from ..study import (BASE, VARIANTS, cached, mark_cached, plot_trace_order, slug, trace_metrics, train_causal_lm, train_student, training_arguments,
+                     write_study_reports)
 from .task import DemoTask, as_prompt_completion, make_splits
 from .tokenizer import build_tokenizer
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# name -> (TRIMS trajectory ratio, bucket ordering); the MDLM baseline uses the same collator with ratio 0.
-VARIANTS: dict[str, tuple[float, str]] = {
-    "MDLM": (0.0, "hard_to_easy"),
-    "TRIMS hard-to-easy": (0.1, "hard_to_easy"),
-    "TRIMS easy-to-hard": (0.1, "easy_to_hard"),
-    "TRIMS random": (0.1, "random"),
-}
-BASE = "base (before SFT)"
 
 
 @dataclass(frozen=True)
@@ -131,17 +111,6 @@ DATA_KEYS = ("num_train", "num_test", "data_seed", "data_file")
 CAUSAL_KEYS = (*DATA_KEYS, "hidden_size", "num_layers", "num_heads", "batch_size", "teacher_steps", "teacher_lr")
 SCORED_KEYS = (*CAUSAL_KEYS, "teacher", "num_buckets")
 BASE_KEYS = (*CAUSAL_KEYS, "base_steps", "base_lr", "max_length")
-KEY_FILE = "demo-cache-key.json"
-
-
-def cached(folder: Path, key: Mapping[str, Any]) -> bool:
-    """True when ``folder`` holds a complete artefact built with exactly ``key``."""
-    path = folder / KEY_FILE
-    return path.is_file() and json.loads(path.read_text()) == json.loads(json.dumps(key))
-
-
-def mark_cached(folder: Path, key: Mapping[str, Any]) -> None:
-    (folder / KEY_FILE).write_text(json.dumps(key, indent=2))
 
 
 # -- data and models -----------------------------------------------------------------------------------------
@@ -182,17 +151,6 @@ def tiny_llama(settings: DemoSettings, tokenizer: PreTrainedTokenizerBase, seed:
     return LlamaForCausalLM(config)
 
 
-def training_arguments(cls: type[TrainingArguments], folder: Path, steps: int, lr: float, settings: DemoSettings,
-                       seed: int, **extra: Any) -> TrainingArguments:
-    """Shared CPU training settings: cosine schedule, short warmup, no checkpoints, progress bar on."""
-    return cls(
-        output_dir=str(folder), max_steps=steps, per_device_train_batch_size=settings.batch_size, learning_rate=lr,
-        lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.1, logging_steps=max(1, steps // 5),
-        save_strategy="no", report_to="none", use_cpu=True, seed=seed, disable_tqdm=False,
-        remove_unused_columns=False, dataloader_num_workers=0, **extra,
-    )
-
-
 def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokenizerBase,
               train: Sequence[Mapping[str, str]], run: DemoRun) -> LlamaForCausalLM:
     """A small causal Llama trained here on the completions: the default teacher and the students' initialisation."""
@@ -200,16 +158,10 @@ def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokeniz
     if cached(folder, key):
         run.cached.append("causal-lm")
         return LlamaForCausalLM.from_pretrained(folder).eval()
-    examples = [tokenize_example(tokenizer, row["prompt"], row["completion"]) for row in as_prompt_completion(train)]
-    # The loss covers the completion and its EOS (the teacher models p(y | x)). DataCollatorForSeq2Seq is
-    # transformers' collator for precomputed labels: it pads them with -100 and the ids with the pad token.
-    prepared = Dataset.from_list([{"input_ids": e.input_ids,
-                                   "labels": [-100] * e.prompt_length + list(e.input_ids[e.prompt_length :])}
-                                  for e in examples])
     model = tiny_llama(settings, tokenizer, seed=settings.data_seed)
     args = training_arguments(TrainingArguments, output / "work" / "causal-lm", settings.teacher_steps, settings.teacher_lr,
-                              settings, settings.data_seed)
-    Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer)).train()
+                              settings.batch_size, settings.data_seed)
+    train_causal_lm(model, tokenizer, as_prompt_completion(train), args)
     model.save_pretrained(folder)
     mark_cached(folder, key)
     return model.eval()
@@ -254,13 +206,11 @@ def student_from(tokenizer: PreTrainedTokenizerBase, folder: Path) -> PreTrained
     return prepare_student(LlamaForCausalLM.from_pretrained(folder), "dream", tokenizer.mask_token_id)
 
 
-def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Dataset, folder: Path,
-                  settings: DemoSettings, steps: int, lr: float, seed: int, trajectory_ratio: float, ordering: str) -> PreTrainedModel:
-    """MDLMTrainer with the collator it builds from MDLMConfig: ratio 0 is MDLM, otherwise TRIMS."""
-    args = training_arguments(MDLMConfig, folder, steps, lr, settings, seed, max_length=settings.max_length,
+def student_args(folder: Path, settings: DemoSettings, steps: int, lr: float, seed: int, trajectory_ratio: float,
+                 ordering: str) -> MDLMConfig:
+    """The demo's MDLMConfig: ratio 0 is MDLM, otherwise TRIMS with ``ordering``."""
+    return training_arguments(MDLMConfig, folder, steps, lr, settings.batch_size, seed, max_length=settings.max_length,
                               num_buckets=settings.num_buckets, trajectory_ratio=trajectory_ratio, bucket_ordering=ordering)
-    MDLMTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer).train()
-    return model.eval()
 
 
 def base_student(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokenizerBase, data: Dataset,
@@ -271,8 +221,8 @@ def base_student(output: Path, settings: DemoSettings, tokenizer: PreTrainedToke
         run.cached.append("base")
         return student_from(tokenizer, folder).eval()
     model = student_from(tokenizer, output / "causal-lm")
-    train_student(model, tokenizer, data, output / "work" / "base", settings, settings.base_steps, settings.base_lr,
-                  settings.data_seed, 0.0, "hard_to_easy")
+    train_student(model, tokenizer, data, student_args(output / "work" / "base", settings, settings.base_steps,
+                                                       settings.base_lr, settings.data_seed, 0.0, "hard_to_easy"))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)  # a complete student folder: `trims train` / `trims eval` can use it directly
     mark_cached(folder, key)
@@ -305,56 +255,26 @@ def evaluate_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedToken
 
 def trace(name: str, recorder: TrajectoryRecorder, task: DemoTask, tokenizer: PreTrainedTokenizerBase,
           teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], settings: DemoSettings, output: Path, run: DemoRun) -> None:
-    steps, filled = recorder.decode_order()
     n = settings.trace_samples
-    plot_decode_order(steps[:n], filled[:n], output / f"decode_order_{slug(name)}.png",
-                      title=f"{name}: decode order at tau {trace_threshold(settings)}")
+    plot_trace_order(recorder, n, output / f"decode_order_{slug(name)}.png",
+                     title=f"{name}: decode order at tau {trace_threshold(settings)}")
     prompts = {example.id: example.fields["question"] for example in task.load()}
-    scorers = [(t, teacher_nll_scorer(*teacher, tokenizer, prompts[t.sample_id], 4 * settings.max_length))
-               for t in recorder.trajectories[:n]]
-    run.nll_curves[name] = [None if math.isnan(v) else float(v)
-                            for v in mean_curve([teacher_nll_per_step(t, score) for t, score in scorers])]
-    correlations = [c for t, score in scorers if not math.isnan(c := hard_first_correlation(t, score, settings.block_length))]
-    run.hard_first[name] = statistics.fmean(correlations) if correlations else None
-
-
-def slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+    run.nll_curves[name], run.hard_first[name] = trace_metrics(recorder, prompts, tokenizer, teacher, n,
+                                                               4 * settings.max_length, settings.block_length)
 
 
 # -- reports ------------------------------------------------------------------------------------------------------
 def write_reports(output: Path, run: DemoRun) -> dict[str, Path]:
     """results.json (every number), table.md, frontier.png, teacher_nll_per_step.png; returns the paths."""
-    first_seed = run.settings.seeds[0]
-    main = [r for s, r in run.results if s in (None, first_seed)]
-    paths = {"table": output / "table.md", "frontier": output / "frontier.png", "json": output / "results.json",
-             "teacher_nll": output / "teacher_nll_per_step.png"}
-    study = study_rows(run.results)
-    table = format_table(main)
-    if len(run.settings.seeds) > 1:
-        table += f"\n\nOver seeds {list(run.settings.seeds)} (SFT seeds; teacher and base shared):\n\n" + format_study(study)
-    order = ", ".join(f"{name} {'-' if value is None else f'{value:+.2f}'}" for name, value in run.hard_first.items())
-    table += (f"\n\nSpearman(teacher NLL of an answer token, steps into its block before it was committed) at tau "
-              f"{trace_threshold(run.settings)}, mean over {run.settings.trace_samples} problems (negative: hard tokens "
-              f"first): {order}.")
-    paths["table"].write_text(table + "\n")
-    plot_frontier(main, paths["frontier"])
-    curves = {name: [torch.tensor([math.nan if v is None else v for v in curve])] for name, curve in run.nll_curves.items()}
-    plot_teacher_nll(curves, paths["teacher_nll"],
-                     title=f"Teacher NLL of the partial response, tau {trace_threshold(run.settings)}")
     payload = {
         "settings": asdict(run.settings),
         "variants": {name: {"trajectory_ratio": ratio, "bucket_ordering": ordering} for name, (ratio, ordering) in VARIANTS.items()},
         "timings_s": run.timings_s,
         "cached": run.cached,
         "buckets": run.buckets,
-        "results": [{"seed": seed, **result.to_dict()} for seed, result in run.results],
-        "study": study,
-        "teacher_nll_per_step": run.nll_curves,
-        "nll_vs_decode_step_spearman": run.hard_first,
     }
-    paths["json"].write_text(json.dumps(payload, indent=1, default=str))
-    return paths
+    return write_study_reports(output, run.results, run.settings.seeds, run.nll_curves, run.hard_first,
+                               trace_threshold(run.settings), run.settings.trace_samples, payload)
 
 
 # -- the whole chain ---------------------------------------------------------------------------------------------
@@ -395,8 +315,9 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
         for name, (ratio, ordering) in VARIANTS.items():
             with timed(run, "variants"):
                 model = student_from(tokenizer, output / "base")
-                train_student(model, tokenizer, prepared[ordering], output / "work" / slug(name), settings,
-                              settings.variant_steps, settings.variant_lr, seed, ratio, ordering)
+                train_student(model, tokenizer, prepared[ordering],
+                              student_args(output / "work" / slug(name), settings, settings.variant_steps,
+                                           settings.variant_lr, seed, ratio, ordering))
             with timed(run, "evaluation"):
                 evaluate_model(name, model, tokenizer, task, settings, teacher, output, run, seed)
     run.timings_s["total"] = time.perf_counter() - start

@@ -33,9 +33,9 @@ def _product(rng: random.Random, groups: int, each: int) -> str:
     return f"{groups} * {each}" if rng.random() < 0.5 else f"{each} * {groups}"
 
 
-def _buy_give(rng: random.Random, name: str, item: str) -> Problem:
+def _buy_give(rng: random.Random, name: str, item: str, scale: int = 1) -> Problem:
     """3 steps: start + groups * each - given."""
-    start, groups, each = rng.randint(2, 12), rng.randint(2, 5), rng.randint(2, 5)
+    start, groups, each = rng.randint(2, 12 * scale), rng.randint(2, 5), rng.randint(2, 5 * scale)
     bought = groups * each
     given = rng.randint(1, start + bought - 1)
     group = rng.choice(GROUPS)
@@ -50,9 +50,9 @@ def _buy_give(rng: random.Random, name: str, item: str) -> Problem:
     return question, [step1, step2, step3], start + bought - given
 
 
-def _gain_lose(rng: random.Random, name: str, item: str) -> Problem:
+def _gain_lose(rng: random.Random, name: str, item: str, scale: int = 1) -> Problem:
     """2 steps: start + found - lost."""
-    start, found = rng.randint(5, 20), rng.randint(2, 9)
+    start, found = rng.randint(5, 20 * scale), rng.randint(2, 9 * scale)
     lost = rng.randint(1, start + found - 1)
     question = (f"{name} has {start} {item}. {name} finds {found} more {item} and then loses {lost}. "
                 f"How many {item} are left?")
@@ -63,9 +63,9 @@ def _gain_lose(rng: random.Random, name: str, item: str) -> Problem:
     return question, [step1, step2], start + found - lost
 
 
-def _share(rng: random.Random, name: str, item: str) -> Problem:
+def _share(rng: random.Random, name: str, item: str, scale: int = 1) -> Problem:
     """2 steps: groups * each - used."""
-    groups, each = rng.randint(2, 5), rng.randint(2, 5)
+    groups, each = rng.randint(2, 5), rng.randint(2, 5 * scale)
     total = groups * each
     used = rng.randint(1, total - 1)
     group = rng.choice(GROUPS)
@@ -78,9 +78,9 @@ def _share(rng: random.Random, name: str, item: str) -> Problem:
     return question, [step1, step2], total - used
 
 
-def _two_days(rng: random.Random, name: str, item: str) -> Problem:
+def _two_days(rng: random.Random, name: str, item: str, scale: int = 1) -> Problem:
     """3 steps: first day, more on the second day, total."""
-    first, more = rng.randint(2, 15), rng.randint(1, 9)
+    first, more = rng.randint(2, 15 * scale), rng.randint(1, 9 * scale)
     second = first + more
     question = (f"{name} collects {first} {item} on Monday and {more} more {item} on Tuesday than on Monday. "
                 f"How many {item} does {name} collect in the two days?")
@@ -92,25 +92,39 @@ def _two_days(rng: random.Random, name: str, item: str) -> Problem:
     return question, [step1, step2, step3], first + second
 
 
-FAMILIES: tuple[Callable[[random.Random, str, str], Problem], ...] = (_buy_give, _gain_lose, _share, _two_days)
+FAMILIES: tuple[Callable[[random.Random, str, str, int], Problem], ...] = (_buy_give, _gain_lose, _share, _two_days)
 
 
-def make_problem(rng: random.Random) -> dict[str, str]:
-    """One problem as a GSM8K-style row: ``question`` and ``answer`` (solution lines + answer line)."""
-    question, lines, answer = rng.choice(FAMILIES)(rng, rng.choice(NAMES), rng.choice(ITEMS))
+def level_scale(level: int) -> int:
+    """How much a difficulty level widens the number ranges: level 1 is the demo's task, each level 4x more.
+
+    Why numbers and not steps: a pretrained model reads the templates at once, so what makes a level harder
+    for it is multi-digit arithmetic (more uncertain digits per result), while the solution's shape stays.
+    """
+    if level < 1:
+        raise ValueError(f"difficulty level {level}: levels start at 1.")
+    return 4 ** (level - 1)
+
+
+def make_problem(rng: random.Random, level: int = 1) -> dict[str, str]:
+    """One problem as a GSM8K-style row: ``question`` and ``answer`` (solution lines + answer line).
+
+    ``level`` 1 draws exactly the demo's problems; higher levels draw larger operands (:func:`level_scale`).
+    """
+    question, lines, answer = rng.choice(FAMILIES)(rng, rng.choice(NAMES), rng.choice(ITEMS), level_scale(level))
     return {"question": question, "answer": "\n".join([*lines, rng.choice(ANSWER_LINES).format(n=answer)])}
 
 
-def make_splits(num_train: int, num_test: int, seed: int = 0) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """Seeded train and held-out test rows; no test question appears in the train split."""
+def make_splits(num_train: int, num_test: int, seed: int = 0, level: int = 1) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Seeded train and held-out test rows of one difficulty level; no test question appears in the train split."""
     rng = random.Random(seed)
     test: dict[str, dict[str, str]] = {}
     while len(test) < num_test:
-        row = make_problem(rng)
+        row = make_problem(rng, level)
         test[row["question"]] = row
     train = []
     while len(train) < num_train:
-        row = make_problem(rng)
+        row = make_problem(rng, level)
         if row["question"] not in test:
             train.append(row)
     return train, list(test.values())

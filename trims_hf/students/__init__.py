@@ -83,6 +83,20 @@ def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = Non
     return model
 
 
+def add_mask_token(model: nn.Module, tokenizer: Any, token: str = "<|mask|>") -> int:
+    """The tokenizer's mask token id, adding ``token`` as the mask token (and an embedding row for it) when the
+    tokenizer has none, as a causal LM such as SmolLM2 needs before :func:`prepare_student`; in place.
+
+    The new row is transformers' default resize (mean of the existing embeddings), so the pretrained
+    predictions are unchanged until training teaches the model what a masked position means.
+    """
+    if tokenizer.mask_token_id is None:
+        tokenizer.add_special_tokens({"mask_token": token})
+    if len(tokenizer) > _config_of(model).get_text_config().vocab_size:
+        model.resize_token_embeddings(len(tokenizer))
+    return int(tokenizer.mask_token_id)
+
+
 def student_spec(model: nn.Module) -> StudentSpec:
     """The :class:`StudentSpec` of a prepared student (works through PEFT/DDP wrappers)."""
     kind = getattr(_config_of(model), "trims_student", None)
@@ -179,6 +193,7 @@ def load_student(
 
 __all__ = [
     "STUDENTS",
+    "add_mask_token",
     "MaskTokenError",
     "StudentKindError",
     "StudentSpec",

