@@ -71,6 +71,29 @@ def test_loss_matches_reference(tmp_path, tokenizer, scored, prepared, kind, nor
     assert torch.allclose(loss, expected, rtol=1e-5), (loss, expected)
 
 
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_mixed_precision_upcasts_only_the_masked_logits(tmp_path, tokenizer, scored, prepared, kind):
+    """Under accelerate's bf16 mixed precision (what ``bf16=True`` and the accelerate YAMLs run) the model's outputs
+    are upcast to fp32 whole; the training forward returns the masked tokens' logits only, so that copy is [1, M,
+    vocab], not [B, L, vocab]; the loss is the fp32 one within bf16 rounding."""
+    model = tiny_student(tokenizer, kind)
+    batch = TrimsDataCollator(tokenizer)(prepared[:4])
+    with torch.no_grad():
+        expected = MDLMTrainer(model, make_args(tmp_path), processing_class=tokenizer).compute_loss(model, batch)
+    trainer = MDLMTrainer(model, make_args(tmp_path, bf16=True), processing_class=tokenizer)
+    prepared_model = trainer.accelerator.prepare_model(model)  # as Trainer.train does
+    seen = []
+    handle = prepared_model.register_forward_hook(lambda module, args, output: seen.append(output.logits))
+    with torch.no_grad():
+        loss = trainer.compute_loss(prepared_model, batch)
+        trainer.compute_loss(prepared_model, batch, return_outputs=True)  # evaluation keeps every position's logits
+    handle.remove()
+    masked, vocab = int(batch["masked"].sum()), model.config.vocab_size
+    assert [(x.dtype, tuple(x.shape)) for x in seen] == [
+        (torch.float32, (1, masked, vocab)), (torch.float32, (*batch["input_ids"].shape, vocab))]
+    assert float(loss) == pytest.approx(float(expected), rel=2e-2) and float(loss) != float(expected)  # bf16 ran
+
+
 def test_dream_shift_reads_previous_position(tmp_path, tokenizer, scored, prepared):
     model = tiny_student(tokenizer, "dream")
     trainer = MDLMTrainer(model, make_args(tmp_path), processing_class=tokenizer)

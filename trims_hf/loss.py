@@ -36,9 +36,16 @@ def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor, masked: torch.Te
     Only the masked positions' logits are gathered and upcast, never the whole [B, L, vocab] tensor.
     """
     rows, cols = masked.nonzero(as_tuple=True)
-    token_logits = logits[rows, spec.source_positions(cols)].float()
-    token_loss = F.cross_entropy(token_logits, labels[rows, cols], reduction="none")
-    summed = torch.zeros(labels.shape[0], device=logits.device, dtype=token_loss.dtype).index_add_(0, rows, token_loss)
+    return masked_token_loss(logits[rows, spec.source_positions(cols)], labels, masked, loss_weights)
+
+
+def masked_token_loss(token_logits: torch.Tensor, labels: torch.Tensor, masked: torch.Tensor,
+                      loss_weights: torch.Tensor) -> torch.Tensor:
+    """:func:`per_sample_loss` from the masked tokens' logits alone ([M, vocab], in ``masked.nonzero()`` order, each
+    read at the student's source position): what a model whose head ran on those positions only returns."""
+    rows, cols = masked.nonzero(as_tuple=True)
+    token_loss = F.cross_entropy(token_logits.float(), labels[rows, cols], reduction="none")
+    summed = torch.zeros(labels.shape[0], device=token_logits.device, dtype=token_loss.dtype).index_add_(0, rows, token_loss)
     return summed * loss_weights.to(summed.dtype)
 
 

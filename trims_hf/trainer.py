@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from . import schema
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
-from .loss import IGNORE_INDEX, LOSS_KEYS, NORMALIZATIONS, normaliser, per_sample_loss, per_unit_loss
+from .loss import IGNORE_INDEX, LOSS_KEYS, NORMALIZATIONS, masked_token_loss, normaliser, per_unit_loss
 from .preparation import is_prepared, prepare_dataset
 from .settings import MaskingConfig, StudentFormat
 from .students import mask_token_id, student_spec
@@ -40,6 +42,28 @@ class _CollatorEpoch(TrainerCallback):
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.collator.epoch = int(math.floor(state.epoch + 1e-6)) if state.epoch else 0
+
+
+@contextmanager
+def _head_at(head: nn.Module | None, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[list[bool]]:
+    """Run the output head on the hidden states at (``rows``, ``positions``) only, so the forward returns [1, M, vocab]
+    logits instead of [B, L, vocab]: mixed precision (accelerate's autocast wrapper upcasts every output to fp32)
+    then copies M rows, not the whole tensor, and the head skips the unmasked positions. Yields ``[did it]``."""
+    gathered = [False]
+
+    def gather(module: nn.Module, args: tuple) -> tuple:
+        hidden = args[0]
+        if hidden.dim() != 3:  # a head called on anything but [B, L, hidden] keeps its input
+            return None
+        gathered[0] = True
+        return (hidden[rows, positions][None], *args[1:])
+
+    handle = head.register_forward_pre_hook(gather) if head is not None else None
+    try:
+        yield gathered
+    finally:
+        if handle is not None:
+            handle.remove()
 
 
 class MDLMTrainer(Trainer):
@@ -145,8 +169,13 @@ class MDLMTrainer(Trainer):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         batch = {key: inputs[key] for key in LOSS_KEYS}
-        outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
-        per_unit = per_unit_loss(self.per_sample_loss(outputs.logits, batch), batch["labels"], self.loss_normalization)
+        rows, cols = batch["masked"].nonzero(as_tuple=True)
+        sources = self.student.source_positions(cols)
+        head = None if return_outputs else self.accelerator.unwrap_model(model).get_output_embeddings()
+        with _head_at(head, rows, sources) as gathered:
+            outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
+        token_logits = outputs.logits[0] if gathered[0] else outputs.logits[rows, sources]
+        per_unit = per_unit_loss(self.masked_token_loss(token_logits, batch), batch["labels"], self.loss_normalization)
         scaled_across_devices = num_items_in_batch is not None and self.args.average_tokens_across_devices
         if num_items_in_batch is None:
             num_items_in_batch = normaliser(batch["labels"], self.loss_normalization)
@@ -157,8 +186,15 @@ class MDLMTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def per_sample_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Weighted cross-entropy summed over the masked tokens of each sample. Override to change the objective."""
-        return per_sample_loss(logits, batch["labels"], batch["masked"], batch["loss_weights"], self.student)
+        """:meth:`masked_token_loss` from full [B, L, vocab] logits (the masked tokens' rows gathered first)."""
+        rows, cols = batch["masked"].nonzero(as_tuple=True)
+        return self.masked_token_loss(logits[rows, self.student.source_positions(cols)], batch)
+
+    def masked_token_loss(self, token_logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Weighted cross-entropy summed over the masked tokens of each sample ([B]) from those tokens' logits
+        ([M, vocab], ``batch["masked"].nonzero()`` order, read at the student's source positions): in training the
+        head runs on those positions only. Override to change the objective."""
+        return masked_token_loss(token_logits, batch["labels"], batch["masked"], batch["loss_weights"])
 
     @torch.no_grad()
     def _record_metrics(self, per_unit: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
