@@ -1,6 +1,8 @@
 """Median optimizer-step time with TRIMS vs standard MDLM masking on the same small student.
 
-A step is collate + forward + backward + AdamW update through MDLMTrainer.training_step. One model is trained
+A step is collate + forward + backward + gradient clipping + AdamW update through MDLMTrainer.training_step on the
+model as ``Trainer.train`` prepares it (``accelerator.prepare_model``: with ``bf16=True`` under autocast, outputs upcast
+to fp32, as real training runs). One model is trained
 by two collators that differ only in the trajectory ratio (0.1, the recipes', vs 0: plain MDLM); their steps are
 interleaved so that machine noise hits both alike. Prints one JSON line. Goal: TRIMS costs <= 2% more per step.
 ``bench/real_size.py`` times the paper's model shapes with the same helpers.
@@ -36,11 +38,22 @@ def masking_collators(tokenizer: Any, length: int, mask_token_id: int | None = N
 
 
 def build_trainer(model: torch.nn.Module, collator: TrimsDataCollator, output_dir: str, **config: Any) -> MDLMTrainer:
-    """An MDLMTrainer with its AdamW optimizer created, ready for :func:`step` (``config`` goes to MDLMConfig)."""
+    """An MDLMTrainer with its AdamW optimizer created and its model prepared by its accelerator as ``Trainer.train``
+    does (mixed-precision autocast and fp32 outputs under ``bf16=True``), ready for :func:`step` (``config`` goes to
+    MDLMConfig)."""
     args = MDLMConfig(output_dir=output_dir, report_to="none", learning_rate=1e-4, max_steps=1, **config)
     trainer = MDLMTrainer(model, args, data_collator=collator)
     trainer.create_optimizer_and_scheduler(num_training_steps=1000)
+    trainer.model_wrapped = trainer.accelerator.prepare_model(trainer.model)
     return trainer
+
+
+def precision_path(trainer: MDLMTrainer) -> dict[str, Any]:
+    """How a timed step computes: accelerate's mixed precision (autocast + fp32 outputs), weights, gradient clipping."""
+    weights = sorted({str(p.dtype).removeprefix("torch.") for p in trainer.model.parameters() if p.requires_grad})
+    return {"mixed_precision": trainer.accelerator.mixed_precision, "autocast": bool(trainer.accelerator.native_amp),
+            "trained_weights": weights, "max_grad_norm": trainer.args.max_grad_norm,
+            "fp32_logits_copy": "masked positions only ([1, masked, vocab])" if trainer.accelerator.native_amp else None}
 
 
 def synchronize(device: torch.device) -> None:
@@ -54,7 +67,8 @@ def step(trainer: MDLMTrainer, collator: TrimsDataCollator, rows: list[dict]) ->
     synchronize(trainer.args.device)
     start = time.perf_counter()
     batch = collator(rows)
-    trainer.training_step(trainer.model, batch)
+    trainer.training_step(trainer.model_wrapped, batch)
+    trainer.accelerator.clip_grad_norm_(trainer.model.parameters(), trainer.args.max_grad_norm)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad()
     synchronize(trainer.args.device)
@@ -63,13 +77,15 @@ def step(trainer: MDLMTrainer, collator: TrimsDataCollator, rows: list[dict]) ->
 
 def interleaved_steps(trainer: MDLMTrainer, collators: dict[str, TrimsDataCollator],
                       batches: Sequence[list[dict]]) -> dict[str, list[float]]:
-    """Step times per collator; one warm-up step each on the first batch, then every batch once per collator in turn."""
+    """Step times per collator; one warm-up step each on the first batch, then every batch once per collator, the
+    order alternating from batch to batch so that neither always follows the other."""
     for collator in collators.values():
         step(trainer, collator, batches[0])
     times: dict[str, list[float]] = {name: [] for name in collators}
-    for batch in batches:
-        for name, collator in collators.items():
-            times[name].append(step(trainer, collator, batch))
+    for index, batch in enumerate(batches):
+        names = list(collators)
+        for name in names[::-1] if index % 2 else names:
+            times[name].append(step(trainer, collators[name], batch))
     return times
 
 
