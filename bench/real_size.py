@@ -801,8 +801,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         if getattr(args, flag) < 1:
             parser.error(f"argument --{flag.replace('_', '-')}: must be at least 1, got {value}")
     for flag in ("max_tokens_per_batch", "logits_chunk_elements"):
-        if (getattr(args, flag) or 1) < 1:
-            parser.error(f"argument --{flag.replace('_', '-')}: must be at least 1, got {getattr(args, flag)}")
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"argument --{flag.replace('_', '-')}: must be at least 1, got {value}")
     if args.score_budget_s <= 0:
         parser.error(f"argument --score-budget-s: must be positive, got {args.score_budget_s}")
     try:

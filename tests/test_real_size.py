@@ -59,23 +59,44 @@ def test_training_lines_derive_their_numbers_from_the_measured_steps(lines):
         attention = 12 * config.num_hidden_layers * 256 * config.hidden_size
         assert line["flops_per_token"] == 4 * frozen + 6 * line["lora"]["parameters"] + attention
         assert line["mfu"] is None and line["peak_memory_gib"] > 0
+        assert 0.5 * line["tokens_per_s"] <= line["real_tokens_per_s"] < line["tokens_per_s"]  # rows of 128 to 256 tokens
+        assert line["precision"] == {"mixed_precision": "no", "autocast": False, "trained_weights": ["float32"],
+                                     "max_grad_norm": 1.0, "fp32_logits_copy": None}
 
 
 def test_zero2_line_comes_from_the_shipped_recipe(lines):
     (zero2,) = by_part(lines, "zero2")
     assert zero2["zero_stage"] == 2 and zero2["completed"] is True
     assert len(zero2["losses"]) == len(zero2["step_s"]) == real_size.ZERO2_STEPS
+    after_first = zero2["step_s"][1:]
+    assert zero2["tokens_per_s_after_first"] == pytest.approx(256 * len(after_first) / sum(after_first), rel=1e-2)
     assert "recipes/accelerate/zero2.yaml" in zero2["launch"]
 
 
 def test_scoring_line(lines):
     (score,) = by_part(lines, "score")
     lengths = score["lengths"]
-    assert score["rows"] == 40 and score["teacher_tokens"] == lengths["prompt_tokens"] + lengths["completion_tokens"]
+    planned = lengths["prompt_tokens"] + lengths["completion_tokens"]
+    assert score["rows"] == score["rows_scored"] == 40 and score["complete"] is True
+    assert score["teacher_tokens"] == score["teacher_tokens_planned"] == planned
+    assert score["batches_scored"] == score["batches_planned"] and score["logits_chunk_elements"] == 2**24
     assert lengths["longest_row"] <= (2048 + 16384) // 32
     assert score["tokens_per_s"] == pytest.approx(score["teacher_tokens"] / score["seconds"], rel=1e-2)
     assert score["seconds_per_million_tokens"] == pytest.approx(1e6 / score["tokens_per_s"], rel=1e-3)
     assert score["s1k_curation_estimate_s"] == pytest.approx(score["seconds"] * 1000 / 40, rel=1e-2)
+
+
+def test_scoring_stops_at_its_budget_and_extrapolates(tmp_path):
+    """A budget passed by the first batch: one batch scored, the line extrapolates from its tokens/s."""
+    output = tmp_path / "score.jsonl"
+    real_size.main(["--part", "score", "--device", "cpu", "--score-budget-s", "1e-9", "--logits-chunk-elements",
+                    "4096", "--output", str(output)])
+    score = json.loads(output.read_text())
+    assert score["batches_scored"] == 1 < score["batches_planned"] and score["complete"] is False
+    assert 0 < score["rows_scored"] < 40 and score["teacher_tokens"] < score["teacher_tokens_planned"]
+    assert score["positions_per_logits_chunk"] == 4096 // 512
+    assert score["s1k_curation_estimate_s"] == pytest.approx(
+        score["teacher_tokens_planned"] / score["tokens_per_s"] * 1000 / 40, rel=1e-2)
 
 
 def test_decoding_lines_do_equal_work_per_mode(lines):
@@ -87,6 +108,12 @@ def test_decoding_lines_do_equal_work_per_mode(lines):
         none = next(other for other in decode if other["batch"] == line["batch"] and other["cache"] == "none")
         assert line["nfe"] == none["nfe"] == line["batch"] * line["gen_length"]  # one token per step, every mode
         assert line["speedup_over_no_cache"] == pytest.approx(line["tokens_per_s"] / none["tokens_per_s"], rel=1e-2)
+        assert line["forward_calls"] == line["model_forwards"] and 0 < line["forward_ms"] < line["wall_ms_per_model_forward"]
+        assert line["wall_ms_per_model_forward"] == pytest.approx(
+            line["wall_time_s"] * 1e3 / line["model_forwards"], rel=1e-2)
+        assert 0 < line["identical_tokens_vs_no_cache"] <= 1 and none["identical_tokens_vs_no_cache"] == 1
+        assert len(line["prompt_tokens"]) == line["batch"] and line["prompt_tokens"][0] == 128
+        assert len(set(line["prompt_tokens"])) == line["batch"]  # different lengths: the left-padded masked path
         assert line["weight_read_bytes"] == 4 * (line["shape"]["parameters"] - config.vocab_size * config.hidden_size)
         assert line["weight_read_bound_ms"] is None  # no bandwidth for a CPU
 
@@ -103,23 +130,43 @@ def test_largest_batch_search(fits_up_to):
     assert len(tried) <= 7 and max(tried) <= 8
 
 
-def test_train_part_steps_down_after_out_of_memory(tmp_path, monkeypatch):
-    """A step that runs out of memory above batch 3 (simulated) makes the search settle on 3, and training goes on."""
-    tried, real_step = [], real_size.step
+OOM_ERRORS = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+              RuntimeError("CUDA error: out of memory"),
+              RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")]
 
+
+def failing_step(tried: list[int], fits_up_to: int, error: BaseException, real_step=real_size.step):
     def step(trainer, collator, rows):
         tried.append(len(rows))
-        if len(rows) > 3:
-            raise torch.OutOfMemoryError("simulated")
+        if len(rows) > fits_up_to:
+            raise error
         return real_step(trainer, collator, rows)
+    return step
 
-    monkeypatch.setattr(real_size, "step", step)
+
+def test_train_part_steps_down_after_out_of_memory(tmp_path, monkeypatch):
+    """A step that runs out of memory above batch 3 (simulated, as CUDA's RuntimeError) makes the search settle on 3,
+    and training goes on; memory is released once the failed step's exception is gone."""
+    tried, exceptions_alive = [], []
+    monkeypatch.setattr(real_size, "step", failing_step(tried, 3, OOM_ERRORS[1]))
+    monkeypatch.setattr(real_size, "release", lambda device: exceptions_alive.append(sys.exc_info()[0]))
     output = tmp_path / "train.jsonl"
     real_size.main(["--part", "train", "--device", "cpu", "--max-batch", "8", "--steps", "1", "--output", str(output)])
     train = [json.loads(line) for line in output.read_text().splitlines()]
     assert tried == [1, 2, 4, 3] * 2  # doubling, then bisection; without and with gradient checkpointing
     assert {line["largest_fitting_batch"] for line in train} == {3}
     assert sorted(line["per_device_batch"] for line in train) == [1, 1, 3, 3]
+    assert exceptions_alive[:2] == [None, None]  # one per failed size, each after its except block
+
+
+def test_train_part_notes_when_batch_1_does_not_fit(tmp_path, monkeypatch):
+    tried = []
+    monkeypatch.setattr(real_size, "step", failing_step(tried, 0, OOM_ERRORS[0]))
+    output = tmp_path / "train.jsonl"
+    real_size.main(["--part", "train", "--device", "cpu", "--max-batch", "8", "--steps", "1", "--output", str(output)])
+    train = [json.loads(line) for line in output.read_text().splitlines()]
+    assert tried == [1, 1] and [(line["largest_fitting_batch"], line["gradient_checkpointing"]) for line in train] == [
+        (0, False), (0, True)]
 
 
 def expected_parameters(role: str) -> int:
@@ -138,12 +185,13 @@ def expected_parameters(role: str) -> int:
     return 2 * vocab * d + layers * (attention + extra + 3 * d * mlp + 2 * d) + d
 
 
-@pytest.mark.parametrize("role,billions", [("llada", 8.0), ("dream", 7.6), ("teacher", 8.2)])
-def test_real_shapes_match_the_public_configs(role, billions):
+@pytest.mark.parametrize("role,parameters", [("llada", 8_015_581_184), ("dream", 7_615_616_512),
+                                             ("teacher", 8_190_735_360)])
+def test_real_shapes_match_the_public_configs(role, parameters):
+    """The exact counts of the public models (8.02B, 7.62B, 8.19B), and the same from the config dicts by hand."""
     model = real_size.build_model(role, "real", "meta", torch.bfloat16)
     config, public = model.config, real_size.PUBLIC_CONFIGS[role]
-    assert model.num_parameters() == expected_parameters(role)
-    assert round(model.num_parameters() / 1e9, 1) == billions
+    assert model.num_parameters() == expected_parameters(role) == parameters
     assert config.rope_parameters["rope_theta"] == public["rope_theta"] and config.tie_word_embeddings is False
     assert config.rms_norm_eps == public["rms_norm_eps"]
     assert config.max_position_embeddings == public.get("max_position_embeddings", public.get("max_sequence_length"))
@@ -157,12 +205,26 @@ def test_accelerator_table():
     assert real_size.accelerator("NVIDIA A100-SXM4-80GB").bandwidth_tb_s == 2.039
     assert real_size.accelerator("NVIDIA A100-SXM4-40GB").bandwidth_tb_s == 1.555
     assert real_size.accelerator("NVIDIA H200").bandwidth_tb_s == 4.8
+    assert real_size.accelerator("NVIDIA H200 NVL").bf16_tflops == 835.0
+    assert real_size.accelerator("NVIDIA GH200 144G HBM3e").bandwidth_tb_s == 4.9
+    assert real_size.accelerator("NVIDIA GH200 480GB").bandwidth_tb_s == 4.0
     assert real_size.accelerator("Some other GPU") is None
+
+
+def test_goals_both_ways_and_unjudged_without_a_bound():
+    assert real_size.train_goal(1.02, 4000) and not real_size.train_goal(1.03, 5000)
+    assert not real_size.train_goal(1.0, 3999)
+    assert real_size.decode_goal(1.5, 15.0, 10.0) and not real_size.decode_goal(1.49, 1.0, 10.0)
+    assert not real_size.decode_goal(2.0, 15.1, 10.0) and real_size.decode_goal(2.0, 1.0, None) is None
+    real = real_size.parse(["--scale", "real", "--device", "cpu"])[1]
+    assert real.goal(None) is None and real.goal(False) is False and real.goal(True) is True
 
 
 @pytest.mark.parametrize("argv,flag", [(["--steps", "0"], "--steps"), (["--max-batch", "-1"], "--max-batch"),
                                        (["--output", "/no/such/folder/x.jsonl"], "--output"),
-                                       (["--device", "tpu"], "--device")])
+                                       (["--device", "tpu"], "--device"), (["--device", "cuda:1"], "--device"),
+                                       (["--score-budget-s", "0"], "--score-budget-s"),
+                                       (["--logits-chunk-elements", "0"], "--logits-chunk-elements")])
 def test_bad_flags_are_one_line_errors(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
         real_size.main(argv)
@@ -178,8 +240,13 @@ def test_profile_writes_a_table_and_marks_the_lines(tmp_path):
     assert json.loads(output.read_text())["profiled"] is True
 
 
-def test_dream_student_trains_and_decodes(tmp_path):
-    """The Dream shape (shifted logits, GQA, q/k/v biases) goes through the same training and decoding paths."""
+def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
+    """The Dream shape (shifted logits, GQA, q/k/v biases) goes through the same training and decoding paths; with an
+    accelerator of known peaks (a fake one) and goals judged, the lines derive MFU, bound and goals from their own
+    numbers."""
+    fake = real_size.Accelerator("Fake", bf16_tflops=1e-6, bandwidth_tb_s=1e-3)
+    monkeypatch.setattr(real_size, "accelerator", lambda name: fake)
+    monkeypatch.setattr(real_size.Run, "goal", lambda self, met: met)
     output = tmp_path / "dream.jsonl"
     for part in ("train", "decode"):
         real_size.main(["--part", part, "--student", "dream", "--device", "cpu", "--max-batch", "1", "--steps", "1",
@@ -187,18 +254,34 @@ def test_dream_student_trains_and_decodes(tmp_path):
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     assert {line["model"] for line in lines} == {"Dream-v0-Instruct-7B"}
     assert Counter(line["part"] for line in lines) == {"train": 2, "decode": 6}
-    assert all(line["shape"]["kv_heads"] == 2 for line in lines)
+    assert all(line["shape"]["kv_heads"] == 2 and line["accelerator"] == "Fake" for line in lines)
+    for line in by_part(lines, "train"):
+        assert line["mfu"] == pytest.approx(line["flops_per_token"] * line["tokens_per_s"] / 1e6, rel=1e-3)
+        assert line["goals_met"] is real_size.train_goal(line["trims_over_mdlm"], line["tokens_per_s"])
+    for line in by_part(lines, "decode"):
+        bound = line["weight_read_bytes"] / 1e9 * 1e3
+        assert line["weight_read_bound_ms"] == pytest.approx(bound, abs=1e-3)
+        assert line["forward_over_bound"] == pytest.approx(line["forward_ms"] / bound, rel=1e-2, abs=1e-3)
+        judged = line["batch"] == 1 and line["cache"] == "dual"
+        assert line["goals_met"] is (real_size.decode_goal(line["speedup_over_no_cache"], line["forward_ms"], bound)
+                                     if judged else None)
 
 
-def test_measurement_steps_down_after_a_late_out_of_memory():
+@pytest.mark.parametrize("error", OOM_ERRORS, ids=["OutOfMemoryError", "cuda-runtime", "cublas"])
+def test_measurement_steps_down_after_a_late_out_of_memory(error):
     recovered = []
 
     def measure(size: int) -> str:
         if size > 2:
-            raise torch.OutOfMemoryError("simulated")
+            raise error
         return f"measured {size}"
 
-    assert real_size.stepping_down(measure, 4, lambda: recovered.append(1)) == (2, "measured 2")
-    assert len(recovered) == 2
-    with pytest.raises(torch.OutOfMemoryError):
+    assert real_size.stepping_down(measure, 4, lambda: recovered.append(sys.exc_info()[0])) == (2, "measured 2")
+    assert recovered == [None, None]  # recovered twice, outside the except block
+    with pytest.raises(type(error)):
         real_size.stepping_down(lambda size: measure(size + 5), 3, lambda: None)
+
+
+def test_other_runtime_errors_are_not_out_of_memory():
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        real_size.stepping_down(lambda size: (_ for _ in ()).throw(RuntimeError("shape mismatch")), 4, lambda: None)
