@@ -10,16 +10,19 @@ picks on the device (SDPA on CUDA unless ``--attn-implementation`` says otherwis
 Parts (each sized to finish within a 10-minute command on one H100):
 
 - ``train``: LoRA r=32 / alpha=32 student (all attention and MLP projections, ``trims_hf.lora_config``) at sequence
-  length 1024 through MDLMTrainer: per-device batch 1 and the largest batch that fits (searched: doubling, then
-  bisection, an out-of-memory step counts as "does not fit"), with and without gradient checkpointing; TRIMS
-  (trajectory ratio 0.1) and MDLM (ratio 0) steps interleaved on the same model, their step-time ratio, tokens/s,
-  peak memory and model FLOPs utilisation (:func:`training_flops_per_token` states the convention).
+  length 1024 through MDLMTrainer, its model prepared by the Trainer's accelerator as ``Trainer.train`` does (bf16
+  autocast, fp32 outputs, gradient clipping): per-device batch 1 and the largest batch that fits (searched: doubling,
+  then bisection, an out-of-memory step counts as "does not fit"), with and without gradient checkpointing; TRIMS
+  (trajectory ratio 0.1) and MDLM (ratio 0) steps interleaved on the same model, their step-time ratio, tokens/s
+  (padded and real), peak memory and model FLOPs utilisation (:func:`training_flops_per_token` states the convention).
 - ``zero2``: one DeepSpeed ZeRO-2 training run of a few steps through the shipped ``recipes/accelerate/zero2.yaml``
   (and the zero2.json it names), launched with ``accelerate launch --num_processes 1``.
 - ``score``: the Qwen3-8B-shaped teacher over ``--score-rows`` rows of s1K-like lengths (:func:`s1k_like_lengths`)
-  with the library's planner and scorer: tokens/s, peak memory, extrapolated s1K curation time, the 1M-tokens goal.
-- ``decode``: the LLaDA-8B-shaped student, gen 256, block 32, threshold 0.9, batch 1 and 16, no / prefix / dual
-  cache: ms per forward, tokens/s, NFE, and the weight-read bound (weight bytes / memory bandwidth).
+  with the library's planner and scorer, until ``--score-budget-s``: tokens/s, peak memory, extrapolated s1K curation
+  time, the 1M-tokens goal.
+- ``decode``: the LLaDA-8B-shaped student, gen 256, block 32, threshold 0.9, batch 1 and 16 (left-padded prompts of
+  different lengths with their mask), no / prefix / dual cache: model forward time (CUDA events), wall time per model
+  call, tokens/s, NFE, tokens identical to no cache, and the weight-read bound (weight bytes / memory bandwidth).
 
 Public configs (verified with the search tool on 2026-11-26; the Hub itself is unreachable here):
 - LLaDA-8B-Instruct: a copy of its config.json in github.com/yinj66/support_basis
