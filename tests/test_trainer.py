@@ -100,12 +100,11 @@ def test_dream_shift_reads_previous_position(tmp_path, tokenizer, scored, prepar
     batch = trainer.data_collator(prepared[:8])
     with torch.no_grad():
         model.lm_head.weight.mul_(30)  # peaked logits: neighbouring positions predict clearly different tokens
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        per_sample = trainer.per_sample_loss(logits, batch)
-        shifted = reference_per_sample(model, batch, shift=True)
-        unshifted = reference_per_sample(model, batch, shift=False)
-    assert torch.allclose(per_sample, shifted, rtol=1e-5)
-    assert ((per_sample - unshifted).abs() / shifted).max() > 1e-2  # the unshifted reading is far outside that tolerance
+        loss = trainer.compute_loss(model, batch)  # the training path: the head runs at the masked tokens' sources
+        shifted = reference_loss(model, batch, shift=True)
+        unshifted = reference_loss(model, batch, shift=False)
+    assert torch.allclose(loss, shifted, rtol=1e-5)
+    assert abs(float(loss - unshifted)) / float(shifted) > 1e-3  # the unshifted reading: 100x that tolerance away
 
 
 def flat_weights(model) -> torch.Tensor:

@@ -185,11 +185,6 @@ class MDLMTrainer(Trainer):
         self._record_metrics(per_unit.detach(), batch)
         return (loss, outputs) if return_outputs else loss
 
-    def per_sample_loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """:meth:`masked_token_loss` from full [B, L, vocab] logits (the masked tokens' rows gathered first)."""
-        rows, cols = batch["masked"].nonzero(as_tuple=True)
-        return self.masked_token_loss(logits[rows, self.student.source_positions(cols)], batch)
-
     def masked_token_loss(self, token_logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Weighted cross-entropy summed over the masked tokens of each sample ([B]) from those tokens' logits
         ([M, vocab], ``batch["masked"].nonzero()`` order, read at the student's source positions): in training the
