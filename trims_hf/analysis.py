@@ -1,8 +1,8 @@
 """Analyses of a TRIMS run that users can repeat on their own runs: decode order against teacher difficulty,
 how teacher NLL spreads over the buckets, and mean and spread of evaluation results over seeds.
 
-Everything here is a pure function of scores, trajectories or results, except :func:`teacher_nll_scorer`,
-which binds a teacher to the library's scorer so :func:`hard_first_correlation` and
+Everything here is a pure function of scores, trajectories or results, except :class:`TeacherNLL` and
+:func:`teacher_nll_scorer`, which bind a teacher to the library's scorer so :func:`hard_first_correlation` and
 :func:`~trims_hf.generation.hooks.teacher_nll_per_step` can score a student's partial responses.
 """
 
