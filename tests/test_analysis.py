@@ -18,6 +18,7 @@ from trims_hf import (
     spearman_correlation,
     steps_into_block,
     study_rows,
+    TeacherNLL,
     teacher_nll_scorer,
 )
 from trims_hf.generation.hooks import Trajectory
@@ -89,6 +90,24 @@ def test_teacher_nll_scorer_matches_a_plain_forward():
     torch.testing.assert_close(scored.double(), expected, atol=1e-4, rtol=1e-4)
     empty = teacher_nll_scorer(teacher, tokenizer, student_tokenizer, prompt, 256)(torch.tensor([], dtype=torch.long))
     assert torch.isnan(empty).all()
+
+
+def test_teacher_nll_scores_many_partial_responses_in_few_forwards_with_the_same_numbers():
+    # A trace scores one partial response per decoding step; one batch-1 forward each was most of a traced evaluation.
+    texts = ["Tom has 3 apples and buys 4 more. How many apples does he have?", "He has 7 apples, so 3 + 4 = 7."]
+    tokenizer, student_tokenizer = make_tokenizer(texts, vocab_size=300), make_tokenizer(texts[1:], vocab_size=270)
+    teacher = make_teacher(tokenizer)
+    ids = torch.tensor(student_tokenizer(texts[1], add_special_tokens=False)["input_ids"])
+    requests = [(prompt, ids[:n]) for prompt in ("How many apples?", "And pears?") for n in range(1, len(ids) + 1)]
+    batched = TeacherNLL(teacher, tokenizer, student_tokenizer, 256)
+    batched.prefetch(requests)
+    assert 0 < batched.forwards < len(requests) // 4
+    for prompt, partial in requests:
+        one = teacher_nll_scorer(teacher, tokenizer, student_tokenizer, prompt, 256)(partial)
+        torch.testing.assert_close(batched.scorer(prompt)(partial), one, atol=1e-5, rtol=1e-5)
+    before = batched.forwards
+    batched.scorer("How many apples?")(ids)  # scored already: no forward
+    assert batched.forwards == before
 
 
 def test_bucket_statistics_by_hand():

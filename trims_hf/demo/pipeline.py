@@ -255,8 +255,8 @@ def trace(name: str, recorder: TrajectoryRecorder, task: DemoTask, tokenizer: Pr
     plot_trace_order(recorder, n, output / f"decode_order_{slug(name)}.png",
                      title=f"{name}: decode order at tau {trace_threshold(settings)}")
     prompts = {example.id: example.fields["question"] for example in task.load()}
-    run.nll_curves[name], run.hard_first[name] = trace_metrics(recorder, prompts, tokenizer, teacher, n,
-                                                               4 * settings.max_length, settings.block_length)
+    metrics = trace_metrics(recorder, prompts, tokenizer, teacher, n, 4 * settings.max_length, settings.block_length)
+    run.nll_curves[name], run.hard_first[name] = metrics.curve, metrics.hard_first
 
 
 # -- reports ------------------------------------------------------------------------------------------------------
