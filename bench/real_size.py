@@ -70,7 +70,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from collator import prepared_rows  # noqa: E402
 from decode import CACHE_MODES, decode_modes, identical_fraction  # noqa: E402
-from scoring import rss_kb  # noqa: E402
+from scoring import reset_peak_rss, rss_kb  # noqa: E402
 from train_step import (build_trainer, interleaved_steps, masking_collators, precision_path, step,  # noqa: E402
                         synchronize)
 
@@ -308,7 +308,7 @@ def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        Path("/proc/self/clear_refs").write_text("5")  # peak RSS (VmHWM) back to the current RSS
+        reset_peak_rss()
 
 
 def peak_memory(device: torch.device) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def measure(method: str, max_tokens: int) -> float:
     batch = [rows[i] for i in plan_batches([len(r.input_ids) for r in rows], max_tokens)[0]]
     with torch.inference_mode():
         model(**collate(batch[:1], 0))  # allocator warm-up outside the measurement
-        Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+        reset_peak_rss()
         before = rss_kb("VmRSS")
         if method == "scorer":
             score_rows(model, batch, [data[r.index]["completion"] for r in batch], options, 0)
@@ -106,6 +106,11 @@ def measure(method: str, max_tokens: int) -> float:
             targets = torch.tensor([list(r.input_ids) + [0] * (logits.shape[1] - len(r.input_ids)) for r in batch])
             log_probs[:, :-1].gather(-1, targets[:, 1:, None]), entropy
     return (rss_kb("VmHWM") - before) / 1024
+
+
+def reset_peak_rss() -> None:
+    """Set this process's peak resident memory (VmHWM) back to its current RSS, so a peak read later is its own."""
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 def rss_kb(field: str) -> int:

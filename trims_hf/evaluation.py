@@ -42,7 +42,7 @@ from .generation import (
     generate_text,
 )
 from .prompts import resolved_format
-from .reports import library_versions, markdown_table
+from .reports import library_versions, markdown_table, write_atomic
 from .settings import PromptFormat
 from .tasks import CodeExecutionDisabled, CodeTask, Example, Task, TaskDataError, get_task
 
@@ -363,12 +363,8 @@ def sweep(
 def save_results(results: Sequence[EvalResult], path: str | Path) -> Path:
     """Write ``{"units": ..., "results": [...]}`` (one schema for one result or a sweep) in one atomic step, so
     an interrupted write never leaves a half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps({"units": RESULT_UNITS, "results": [r.to_dict() for r in results]}, indent=2))
-    os.replace(partial, path)
-    return path
+    return write_atomic(Path(path), json.dumps({"units": RESULT_UNITS, "results": [r.to_dict() for r in results]},
+                                               indent=2))
 
 
 def _sample_counts(results: Sequence[EvalResult]) -> str:

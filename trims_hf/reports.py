@@ -1,9 +1,12 @@
-"""What every report shares: the one markdown table writer and the library versions a number was made with."""
+"""What every report shares: the one markdown table writer, the library versions a number was made with, and the
+atomic file write every result and record goes through."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 VERSIONED_PACKAGES = ("torch", "transformers", "peft", "datasets")
 """Packages whose versions move decoding and training numbers; recorded with every result file and model card."""
@@ -27,3 +30,12 @@ def library_versions(*extra: str) -> dict[str, str]:
             return "not installed"
 
     return {"trims_hf": __version__, **{name: installed(name) for name in (*VERSIONED_PACKAGES, *extra)}}
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` through a temporary sibling and a rename, so a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+    return path

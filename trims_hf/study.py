@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import shutil
 import statistics
 import time
@@ -32,6 +31,7 @@ from .evaluation import EvalResult, format_table, plot_frontier
 from .generation import TrajectoryRecorder, teacher_nll_per_step
 from .generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from .preparation import tokenize_example
+from .reports import write_atomic
 from .trainer import MDLMTrainer
 
 # name -> (TRIMS trajectory ratio, bucket ordering); the MDLM baseline uses the same collator with ratio 0.
@@ -47,15 +47,6 @@ BASE = "base (before SFT)"
 def slug(name: str) -> str:
     """A file-name form of a model name (``TRIMS hard-to-easy`` -> ``trims_hard_to_easy``)."""
     return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
-
-
-def write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` through a temporary sibling and a rename, so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
-    return path
 
 
 KEY_FILE = "cache-key.json"

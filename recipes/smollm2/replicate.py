@@ -167,7 +167,10 @@ def make_run(output: Path, protocol: Protocol, gguf: Path | None, device: str, d
 
 # -- data and models -------------------------------------------------------------------------------------------
 def read_rows(path: Path) -> list[dict[str, str]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The library's JSONL reader, imported when first needed (``--help`` and bad flags stay fast)."""
+    from trims_hf.tasks.base import read_json_rows
+
+    return read_json_rows(path)
 
 
 def write_rows(path: Path, rows: Sequence[dict[str, str]]) -> None:
