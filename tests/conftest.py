@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from helpers_tokenizers import make_tokenizer
 from trims_hf import prepare_student
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(os.environ.get("TRIMS_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+"""The shared data and fixtures beside the repository; TRIMS_SHARED names another copy (a GPU machine gets one
+carried inside the checkout, since only the checkout travels there)."""
 GSM8K_TRAIN = SHARED / "data" / "gsm8k" / "train.jsonl"
 
 

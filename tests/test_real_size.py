@@ -212,12 +212,20 @@ def test_accelerator_table():
 
 
 def test_goals_both_ways_and_unjudged_without_a_bound():
-    assert real_size.train_goal(1.02, 4000) and not real_size.train_goal(1.03, 5000)
-    assert not real_size.train_goal(1.0, 3999)
-    assert real_size.decode_goal(1.5, 15.0, 10.0) and not real_size.decode_goal(1.49, 1.0, 10.0)
-    assert not real_size.decode_goal(2.0, 15.1, 10.0) and real_size.decode_goal(2.0, 1.0, None) is None
+    assert real_size.train_shortfall(1.02, 0.40) == pytest.approx(1.0)
+    assert real_size.train_shortfall(1.0, 0.2) == pytest.approx(2.0)  # half the MFU goal: twice off
+    assert real_size.train_shortfall(1.0302, 0.8) == pytest.approx(1.01)
+    assert real_size.train_shortfall(1.0, None) is None
+    assert real_size.decode_shortfall(1.5, 15.0, 10.0) == pytest.approx(1.0)
+    assert real_size.decode_shortfall(0.75, 1.0, 10.0) == pytest.approx(2.0)
+    assert real_size.decode_shortfall(2.0, 30.0, 10.0) == pytest.approx(2.0)
+    assert real_size.decode_shortfall(2.0, 1.0, None) is None
     real = real_size.parse(["--scale", "real", "--device", "cpu"])[1]
-    assert real.goal(None) is None and real.goal(False) is False and real.goal(True) is True
+    assert real.judge(None) == {"goal_shortfall": None, "goals_met": None}
+    assert real.judge(1.0) == {"goal_shortfall": 1.0, "goals_met": True}
+    assert real.judge(1.0001) == {"goal_shortfall": 1.0001, "goals_met": False}
+    tiny = real_size.parse(["--device", "cpu"])[1]
+    assert tiny.judge(3.0) == {"goal_shortfall": None, "goals_met": None}
 
 
 @pytest.mark.parametrize("argv,flag", [(["--steps", "0"], "--steps"), (["--max-batch", "-1"], "--max-batch"),
@@ -246,7 +254,8 @@ def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
     numbers."""
     fake = real_size.Accelerator("Fake", bf16_tflops=1e-6, bandwidth_tb_s=1e-3)
     monkeypatch.setattr(real_size, "accelerator", lambda name: fake)
-    monkeypatch.setattr(real_size.Run, "goal", lambda self, met: met)
+    monkeypatch.setattr(real_size.Run, "judge", lambda self, short: {"goal_shortfall": short,
+                                                                      "goals_met": None if short is None else short <= 1})
     output = tmp_path / "dream.jsonl"
     for part in ("train", "decode"):
         real_size.main(["--part", part, "--student", "dream", "--device", "cpu", "--max-batch", "1", "--steps", "1",
@@ -257,14 +266,17 @@ def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
     assert all(line["shape"]["kv_heads"] == 2 and line["accelerator"] == "Fake" for line in lines)
     for line in by_part(lines, "train"):
         assert line["mfu"] == pytest.approx(line["flops_per_token"] * line["tokens_per_s"] / 1e6, rel=1e-3)
-        assert line["goals_met"] is real_size.train_goal(line["trims_over_mdlm"], line["tokens_per_s"])
+        assert line["goal_shortfall"] == pytest.approx(max(line["trims_over_mdlm"] / 1.02, 0.40 / line["mfu"]), rel=1e-3)
     for line in by_part(lines, "decode"):
         bound = line["weight_read_bytes"] / 1e9 * 1e3
         assert line["weight_read_bound_ms"] == pytest.approx(bound, abs=1e-3)
         assert line["forward_over_bound"] == pytest.approx(line["forward_ms"] / bound, rel=1e-2, abs=1e-3)
-        judged = line["batch"] == 1 and line["cache"] == "dual"
-        assert line["goals_met"] is (real_size.decode_goal(line["speedup_over_no_cache"], line["forward_ms"], bound)
-                                     if judged else None)
+        batch_1 = next(other for other in lines if other["part"] == "decode" and other["batch"] == 1
+                       and other["cache"] == line["cache"])
+        assert line["tokens_per_s_over_batch_1"] == pytest.approx(line["tokens_per_s"] / batch_1["tokens_per_s"], rel=1e-2)
+        expected = {1: max(1.5 / line["speedup_over_no_cache"], line["forward_ms"] / (1.5 * bound)),
+                    4: 8.0 / line["tokens_per_s_over_batch_1"]}[line["batch"]] if line["cache"] == "dual" else None
+        assert line["goal_shortfall"] == (None if expected is None else pytest.approx(expected, rel=1e-2))
 
 
 @pytest.mark.parametrize("error", OOM_ERRORS, ids=["OutOfMemoryError", "cuda-runtime", "cublas"])

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The CPU pre-flight of a GPU window: runs the window's own command (run_all.sh) at tiny scale in an environment
+# that mirrors the GPU machine, so a call never fails there on something this machine could have caught.
+#
+#   bash bench/gpu/preflight.sh [OUT]      # default OUT: /tmp/trims-preflight
+#
+# 1. A Python 3.12 virtual environment (PYTHON312, default: the first python3.12 found) holding the device's own
+#    packages at its versions (bench/gpu/device_packages.txt: torch 2.11, whose CUDA build runs on a CPU,
+#    transformers 5.17, ...), kept in PREFLIGHT_VENV (default ~/.cache/trims-preflight-py312) and remade when
+#    that list changes.
+# 2. What a call carries, made here: .whl/ (bench/gpu/carry.sh) and .carry/shared/fixtures, a copy of the tests'
+#    fixtures (only the checkout travels to the device; both folders are git-ignored, never committed).
+# 3. run_all.sh at --scale tiny with that Python, the wheels installed into a fresh folder exactly as on the device
+#    (--no-index --no-deps --target, first on PYTHONPATH). Exit code: run_all.sh's.
+#
+# The device call is then:  bash bench/gpu/run_all.sh $OUT --shared .carry/shared    (carry [".whl", ".carry"])
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=${1:-/tmp/trims-preflight}
+venv=${PREFLIGHT_VENV:-$HOME/.cache/trims-preflight-py312}
+python312=${PYTHON312:-}
+if [ -z "$python312" ]; then  # the first python3.12 that runs (a pyenv shim may not)
+  for candidate in $(command -v python3.12) "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    "$candidate" -c "" 2>/dev/null && { python312=$candidate; break; }
+  done
+fi
+stamp=$(sha256sum bench/gpu/device_packages.txt | cut -d' ' -f1)
+if [ "$(cat "$venv/.made-from" 2>/dev/null)" != "$stamp" ]; then
+  [ -n "$python312" ] && "$python312" -c "import sys; assert sys.version_info[:2] == (3, 12)" \
+    || { echo "error: no Python 3.12 found (set PYTHON312)" >&2; exit 2; }
+  rm -rf "$venv"
+  "$python312" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q -r bench/gpu/device_packages.txt 2>&1 | grep -vE "Location|WARNING" || true
+  "$venv/bin/python" -c "import torch, transformers; print('venv:', torch.__version__, transformers.__version__)"
+  echo "$stamp" > "$venv/.made-from"
+fi
+bash bench/gpu/carry.sh "$venv/bin/python"
+exclude="$(git rev-parse --git-path info/exclude)"
+grep -qxF "/.carry/" "$exclude" 2>/dev/null || echo "/.carry/" >> "$exclude"
+shared=${SHARED_DIR:-$root/../shared}
+rm -rf .carry/shared && mkdir -p .carry/shared && cp -r "$shared/fixtures" .carry/shared/
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo '+uncommitted')" > .carry/commit
+echo "carried: .whl $(du -sh .whl | cut -f1), .carry $(du -sh .carry | cut -f1), tracked tree $(git ls-files -z | du -ch --files0-from=- | tail -1 | cut -f1)"
+rm -rf "$out"
+PYTHON=$venv/bin/python SITE=$(mktemp -d)/site PYTHONNOUSERSITE=1 bash bench/gpu/run_all.sh "$out" --scale tiny --shared .carry/shared

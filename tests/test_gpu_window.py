@@ -1,0 +1,106 @@
+"""The one-command GPU window (bench/gpu): budgets from counts, the flags it passes, deadline and skipping, the part a
+second call profiles. The window itself runs at tiny scale in the pre-flight (bench/gpu/preflight.sh), not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import SHARED
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "gpu")]
+
+import budgets  # noqa: E402
+import real_size  # noqa: E402
+from worst_part import worst_part  # noqa: E402
+
+RUN_ALL = ROOT / "bench" / "gpu" / "run_all.sh"
+
+
+def test_budgets_follow_the_counts_of_each_part():
+    seconds, explain = budgets.budgets("real")
+    assert list(seconds) == ["tests", "train", "decode", "score", "zero2"]  # most important first
+    train = explain["train"]
+    expected = budgets.SLACK * (budgets.STARTUP_S + budgets.BUILD_S + train["matmul_s"] + train["host_s"])
+    assert seconds["train"] == pytest.approx(expected, abs=1)
+    assert train["matmul_s"] == pytest.approx(train["flops_per_token"] * train["rows_of_1024_tokens"] * 1024
+                                              / (989e12 * budgets.MATMUL_EFFICIENCY), rel=0.01)
+    bigger, _ = budgets.budgets("real", replace(budgets.Settings(), max_batch=32, score_budget_s=90.0))
+    assert bigger["train"] > seconds["train"] and bigger["score"] == pytest.approx(seconds["score"] + 1.5 * 45, abs=1)
+    fewer, _ = budgets.budgets("real", replace(budgets.Settings(), cache_modes=("none",)))
+    assert fewer["decode"] < seconds["decode"]
+    # Decoding without a cache at batch 16 is compute-bound, at batch 1 bound by reading the weights.
+    decode = explain["decode"]["seconds"]
+    assert decode["none@16"] > 8 * decode["none@1"] and decode["dual@1"] < decode["none@1"]
+    assert budgets.budgets("tiny")[0] == dict.fromkeys(seconds, int(budgets.TINY_BUDGET_S))
+
+
+@pytest.mark.parametrize("part", ["train", "decode", "score"])
+def test_flags_passed_to_real_size_are_the_budgeted_settings(part):
+    settings = budgets.Settings()
+    _, run = real_size.parse(["--scale", "real", "--device", "cpu", *settings.flags(part)])
+    assert (run.steps, run.max_batch, run.score_budget_s, run.cache_modes) == (
+        settings.steps if part == "train" else real_size.SCALE_DEFAULTS["real"]["steps"],
+        settings.max_batch if part == "train" else real_size.SCALE_DEFAULTS["real"]["max_batch"],
+        settings.score_budget_s if part == "score" else real_size.SCORE_BUDGET_S,
+        settings.cache_modes if part == "decode" else real_size.CACHE_MODES)
+
+
+@pytest.mark.parametrize("modes", ["dual", "none,sideways"])
+def test_cache_modes_must_name_known_modes_and_the_reference(modes, capsys):
+    with pytest.raises(SystemExit):
+        real_size.parse(["--cache-modes", modes])
+    assert "argument --cache-modes" in capsys.readouterr().err
+
+
+def test_worst_part_is_the_largest_shortfall_above_one():
+    lines = [{"part": "train", "goal_shortfall": 1.3}, {"part": "decode", "goal_shortfall": 2.5},
+             {"part": "decode", "goal_shortfall": None}, {"part": "score", "goal_shortfall": 0.4}, {"part": "zero2"}]
+    assert worst_part(lines) == ("decode", 2.5)
+    assert worst_part([line for line in lines if line["part"] != "decode"]) == ("train", 1.3)
+    assert worst_part([{"part": "score", "goal_shortfall": 1.0}]) is None  # met exactly
+    assert worst_part([{"part": "score", "goal_shortfall": None}]) is None
+
+
+def run_all(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SITE": str(tmp_path / "site"), "PYTHON": sys.executable, "WHEELS": str(tmp_path / "none")}
+    return subprocess.run(["bash", str(RUN_ALL), *args], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--parts", "train,fly"], "--parts: unknown part 'fly'"), (["--scale", "huge"], "--scale must be real or tiny"),
+    (["--deadline", "8m"], "--deadline must be whole seconds"), (["--shared", "/no/such"], "--shared: /no/such/fixtures"),
+    (["--profile-worst", "/no/such.jsonl"], "--profile-worst: /no/such.jsonl does not exist"),
+    (["--colour"], "unknown argument --colour")])
+def test_usage_errors_are_one_line_and_write_nothing(args, message, tmp_path):
+    result = run_all(str(tmp_path / "out"), *args, "--shared", str(SHARED), tmp_path=tmp_path) if "--shared" not in args \
+        else run_all(str(tmp_path / "out"), *args, tmp_path=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_parts_that_would_cross_the_deadline_are_skipped_with_a_line(tmp_path):
+    out = tmp_path / "out"
+    result = run_all(str(out), "--scale", "tiny", "--deadline", "30", "--parts", "train,score",
+                     "--shared", str(SHARED), tmp_path=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    records = [json.loads(line) for line in (out / "parts.jsonl").read_text().splitlines()]
+    assert records[0]["budgets_s"]["train"] == budgets.TINY_BUDGET_S  # the arithmetic first
+    assert [(r["part"], r["status"]) for r in records[1:]] == [("train", "skipped"), ("score", "skipped")]
+    assert all(r["left_s"] <= 30 for r in records[1:])
+    assert json.loads((out / "env.json").read_text())["device"] == "cpu"
+    assert "== train: skipped" in (out / "log.txt").read_text()
+
+
+def test_profile_worst_does_nothing_when_every_goal_was_met(tmp_path):
+    met = tmp_path / "met.jsonl"
+    met.write_text(json.dumps({"part": "decode", "goal_shortfall": 0.9}) + "\n")
+    result = run_all(str(tmp_path / "out"), "--profile-worst", str(met), "--shared", str(SHARED), tmp_path=tmp_path)
+    assert result.returncode == 0 and "nothing to profile" in result.stdout
