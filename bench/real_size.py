@@ -300,8 +300,10 @@ class Run:
 
 @contextmanager
 def profiled(run: Run, part: str) -> Iterator[None]:
-    """Run a part under torch.profiler when ``--profile`` is given and append its top operators (by device time on
-    CUDA) to that file: what to read when a goal is missed. The timings of a profiled run are not benchmarks."""
+    """Run a part under torch.profiler when ``--profile`` is given and append its top operators (on CUDA by device
+    time, then by host time: a launch-bound step shows there) to that file: what to read when a goal is missed. The
+    timings of a profiled run are not benchmarks, and the parts do less under it (the profiler's record of a whole
+    part takes longer to read than the part took)."""
     if run.profile is None:
         yield
         return
@@ -309,9 +311,11 @@ def profiled(run: Run, part: str) -> Iterator[None]:
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as profiler:
         yield
-    table = profiler.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=40)
+    averages = profiler.key_averages()
     with run.profile.open("a") as handle:
-        handle.write(f"== {part} ({run.scale}, {device_name(run.device)}) ==\n{table}\n")
+        for key in ("cuda_time_total", "self_cpu_time_total") if cuda else ("cpu_time_total",):
+            table = averages.table(sort_by=key, row_limit=40)
+            handle.write(f"== {part} ({run.scale}, {device_name(run.device)}), by {key} ==\n{table}\n")
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -729,7 +733,8 @@ def decode_part(run: Run) -> None:
     peak = accelerator(device_name(run.device))
     weight_bytes = weight_read_bytes(model)
     bound_ms = weight_read_bound_ms(weight_bytes, peak)
-    base = DecodingConfig(gen_length=DECODE_GEN_LENGTH[run.scale], block_length=32, threshold=0.9, early_stop=False)
+    gen_length = 2 * 32 if run.profile else DECODE_GEN_LENGTH[run.scale]  # profiled: two blocks, one refresh
+    base = DecodingConfig(gen_length=gen_length, block_length=32, threshold=0.9, early_stop=False)
     pad_id = model.config.pad_token_id
     with torch.inference_mode():
         warm = padded_prompts(1, DECODE_PROMPT_TOKENS, pad_id, run.device)
@@ -737,7 +742,7 @@ def decode_part(run: Run) -> None:
             generate(model, *warm, config=replace(base, gen_length=base.block_length, cache=mode))
         single: dict[str, float] = {}
         """Tokens/s of each mode at batch 1 (the first batch), the reference of the batch goal."""
-        for batch in DECODE_BATCHES[run.scale]:
+        for batch in DECODE_BATCHES[run.scale][:1 if run.profile else None]:
             prompts = padded_prompts(batch, DECODE_PROMPT_TOKENS, pad_id, run.device)
             results, forwards = {}, {}
             for mode in run.cache_modes:
