@@ -5,6 +5,7 @@ Run as a script to build the toy recipe's inputs: ``python tests/test_train_cli.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from transformers import AutoTokenizer, LlamaConfig
 
 from conftest import synthetic_scored_rows
 from helpers_tokenizers import make_tokenizer
+from trims_hf import MDLMConfig
 from trims_hf.cli import main
 from trims_hf.commands.train import split_config
 from trims_hf.jobs.train import RecipeError, parse_recipe, read_recipe
@@ -259,6 +261,28 @@ def test_paper_recipes(student):
     assert trims["trajectory_ratio"] == 0.1 and mdlm["trajectory_ratio"] == 0
     differ = {key for key in trims.keys() | mdlm.keys() if trims.get(key) != mdlm.get(key)}
     assert differ == {"trajectory_ratio", "output_dir"}
+
+
+def readme_calls(name: str) -> list[ast.Call]:
+    """Every call of ``name`` in the README's Python snippets."""
+    snippets = re.findall(r"```python\n(.*?)```", (RECIPES.parent / "README.md").read_text(), re.DOTALL)
+    return [node for snippet in snippets for node in ast.walk(ast.parse(snippet))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == name]
+
+
+def test_readme_python_quick_start_trains_what_the_recipe_trains(tmp_path):
+    """The README's MDLMTrainer snippet sets up the objective of recipes/llada/trims_s1k.yaml (masking, padding, format),
+    and its plain-Trainer snippet pads as the recipes do and advances the collator's epoch."""
+    [config] = readme_calls("MDLMConfig")
+    values = {keyword.arg: ast.literal_eval(keyword.value) for keyword in config.keywords}
+    readme = MDLMConfig(**(values | {"output_dir": str(tmp_path), "bf16": False, "use_cpu": True}))
+    _, _, recipe = parse_recipe(RECIPES / "llada" / "trims_s1k.yaml", ["--bf16", "false", "--use_cpu", "true"])
+    assert readme.masking() == recipe.masking() and readme.student_format() == recipe.student_format()
+    [masking] = readme_calls("MaskingConfig")
+    assert {k.arg: ast.literal_eval(k.value) for k in masking.keywords} == {"padding": recipe.padding}
+    [trainer] = readme_calls("Trainer")
+    callbacks = next(k.value for k in trainer.keywords if k.arg == "callbacks")
+    assert [c.func.id for c in callbacks.elts] == ["CollatorEpochCallback"]
 
 
 def adapter_and_losses(folder: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
