@@ -127,7 +127,7 @@ MISTAKES = [
     ("override-bad-choice", None, {"bucket_ordering": "hard-to-easy"}, [],
      r"^--bucket_ordering: invalid choice: 'hard-to-easy' \(choose from 'hard_to_easy', 'easy_to_hard', 'random'\)$"),
     ("override-bad-bool", None, {"use_lora": "maybe"}, [], r"^--use_lora: Truthy value expected: got maybe"),
-    ("override-out-of-range", None, {"p_context": "1.5"}, [], r"^p_context must be in \[0, 1\], got 1.5\.$"),
+    ("override-out-of-range", None, {"p_context": "1.5"}, [], r"^p_context=1.5: must be in \[0, 1\]\.$"),
     ("model-missing", None, {"model_name_or_path": "{w}/no-student"}, [], r"^model_name_or_path .*no-student: no such file or folder\.$"),
     ("model-folder-without-config", None, {"model_name_or_path": "{w}/scored"}, [],
      r"^model_name_or_path .*scored: the folder has no config\.json\.$"),
@@ -166,6 +166,8 @@ MISTAKES = [
      r"^decode_eval_data_file .*test\.jsonl: no such file\.$"),
     ("decode-eval-hub-unreachable", None, {"decode_eval_task": "gsm8k", **UNSCHEDULED}, [],
      r"^decode_eval_data_file openai/gsm8k: not a local path, and the Hugging Face Hub is unreachable"),
+    ("decode-eval-threshold", None, {"decode_eval_decoding": "{{threshold: 1.5}}"}, [],
+     r"^decode_eval_decoding: threshold=1.5: must be in \[0, 1\]\.$"),
     ("decode-eval-bad-setting", None, {"decode_eval_decoding": "{{treshold: 0.5}}"}, [],
      r"^decode_eval_decoding: unknown decoder setting\(s\) treshold; known: "),
 ]
