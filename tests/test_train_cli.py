@@ -148,7 +148,8 @@ MISTAKES = [
      r"^dataset_name .*plain\.jsonl is a single file, whose one split is 'train'; got split='test'\.$"),
     ("data-unknown-split", None, {"eval_split": "test"}, [], r"^dataset_name .*scored has no split='test' \(Unknown split"),
     ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [], r"^train_split train: cannot load it from dataset_name .*empty"),
-    ("data-no-rows", None, {"dataset_name": "{w}/no-rows.parquet"}, [], r"^train_split train: cannot load it from dataset_name .*no-rows\.parquet \(Instruction \"train\" corresponds to no data!\)\.$"),
+    ("data-no-rows", None, {"dataset_name": "{w}/no-rows.parquet"}, [], r"^dataset_name .*no-rows\.parquet: no rows\.$"),
+    ("data-empty-file", None, {"dataset_name": "{w}/empty.jsonl"}, [], r"^dataset_name .*empty\.jsonl: no rows\.$"),
     ("output-is-a-file", None, {"output_dir": "{w}/a-file"}, [], r"^output_dir .*a-file: a file, not a folder\.$"),
     ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [], r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
     ("output-not-empty", None, {"output_dir": "{w}/earlier-run"}, [],
@@ -182,6 +183,7 @@ def workspace(toy_inputs) -> Path:
     (folder / "rows.csv").write_text("prompt,completion\n")
     Dataset.from_dict({"prompt": [], "completion": []}).to_parquet(str(folder / "no-rows.parquet"))
     (folder / "a-file").write_text("")
+    (folder / "empty.jsonl").write_text("")
     (folder / "empty").mkdir()
     (folder / "earlier-run" / "checkpoint-3").mkdir(parents=True)
     (folder / "earlier-run" / "notes.txt").write_text("")
