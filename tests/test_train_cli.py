@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from trims_hf import MDLMConfig
 from trims_hf.cli import main
 from trims_hf.commands.train import split_config
 from trims_hf.jobs.train import RecipeError, parse_recipe, read_recipe
+from trims_hf.trainer import MDLMTrainer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TOY = RECIPES / "toy" / "trims_toy.yaml"
@@ -292,6 +295,49 @@ def test_readme_python_quick_start_trains_what_the_recipe_trains(tmp_path):
 def adapter_and_losses(folder: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
     state = json.loads((folder / "trainer_state.json").read_text())
     return load_file(folder / "adapter_model.safetensors"), [e["loss"] for e in state["log_history"] if "loss" in e]
+
+
+def interrupt_at_step(monkeypatch, step: int, signal_number: int | None) -> None:
+    """Ctrl-C during training step ``step``: the SIGINT a terminal sends, or (None) a KeyboardInterrupt raised there."""
+    original, calls = MDLMTrainer.training_step, []
+
+    def training_step(self, *args, **kwargs):
+        calls.append(None)
+        if len(calls) == step:
+            if signal_number is None:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal_number)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MDLMTrainer, "training_step", training_step)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_resumed_run_equals_a_straight_one(tmp_path, toy, capsys, monkeypatch):
+    """Ctrl-C in step 3: the step ends, checkpoint-3 is saved, exit 130 with how to continue; continuing as told gives
+    the weights and losses of an uninterrupted run."""
+    common = ("--per_device_train_batch_size", "16", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+              "--trajectory_ratio", "0.5", "--max_steps", "6", "--save_strategy", "no")
+    assert train_cli(toy, tmp_path / "straight", *common) == 0
+    interrupt_at_step(monkeypatch, 3, signal.SIGINT)
+    capsys.readouterr()
+    assert train_cli(toy, tmp_path / "split", *common) == 130
+    checkpoint = tmp_path / "split" / "checkpoint-3"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted at step 3 of 6; {checkpoint} holds step 3: continue from it with the same command and "
+        "--resume_from_checkpoint true.")
+    assert not (tmp_path / "split" / "adapter_model.safetensors").exists()  # no final adapter from a partial run
+    monkeypatch.undo()
+    assert train_cli(toy, tmp_path / "split", *common, "--resume_from_checkpoint", "true") == 0
+    straight, straight_losses = adapter_and_losses(tmp_path / "straight")
+    resumed, resumed_losses = adapter_and_losses(tmp_path / "split")
+    assert len(straight_losses) == 6 and resumed_losses == straight_losses
+    assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+
+
+def test_second_ctrl_c_stops_at_once_and_says_what_is_kept(tmp_path, toy, capsys, monkeypatch):
+    interrupt_at_step(monkeypatch, 2, None)
+    assert train_cli(toy, tmp_path / "run", "--max_steps", "6", "--save_strategy", "no") == 130
+    assert capsys.readouterr().err.splitlines()[-1].startswith("interrupted at step 1 of 6; no checkpoint was saved")
 
 
 def test_resume_reproduces_a_straight_run(tmp_path, toy):

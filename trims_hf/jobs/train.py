@@ -13,8 +13,12 @@ import dataclasses
 import json
 import os
 import re
+import signal
+import sys
+import threading
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,6 +35,7 @@ from transformers import (
     AutoTokenizer,
     HfArgumentParser,
     PreTrainedConfig,
+    TrainerCallback,
     set_seed,
 )
 from transformers.trainer import TRAINER_STATE_NAME
@@ -428,8 +433,63 @@ def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
     return tokenizer
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``trims train``: the message says which checkpoint holds the work and how to continue."""
+
+    def __init__(self, output_dir: str, step: int, max_steps: int) -> None:
+        folder = Path(output_dir)
+        last = get_last_checkpoint(output_dir) if folder.is_dir() else None
+        where = f"interrupted at step {step} of {max_steps}"
+        if last is not None:
+            message = (f"{where}; {last} holds step {last.rsplit('-', 1)[1]}: continue from it with the same command and "
+                       "--resume_from_checkpoint true.")
+        elif folder.is_dir() and any(folder.iterdir()):
+            message = f"{where}; no checkpoint was saved: delete output_dir {output_dir} (or choose another) and rerun."
+        else:
+            message = f"{where}; no checkpoint was saved: rerun the same command."
+        super().__init__(message)
+
+
+class _CheckpointOnInterrupt(TrainerCallback):
+    """After a first Ctrl-C, end the optimizer step under way, save a checkpoint through the Trainer (weights, optimizer,
+    scheduler, RNG and data position, so a resumed run continues exactly) and stop. Every process stops at the
+    same step: the request is reduced over them."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        requested = self.requested
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor(float(requested), device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            requested = bool(flag.item())
+        if requested:
+            self.requested = control.should_save = control.should_training_stop = True
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        """Route the first Ctrl-C to :meth:`on_step_end`; a second one interrupts at once (nothing more is saved)."""
+        if threading.current_thread() is not threading.main_thread():  # only the main thread may handle signals
+            yield
+            return
+
+        def request(signum: int, frame: Any) -> None:
+            self.requested = True
+            signal.signal(signal.SIGINT, previous)
+            print("interrupt: saving a checkpoint after this step (Ctrl-C again to stop at once)", file=sys.stderr)
+
+        previous = signal.signal(signal.SIGINT, request)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
 def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> MDLMTrainer:
-    """Check everything, load data and tokenizer, then the student; train (resuming if asked), save, push if asked."""
+    """Check everything, load data and tokenizer, then the student; train (resuming if asked), save, push if asked.
+
+    Ctrl-C raises :class:`TrainingInterrupted` (the first one after saving a checkpoint at the end of the step)."""
     resume = check_run(model_args, data_args, args)
     kind = student_kind(model_args)
     train_dataset, eval_dataset = load_data(data_args, args)
@@ -440,7 +500,15 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     if data_args.decode_eval_task:
         DecodeEvalCallback(data_args.decode_eval_task, tokenizer, data_args.decoding_config(), limit=data_args.decode_eval_limit,
                            data_file=data_args.decode_eval_data_file, trainer=trainer)
-    result = trainer.train(resume_from_checkpoint=resume)
+    stop = _CheckpointOnInterrupt()
+    trainer.add_callback(stop)
+    try:
+        with stop.listening():
+            result = trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(args.output_dir, trainer.state.global_step, trainer.state.max_steps) from None
+    if stop.requested:
+        raise TrainingInterrupted(args.output_dir, trainer.state.global_step, trainer.state.max_steps)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_model()  # with push_to_hub, this also uploads the adapter
@@ -465,5 +533,5 @@ def recipe_help() -> str:
     return HfArgumentParser(RECIPE_TYPES, prog="trims train --config FILE", allow_abbrev=False).format_help()
 
 
-__all__ = ["DataArguments", "ModelArguments", "RecipeError", "check_run", "load_data", "parse_recipe", "read_recipe", "recipe_help",
+__all__ = ["DataArguments", "ModelArguments", "RecipeError", "TrainingInterrupted", "check_run", "load_data", "parse_recipe", "read_recipe", "recipe_help",
            "train"]
