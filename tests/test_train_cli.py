@@ -153,6 +153,28 @@ MISTAKES = [
     ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [], r"^train_split train: cannot load it from dataset_name .*empty"),
     ("data-no-rows", None, {"dataset_name": "{w}/no-rows.parquet"}, [], r"^dataset_name .*no-rows\.parquet: no rows\.$"),
     ("data-empty-file", None, {"dataset_name": "{w}/empty.jsonl"}, [], r"^dataset_name .*empty\.jsonl: no rows\.$"),
+    ("prompt-longer-than-max-length", None, {"max_length": "3"}, [],
+     (r"^dataset_name .*scored, train_split train: row 0: the prompt has \d+ tokens, leaving no room for the completion "
+      r"within max_length=3\.$")),
+    ("max-length-above-positions", None, {"max_length": "512"}, [],
+     (r"^max_length=512: more than the 256 positions of the student \(max_position_embeddings\); set it to at most 256 "
+      r"\(model_name_or_path .*student\)\.$")),
+    ("scores-of-different-lengths", None, {"dataset_name": "{w}/bad-lengths.parquet"}, [],
+     (r"^dataset_name .*bad-lengths\.parquet, train_split train: row 1: per-token fields have different lengths "
+      r"\{'teacher_token_start': \d+, 'teacher_token_end': \d+, 'teacher_nll': \d+, ")),
+    ("scores-negative-nll", None, {"dataset_name": "{w}/bad-negative.parquet"}, [],
+     (r"^dataset_name .*, train_split train: row 1: field 'teacher_nll' has -0\.5 at token 2; a teacher score is a "
+      r"finite number >= 0\.$")),
+    ("scores-nan-nll", None, {"dataset_name": "{w}/bad-nan.parquet"}, [],
+     r"^dataset_name .*, train_split train: row 1: field 'teacher_nll' has nan at token 2; a teacher score"),
+    ("scores-bucket-out-of-range", None, {"dataset_name": "{w}/bad-bucket.parquet"}, [],
+     (r"^dataset_name .*, train_split train: row 1: field 'teacher_bucket' has -1 at token 0; a bucket id is a whole "
+      r"number in \[0, 127\)\.$")),
+    ("spans-out-of-order", None, {"dataset_name": "{w}/bad-order.parquet"}, [],
+     r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span 2 "),
+    ("span-outside-the-completion", None, {"dataset_name": "{w}/bad-outside.parquet"}, [],
+     (r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span \d+ "
+      r"= \[\d+, \d+\) does not match the completion text \(length \d+,")),
     ("output-is-a-file", None, {"output_dir": "{w}/a-file"}, [], r"^output_dir .*a-file: a file, not a folder\.$"),
     ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [], r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
     ("output-not-empty", None, {"output_dir": "{w}/earlier-run"}, [],
@@ -177,6 +199,27 @@ MISTAKES = [
 ]
 
 
+def _set(column: str, position: int, value: float) -> Callable[[dict], None]:
+    def corrupt(row: dict) -> None:
+        row[column][position] = value
+    return corrupt
+
+
+def _swap_starts(row: dict) -> None:
+    starts = row["teacher_token_start"]
+    starts[1], starts[2] = starts[2], starts[1]
+
+
+BAD_SCORES: dict[str, Callable[[dict], None]] = {
+    "lengths": lambda row: row["teacher_nll"].pop(),
+    "negative": _set("teacher_nll", 2, -0.5),
+    "nan": _set("teacher_nll", 2, float("nan")),
+    "bucket": _set("teacher_bucket", 0, -1),
+    "order": _swap_starts,
+    "outside": lambda row: row["teacher_token_end"].__setitem__(-1, len(row["completion"]) + 5),
+}
+
+
 @pytest.fixture(scope="module")
 def workspace(toy_inputs) -> Path:
     """The files a new user's mistakes point at: data in the wrong shape, a file for a folder, an earlier run."""
@@ -192,6 +235,10 @@ def workspace(toy_inputs) -> Path:
     (folder / "earlier-run" / "notes.txt").write_text("")
     student, no_mask = Path(toy_inputs["model_name_or_path"]), folder / "student-no-mask"
     tokenizer = AutoTokenizer.from_pretrained(student)
+    for name, corrupt in BAD_SCORES.items():  # scored data from elsewhere: row 0 fine, row 1 broken
+        rows = synthetic_scored_rows(arithmetic_rows(2), tokenizer)
+        corrupt(rows[1])
+        Dataset.from_list(rows).to_parquet(str(folder / f"bad-{name}.parquet"))
     tokenizer.mask_token = None
     tokenizer.save_pretrained(no_mask)
     config = json.loads((student / "config.json").read_text())

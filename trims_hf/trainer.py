@@ -99,10 +99,10 @@ class MDLMTrainer(Trainer):
                 raise ValueError("MDLMTrainer needs a data_collator or a processing_class (the student tokenizer).")
             data_collator = TrimsDataCollator(processing_class, mask_token_id=mask_token_id(model), masking=masking,
                                               max_length=fmt.max_length, seed=args.seed)
-        train_dataset = self._prepare(train_dataset, processing_class, fmt, masking, args)
+        train_dataset = self.prepare_rows(train_dataset, processing_class, fmt, masking, args)
         eval_dataset = (
-            {name: self._prepare(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
-            if isinstance(eval_dataset, dict) else self._prepare(eval_dataset, processing_class, fmt, masking, args)
+            {name: self.prepare_rows(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
+            if isinstance(eval_dataset, dict) else self.prepare_rows(eval_dataset, processing_class, fmt, masking, args)
         )
         self.loss_normalization = getattr(args, "loss_normalization", "token")
         if self.loss_normalization not in NORMALIZATIONS:
@@ -124,8 +124,9 @@ class MDLMTrainer(Trainer):
             self.add_callback(CollatorEpochCallback(data_collator))
 
     @staticmethod
-    def _prepare(dataset: Any, tokenizer: Any, fmt: StudentFormat, masking: MaskingConfig, args: TrainingArguments) -> Any:
-        """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator."""
+    def prepare_rows(dataset: Any, tokenizer: Any, fmt: StudentFormat, masking: MaskingConfig, args: TrainingArguments) -> Any:
+        """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator.
+        Needs the tokenizer only, so a caller (``trims train``) runs it, and so every row check, before the model loads."""
         if is_prepared(dataset) or not set(getattr(dataset, "column_names", None) or ()) & {schema.PROMPT, schema.MESSAGES}:
             return dataset
         if tokenizer is None:

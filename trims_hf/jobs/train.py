@@ -49,12 +49,13 @@ from ..hub import check_push_access, load_source_dataset
 from ..lora import lora_config
 from ..model_card import trims_model_card
 from ..preparation import is_prepared
-from ..schema import COMPLETION, MESSAGES, PROMPT, has_teacher_scores
+from ..schema import COMPLETION, MESSAGES, PROMPT, SchemaError, has_teacher_scores
 from ..settings import DecodingConfig
 from ..sources import SourceError, check_dataset_source, check_model_source
 from ..students import (
     STUDENTS,
     MaskTokenError,
+    check_sequence_length,
     detect_student_kind,
     load_student,
     prepare_student,
@@ -273,6 +274,15 @@ def student_kind(model_args: ModelArguments) -> str:
                           "(logits shifted by one).") from None
 
 
+def check_student_length(model_args: ModelArguments, kind: str, args: MDLMConfig) -> None:
+    """``max_length`` fits the student's position embeddings (its config alone, no weights)."""
+    config, _ = PreTrainedConfig.get_config_dict(model_args.model_name_or_path, revision=model_args.model_revision)
+    try:
+        check_sequence_length(config, kind, args.max_length)
+    except ValueError as error:
+        raise RecipeError(f"{error} (model_name_or_path {model_args.model_name_or_path}).") from None
+
+
 def build_student(model_args: ModelArguments, kind: str, tokenizer: Any) -> nn.Module:
     """Load (or, with ``init_from_config``, randomly initialise) the student, marked and bidirectional."""
     dtype = model_args.dtype if model_args.dtype == "auto" else getattr(torch, model_args.dtype)
@@ -418,6 +428,18 @@ def load_data(data_args: DataArguments, args: MDLMConfig) -> tuple[Dataset, Data
     return loaded[0], loaded[1]
 
 
+def prepare_rows(dataset: Dataset | None, key: str, split: str | None, source: str, tokenizer: Any,
+                 args: MDLMConfig) -> Dataset | None:
+    """A split prepared for the student with its tokenizer alone, so every row check (columns, teacher scores and
+    spans, prompt length within max_length) runs before any model loads; MDLMTrainer then finds it prepared."""
+    if dataset is None:
+        return None
+    try:
+        return MDLMTrainer.prepare_rows(dataset, tokenizer, args.student_format(), args.masking(), args)
+    except SchemaError as error:
+        raise RecipeError(f"dataset_name {source}, {key} {split}: {error}") from None
+
+
 def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
     """The student's tokenizer, with a mask token id for the student (``mask_token_id``, its config's or the tokenizer's)."""
     path, revision = model_args.model_name_or_path, model_args.model_revision
@@ -492,8 +514,11 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     Ctrl-C raises :class:`TrainingInterrupted` (the first one after saving a checkpoint at the end of the step)."""
     resume = check_run(model_args, data_args, args)
     kind = student_kind(model_args)
+    check_student_length(model_args, kind, args)
     train_dataset, eval_dataset = load_data(data_args, args)
     tokenizer = load_tokenizer(model_args, kind)
+    train_dataset = prepare_rows(train_dataset, "train_split", data_args.train_split, data_args.dataset_name, tokenizer, args)
+    eval_dataset = prepare_rows(eval_dataset, "eval_split", data_args.eval_split, data_args.dataset_name, tokenizer, args)
     set_seed(args.seed)
     model = wrap_lora(build_student(model_args, kind, tokenizer), model_args, args.gradient_checkpointing)
     trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
