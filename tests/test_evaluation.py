@@ -23,6 +23,7 @@ from trims_hf.evaluation import (
     plot_frontier,
     save_results,
     sweep,
+    sweep_configs,
 )
 from trims_hf.reports import library_versions
 from trims_hf.generation import DecodingConfig, TrajectoryRecorder
@@ -220,6 +221,34 @@ def test_results_file_has_one_schema_with_units_and_versions(tmp_path):
     assert one["results"][0]["versions"] == library_versions() and set(library_versions()) == {
         "trims_hf", "torch", "transformers", "peft", "datasets"}
     assert not list(tmp_path.glob("*.partial"))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_results_file_never_holds_nan_or_infinity(tmp_path, value):
+    """Bare NaN / Infinity are not JSON: the write refuses before anything is written (the records stay for a rerun)."""
+    path = tmp_path / "r.json"
+    with pytest.raises(ValueError, match="JSON"):
+        save_results([result("a", "gsm8k", 0.9, value, 2.0)], path)
+    assert list(tmp_path.iterdir()) == []
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("setting", [
+    {"threshold": 1.5}, {"threshold": -0.1}, {"threshold": NAN}, {"entropy_threshold": -0.5},
+    {"entropy_threshold": NAN}, {"factor": INF}, {"factor": -1.0}, {"temperature": NAN}, {"temperature": -1.0},
+    {"steps": 0, "strategy": "fixed_steps"}, {"eos_token_id": -1}, {"stop_token_ids": [2, -1]},
+])
+def test_decoding_settings_out_of_range_are_refused_where_declared(setting):
+    """Every decoding setting is checked by DecodingConfig itself (Python, the CLI, recipes, sweeps), naming it."""
+    name = next(iter(setting))
+    with pytest.raises(ValueError, match=rf"^{name}="):
+        DecodingConfig(**setting)
+    knob = next((key for key, value in evaluation.SWEEP_PARAMETER.items() if value == name), None)
+    if knob is not None and name != "steps":
+        with pytest.raises(ValueError, match=rf"^{name}="):
+            sweep_configs(DecodingConfig(strategy=knob), [0.5, setting[name]])
 
 
 def count_decoded(monkeypatch) -> list[int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from datasets import load_dataset
+from datasets import Dataset, load_dataset
 from helpers_teachers import save_teacher
 from huggingface_hub import HfApi
 
@@ -83,6 +83,10 @@ CASES = {
                        "--prompt-column prompt: no such column (columns: question, answer)."),
     "empty completion": (["--dataset", "{tmp}/empty.jsonl"], {"empty.jsonl": '{"question": "q", "answer": "  "}\n'},
                          "row 0: column 'answer' (--completion-column) is empty."),
+    "no rows": (["--dataset", "{tmp}/none.jsonl"], {"none.jsonl": ""}, "--dataset {tmp}/none.jsonl: no rows."),
+    "no rows in a parquet file": (["--dataset", "{tmp}/none.parquet"], {"none.parquet": None},
+                                  "--dataset {tmp}/none.parquet: no rows."),
+    "blank lines only": (["--dataset", "{tmp}/blank.jsonl"], {"blank.jsonl": "\n\n"}, "--dataset {tmp}/blank.jsonl: no rows."),
     "null completion": (["--dataset", "{tmp}/null.jsonl"], {"null.jsonl": '{"question": "q", "answer": null}\n'},
                         "row 0: column 'answer' (--completion-column) is missing or null."),
     "too long": (["--max-length", "30"], {},
@@ -111,7 +115,10 @@ def test_each_mistake_is_one_line_before_any_model_loads(case, teacher_dir, data
                                                          no_model_load):
     flags, files, expected = CASES[case]
     for name, content in files.items():
-        (tmp_path / name).mkdir() if name.endswith("/") else (tmp_path / name).write_text(content)
+        if content is None:  # a parquet file with the columns and no rows
+            Dataset.from_dict({"question": [], "answer": []}).to_parquet(str(tmp_path / name))
+        else:
+            (tmp_path / name).mkdir() if name.endswith("/") else (tmp_path / name).write_text(content)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", case == "push offline")
     out = tmp_path / "out"
     names = {"tmp": tmp_path, "data": data_file, "teacher": teacher_dir, "out": out}

@@ -178,7 +178,7 @@ def test_bad_input_names_row_and_field_and_writes_nothing(teacher, tokenizer, gs
         model = make_teacher(tokenizer)
         with torch.no_grad():
             model.get_output_embeddings().weight[5] = float("nan")
-        rows, message = [gsm8k_rows[0]], "row 0: field 'teacher_nll' has a non-finite value"
+        rows, message = [gsm8k_rows[0]], "row 0: field 'teacher_nll' has nan at token"
     else:
         rows, message = bad_rows(gsm8k_rows)[case]
     data = Dataset.from_list(rows) if rows else Dataset.from_dict({"prompt": [], "completion": []})

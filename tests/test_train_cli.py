@@ -5,8 +5,11 @@ Run as a script to build the toy recipe's inputs: ``python tests/test_train_cli.
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import re
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,9 +21,11 @@ from transformers import AutoTokenizer, LlamaConfig
 
 from conftest import synthetic_scored_rows
 from helpers_tokenizers import make_tokenizer
+from trims_hf import MDLMConfig
 from trims_hf.cli import main
 from trims_hf.commands.train import split_config
 from trims_hf.jobs.train import RecipeError, parse_recipe, read_recipe
+from trims_hf.trainer import MDLMTrainer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TOY = RECIPES / "toy" / "trims_toy.yaml"
@@ -125,7 +130,7 @@ MISTAKES = [
     ("override-bad-choice", None, {"bucket_ordering": "hard-to-easy"}, [],
      r"^--bucket_ordering: invalid choice: 'hard-to-easy' \(choose from 'hard_to_easy', 'easy_to_hard', 'random'\)$"),
     ("override-bad-bool", None, {"use_lora": "maybe"}, [], r"^--use_lora: Truthy value expected: got maybe"),
-    ("override-out-of-range", None, {"p_context": "1.5"}, [], r"^p_context must be in \[0, 1\], got 1.5\.$"),
+    ("override-out-of-range", None, {"p_context": "1.5"}, [], r"^p_context=1.5: must be in \[0, 1\]\.$"),
     ("model-missing", None, {"model_name_or_path": "{w}/no-student"}, [], r"^model_name_or_path .*no-student: no such file or folder\.$"),
     ("model-folder-without-config", None, {"model_name_or_path": "{w}/scored"}, [],
      r"^model_name_or_path .*scored: the folder has no config\.json\.$"),
@@ -146,7 +151,30 @@ MISTAKES = [
      r"^dataset_name .*plain\.jsonl is a single file, whose one split is 'train'; got split='test'\.$"),
     ("data-unknown-split", None, {"eval_split": "test"}, [], r"^dataset_name .*scored has no split='test' \(Unknown split"),
     ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [], r"^train_split train: cannot load it from dataset_name .*empty"),
-    ("data-no-rows", None, {"dataset_name": "{w}/no-rows.parquet"}, [], r"^train_split train: cannot load it from dataset_name .*no-rows\.parquet \(Instruction \"train\" corresponds to no data!\)\.$"),
+    ("data-no-rows", None, {"dataset_name": "{w}/no-rows.parquet"}, [], r"^dataset_name .*no-rows\.parquet: no rows\.$"),
+    ("data-empty-file", None, {"dataset_name": "{w}/empty.jsonl"}, [], r"^dataset_name .*empty\.jsonl: no rows\.$"),
+    ("prompt-longer-than-max-length", None, {"max_length": "3"}, [],
+     (r"^dataset_name .*scored, train_split train: row 0: the prompt has \d+ tokens, leaving no room for the completion "
+      r"within max_length=3\.$")),
+    ("max-length-above-positions", None, {"max_length": "512"}, [],
+     (r"^max_length=512: more than the 256 positions of the student \(max_position_embeddings\); set it to at most 256 "
+      r"\(model_name_or_path .*student\)\.$")),
+    ("scores-of-different-lengths", None, {"dataset_name": "{w}/bad-lengths.parquet"}, [],
+     (r"^dataset_name .*bad-lengths\.parquet, train_split train: row 1: per-token fields have different lengths "
+      r"\{'teacher_token_start': \d+, 'teacher_token_end': \d+, 'teacher_nll': \d+, ")),
+    ("scores-negative-nll", None, {"dataset_name": "{w}/bad-negative.parquet"}, [],
+     (r"^dataset_name .*, train_split train: row 1: field 'teacher_nll' has -0\.5 at token 2; a teacher score is a "
+      r"finite number >= 0\.$")),
+    ("scores-nan-nll", None, {"dataset_name": "{w}/bad-nan.parquet"}, [],
+     r"^dataset_name .*, train_split train: row 1: field 'teacher_nll' has nan at token 2; a teacher score"),
+    ("scores-bucket-out-of-range", None, {"dataset_name": "{w}/bad-bucket.parquet"}, [],
+     (r"^dataset_name .*, train_split train: row 1: field 'teacher_bucket' has -1 at token 0; a bucket id is a whole "
+      r"number in \[0, 127\)\.$")),
+    ("spans-out-of-order", None, {"dataset_name": "{w}/bad-order.parquet"}, [],
+     r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span 2 "),
+    ("span-outside-the-completion", None, {"dataset_name": "{w}/bad-outside.parquet"}, [],
+     (r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span \d+ "
+      r"= \[\d+, \d+\) does not match the completion text \(length \d+,")),
     ("output-is-a-file", None, {"output_dir": "{w}/a-file"}, [], r"^output_dir .*a-file: a file, not a folder\.$"),
     ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [], r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
     ("output-not-empty", None, {"output_dir": "{w}/earlier-run"}, [],
@@ -164,9 +192,32 @@ MISTAKES = [
      r"^decode_eval_data_file .*test\.jsonl: no such file\.$"),
     ("decode-eval-hub-unreachable", None, {"decode_eval_task": "gsm8k", **UNSCHEDULED}, [],
      r"^decode_eval_data_file openai/gsm8k: not a local path, and the Hugging Face Hub is unreachable"),
+    ("decode-eval-threshold", None, {"decode_eval_decoding": "{{threshold: 1.5}}"}, [],
+     r"^decode_eval_decoding: threshold=1.5: must be in \[0, 1\]\.$"),
     ("decode-eval-bad-setting", None, {"decode_eval_decoding": "{{treshold: 0.5}}"}, [],
      r"^decode_eval_decoding: unknown decoder setting\(s\) treshold; known: "),
 ]
+
+
+def _set(column: str, position: int, value: float) -> Callable[[dict], None]:
+    def corrupt(row: dict) -> None:
+        row[column][position] = value
+    return corrupt
+
+
+def _swap_starts(row: dict) -> None:
+    starts = row["teacher_token_start"]
+    starts[1], starts[2] = starts[2], starts[1]
+
+
+BAD_SCORES: dict[str, Callable[[dict], None]] = {
+    "lengths": lambda row: row["teacher_nll"].pop(),
+    "negative": _set("teacher_nll", 2, -0.5),
+    "nan": _set("teacher_nll", 2, float("nan")),
+    "bucket": _set("teacher_bucket", 0, -1),
+    "order": _swap_starts,
+    "outside": lambda row: row["teacher_token_end"].__setitem__(-1, len(row["completion"]) + 5),
+}
 
 
 @pytest.fixture(scope="module")
@@ -178,11 +229,16 @@ def workspace(toy_inputs) -> Path:
     (folder / "rows.csv").write_text("prompt,completion\n")
     Dataset.from_dict({"prompt": [], "completion": []}).to_parquet(str(folder / "no-rows.parquet"))
     (folder / "a-file").write_text("")
+    (folder / "empty.jsonl").write_text("")
     (folder / "empty").mkdir()
     (folder / "earlier-run" / "checkpoint-3").mkdir(parents=True)
     (folder / "earlier-run" / "notes.txt").write_text("")
     student, no_mask = Path(toy_inputs["model_name_or_path"]), folder / "student-no-mask"
     tokenizer = AutoTokenizer.from_pretrained(student)
+    for name, corrupt in BAD_SCORES.items():  # scored data from elsewhere: row 0 fine, row 1 broken
+        rows = synthetic_scored_rows(arithmetic_rows(2), tokenizer)
+        corrupt(rows[1])
+        Dataset.from_list(rows).to_parquet(str(folder / f"bad-{name}.parquet"))
     tokenizer.mask_token = None
     tokenizer.save_pretrained(no_mask)
     config = json.loads((student / "config.json").read_text())
@@ -261,9 +317,74 @@ def test_paper_recipes(student):
     assert differ == {"trajectory_ratio", "output_dir"}
 
 
+def readme_calls(name: str) -> list[ast.Call]:
+    """Every call of ``name`` in the README's Python snippets."""
+    snippets = re.findall(r"```python\n(.*?)```", (RECIPES.parent / "README.md").read_text(), re.DOTALL)
+    return [node for snippet in snippets for node in ast.walk(ast.parse(snippet))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == name]
+
+
+def test_readme_python_quick_start_trains_what_the_recipe_trains(tmp_path):
+    """The README's MDLMTrainer snippet sets up the objective of recipes/llada/trims_s1k.yaml (masking, padding, format),
+    and its plain-Trainer snippet pads as the recipes do and advances the collator's epoch."""
+    [config] = readme_calls("MDLMConfig")
+    values = {keyword.arg: ast.literal_eval(keyword.value) for keyword in config.keywords}
+    readme = MDLMConfig(**(values | {"output_dir": str(tmp_path), "bf16": False, "use_cpu": True}))
+    _, _, recipe = parse_recipe(RECIPES / "llada" / "trims_s1k.yaml", ["--bf16", "false", "--use_cpu", "true"])
+    assert readme.masking() == recipe.masking() and readme.student_format() == recipe.student_format()
+    [masking] = readme_calls("MaskingConfig")
+    assert {k.arg: ast.literal_eval(k.value) for k in masking.keywords} == {"padding": recipe.padding}
+    [trainer] = readme_calls("Trainer")
+    callbacks = next(k.value for k in trainer.keywords if k.arg == "callbacks")
+    assert [c.func.id for c in callbacks.elts] == ["CollatorEpochCallback"]
+
+
 def adapter_and_losses(folder: Path) -> tuple[dict[str, torch.Tensor], list[float]]:
     state = json.loads((folder / "trainer_state.json").read_text())
     return load_file(folder / "adapter_model.safetensors"), [e["loss"] for e in state["log_history"] if "loss" in e]
+
+
+def interrupt_at_step(monkeypatch, step: int, signal_number: int | None) -> None:
+    """Ctrl-C during training step ``step``: the SIGINT a terminal sends, or (None) a KeyboardInterrupt raised there."""
+    original, calls = MDLMTrainer.training_step, []
+
+    def training_step(self, *args, **kwargs):
+        calls.append(None)
+        if len(calls) == step:
+            if signal_number is None:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signal_number)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MDLMTrainer, "training_step", training_step)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_resumed_run_equals_a_straight_one(tmp_path, toy, capsys, monkeypatch):
+    """Ctrl-C in step 3: the step ends, checkpoint-3 is saved, exit 130 with how to continue; continuing as told gives
+    the weights and losses of an uninterrupted run."""
+    common = ("--per_device_train_batch_size", "16", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+              "--trajectory_ratio", "0.5", "--max_steps", "6", "--save_strategy", "no")
+    assert train_cli(toy, tmp_path / "straight", *common) == 0
+    interrupt_at_step(monkeypatch, 3, signal.SIGINT)
+    capsys.readouterr()
+    assert train_cli(toy, tmp_path / "split", *common) == 130
+    checkpoint = tmp_path / "split" / "checkpoint-3"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted at step 3 of 6; {checkpoint} holds step 3: continue from it with the same command and "
+        "--resume_from_checkpoint true.")
+    assert not (tmp_path / "split" / "adapter_model.safetensors").exists()  # no final adapter from a partial run
+    monkeypatch.undo()
+    assert train_cli(toy, tmp_path / "split", *common, "--resume_from_checkpoint", "true") == 0
+    straight, straight_losses = adapter_and_losses(tmp_path / "straight")
+    resumed, resumed_losses = adapter_and_losses(tmp_path / "split")
+    assert len(straight_losses) == 6 and resumed_losses == straight_losses
+    assert all(torch.equal(straight[name], resumed[name]) for name in straight)
+
+
+def test_second_ctrl_c_stops_at_once_and_says_what_is_kept(tmp_path, toy, capsys, monkeypatch):
+    interrupt_at_step(monkeypatch, 2, None)
+    assert train_cli(toy, tmp_path / "run", "--max_steps", "6", "--save_strategy", "no") == 130
+    assert capsys.readouterr().err.splitlines()[-1].startswith("interrupted at step 1 of 6; no checkpoint was saved")
 
 
 def test_resume_reproduces_a_straight_run(tmp_path, toy):

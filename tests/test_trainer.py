@@ -12,8 +12,8 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from conftest import synthetic_scored_rows, tiny_student
-from trims_hf import (MaskingConfig, MDLMConfig, MDLMTrainer, StudentFormat, TrimsDataCollator, prepare_dataset,
-                      prepare_student)
+from trims_hf import (CollatorEpochCallback, MaskingConfig, MDLMConfig, MDLMTrainer, StudentFormat, TrimsDataCollator,
+                      prepare_dataset, prepare_student)
 
 
 def make_args(tmp_path, **overrides) -> MDLMConfig:
@@ -121,7 +121,8 @@ def one_step(tmp_path, tokenizer, rows, kind: str = "llada", trainer_class=MDLMT
                              report_to="none", use_cpu=True, seed=0, disable_tqdm=True, remove_unused_columns=False,
                              train_sampling_strategy="sequential")
     collator = TrimsDataCollator(tokenizer, masking=MaskingConfig(**masking), max_length=max_length)
-    trainer = trainer_class(model=model, args=args, data_collator=collator, train_dataset=Dataset.from_list(rows))
+    trainer = trainer_class(model=model, args=args, data_collator=collator, train_dataset=Dataset.from_list(rows),
+                            callbacks=[CollatorEpochCallback(collator)] if trainer_class is Trainer else None)
     if accepts_kwargs is not None:
         trainer.model_accepts_loss_kwargs = accepts_kwargs
     trainer.train()
@@ -151,6 +152,49 @@ def test_plain_trainer_trains_the_mdlm_objective(tmp_path, tokenizer, prepared, 
     assert results[Trainer, 1][0] == pytest.approx(expected.item(), rel=1e-5)
 
 
+def two_epochs(tmp_path, tokenizer, rows, trainer_class, workers: int = 0, persistent: bool = False,
+               follow: bool = True) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Two epochs of a fresh tiny student on ``rows`` (same order each epoch): the noised input of every step, and
+    the weights after them."""
+    model = tiny_student(tokenizer, "llada", seed=1)
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=2,
+                             learning_rate=0.1, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0,
+                             save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
+                             remove_unused_columns=False, train_sampling_strategy="sequential",
+                             dataloader_num_workers=workers, dataloader_persistent_workers=persistent)
+    collator = TrimsDataCollator(tokenizer, masking=MaskingConfig(trajectory_ratio=0.5))
+    callbacks = [CollatorEpochCallback(collator)] if follow and trainer_class is Trainer else None
+    trainer = trainer_class(model=model, args=args, data_collator=collator, train_dataset=Dataset.from_list(rows),
+                            callbacks=callbacks)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].clone()),
+                                    with_kwargs=True)
+    trainer.train()
+    return seen, flat_weights(model)
+
+
+@pytest.mark.parametrize("trainer_class,workers,persistent", [(MDLMTrainer, 2, True), (Trainer, 0, False),
+                                                              (Trainer, 2, False), (Trainer, 2, True)])
+def test_every_epoch_draws_fresh_masks_as_mdlm_trainer_does(tmp_path, tokenizer, prepared, trainer_class, workers,
+                                                            persistent):
+    """Over two epochs, with DataLoader workers (persistent or not) and without, a plain Trainer given the
+    collator's epoch callback noises every row as MDLMTrainer does: fresh masks in the second epoch, same weights."""
+    rows = prepared[:8]
+    reference_inputs, reference_weights = two_epochs(tmp_path / "reference", tokenizer, rows, MDLMTrainer)
+    inputs, weights = two_epochs(tmp_path / "run", tokenizer, rows, trainer_class, workers, persistent)
+    assert len(inputs) == len(reference_inputs) == 4  # 2 steps per epoch
+    for first, second in zip(inputs[:2], inputs[2:]):  # the same rows in the same order, one epoch apart
+        assert first.shape == second.shape and not torch.equal(first, second)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, reference_inputs))
+    assert torch.allclose(weights, reference_weights, atol=1e-6)
+
+
+def test_plain_trainer_without_the_epoch_callback_stops_at_the_first_step(tmp_path, tokenizer, prepared):
+    """Nothing would advance the collator's epoch: the plain Trainer stops with the fix, instead of repeating masks."""
+    with pytest.raises(ValueError, match="CollatorEpochCallback"):
+        two_epochs(tmp_path, tokenizer, prepared[:8], Trainer, follow=False)
+
+
 class TupleStudent(torch.nn.Module):
     """A student whose forward returns a plain tuple, as remote code without ModelOutput may."""
 
@@ -166,8 +210,9 @@ def test_plain_trainer_refuses_a_student_without_logits(tmp_path, tokenizer, pre
     model = prepare_student(TupleStudent(tiny_student(tokenizer, "llada")), "llada")
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
                              use_cpu=True, save_strategy="no", disable_tqdm=True, remove_unused_columns=False)
-    trainer = Trainer(model=model, args=args, data_collator=TrimsDataCollator(tokenizer),
-                      train_dataset=Dataset.from_list(prepared[:4]))
+    collator = TrimsDataCollator(tokenizer)
+    trainer = Trainer(model=model, args=args, data_collator=collator, train_dataset=Dataset.from_list(prepared[:4]),
+                      callbacks=[CollatorEpochCallback(collator)])
     with pytest.raises(ValueError, match="does not return .* logits .* use trims_hf.MDLMTrainer"):
         trainer.train()
 

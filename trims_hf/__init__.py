@@ -25,7 +25,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "loss": ("mdlm_loss", "per_sample_loss"),
     "preparation": ("prepare_dataset",),
     "schema": ("SchemaError",),
-    "trainer": ("MDLMTrainer",),
+    "trainer": ("CollatorEpochCallback", "MDLMTrainer"),
     "lora": ("lora_config",),
     "metrics": ("available_metrics", "metric_path"),
     "tasks": (

@@ -23,6 +23,9 @@ from .settings import MaskingConfig
 
 # Columns the collator reads; the trainer keeps them when it drops unused dataset columns.
 INPUT_COLUMNS = (schema.INPUT_IDS, schema.PROMPT_LENGTH, schema.BUCKET_IDS, schema.EXAMPLE_ID)
+EPOCH_KEY = "epoch"
+"""Batch key: per row, the epoch its masks were drawn for, or :data:`UNFOLLOWED_EPOCH` when nothing advances it."""
+UNFOLLOWED_EPOCH = -1
 
 
 @dataclass
@@ -33,7 +36,8 @@ class TrimsDataCollator:
     :func:`trims_hf.prepare_dataset`. Output keys: ``input_ids`` (noised) and ``attention_mask`` for the model;
     for the loss (:mod:`trims_hf.loss`) ``labels`` (the clean token at every response position the normaliser
     counts, EOS padding included when it is trained; -100 elsewhere), ``masked`` (the noised positions, where
-    the loss is taken), ``loss_weights``, ``t`` and ``is_trajectory`` (per sample).
+    the loss is taken), ``loss_weights``, ``t`` and ``is_trajectory`` (per sample), and ``epoch`` (per sample: the
+    epoch its masks were drawn for, -1 when no trainer callback advances it, which a plain ``Trainer`` refuses).
 
     A row's noise is drawn from its own seed (the collator's seed, the epoch, the row's tokens and example
     id), never from its batch-mates, so every split of a global batch over devices and accumulation steps
@@ -49,8 +53,10 @@ class TrimsDataCollator:
     ``"max_length"`` (MDLMTrainer passes its config's)."""
     seed: int = 0
     epoch: int = 0
-    """Set by MDLMTrainer at every epoch. Masks are a function of (seed, epoch, row), so a run resumed from a
-    checkpoint, or using several DataLoader workers, draws exactly the same masks."""
+    """Advanced at every epoch by :class:`trims_hf.CollatorEpochCallback` (MDLMTrainer adds it; a plain ``Trainer``
+    needs it in ``callbacks``). Masks are a function of (seed, epoch, row), so a run resumed from a checkpoint, or
+    using several DataLoader workers, draws exactly the same masks. Kept in shared memory, so DataLoader workers
+    (persistent ones too, which hold their own copy of the collator) read the epoch the trainer set."""
 
     def __post_init__(self) -> None:
         if self.mask_token_id is None:
@@ -61,6 +67,21 @@ class TrimsDataCollator:
             raise ValueError("The student tokenizer needs an EOS token (used for end of response and padding).")
         if self.masking.padding == "max_length" and self.max_length is None:
             raise ValueError("padding='max_length' needs the collator's max_length (the one the rows were prepared with).")
+
+    def _shared(self) -> torch.Tensor:
+        """[epoch, followed] in shared memory: made before any worker starts, and seen by every copy of the collator."""
+        state = self.__dict__.get("_epoch_state")
+        if state is None:
+            state = self.__dict__["_epoch_state"] = torch.zeros(2, dtype=torch.int64).share_memory_()
+        return state
+
+    def follow_epochs(self) -> None:
+        """Record that a trainer callback advances the epoch (without one, every epoch would repeat the first's masks)."""
+        self._shared()[1] = 1
+
+    @property
+    def epochs_followed(self) -> bool:
+        return bool(self._shared()[1])
 
     @property
     def needs_buckets(self) -> bool:
@@ -152,4 +173,17 @@ class TrimsDataCollator:
             "loss_weights": noised.loss_weights,
             "t": noised.t,
             "is_trajectory": noised.is_trajectory,
+            EPOCH_KEY: torch.full((batch_size,), self.epoch if self.epochs_followed else UNFOLLOWED_EPOCH),
         }
+
+
+def _get_epoch(self: TrimsDataCollator) -> int:
+    return int(self._shared()[0])
+
+
+def _set_epoch(self: TrimsDataCollator, epoch: int) -> None:
+    self._shared()[0] = int(epoch)
+
+
+# ``epoch`` stays a dataclass field (an __init__ argument, kept by dataclasses.replace) read from shared memory.
+TrimsDataCollator.epoch = property(_get_epoch, _set_epoch, doc="The epoch masks are drawn for (shared memory).")

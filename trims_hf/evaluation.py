@@ -42,7 +42,7 @@ from .generation import (
     generate_text,
 )
 from .prompts import resolved_format
-from .reports import library_versions, markdown_table, write_atomic
+from .reports import library_versions, markdown_table, write_json
 from .settings import PromptFormat
 from .tasks import CodeExecutionDisabled, CodeTask, Example, Task, TaskDataError, get_task
 
@@ -362,9 +362,8 @@ def sweep(
 
 def save_results(results: Sequence[EvalResult], path: str | Path) -> Path:
     """Write ``{"units": ..., "results": [...]}`` (one schema for one result or a sweep) in one atomic step, so
-    an interrupted write never leaves a half file."""
-    return write_atomic(Path(path), json.dumps({"units": RESULT_UNITS, "results": [r.to_dict() for r in results]},
-                                               indent=2))
+    an interrupted write never leaves a half file, and as strict JSON (no NaN or Infinity)."""
+    return write_json(Path(path), {"units": RESULT_UNITS, "results": [r.to_dict() for r in results]})
 
 
 def _sample_counts(results: Sequence[EvalResult]) -> str:

@@ -36,26 +36,34 @@ LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 def load_source_dataset(source: str, split: str = "train", limit: int | None = None, *, flag: str = "dataset") -> Dataset:
     """Load a Hub dataset id, a local dataset folder, or a local ``.jsonl`` / ``.json`` / ``.parquet`` file.
 
-    A missing split or an unreadable file raises :class:`trims_hf.sources.SourceError` naming ``flag`` (the
-    argument or command-line flag the user gave the source with).
+    A missing split, an unreadable file or no rows (every caller scores or trains on them) raises
+    :class:`trims_hf.sources.SourceError` naming ``flag`` (the argument or command-line flag the user gave the
+    source with).
     """
     from .sources import SourceError
 
     builder = LOCAL_BUILDERS.get(Path(source).suffix)
     local_file = bool(builder) and Path(source).is_file()
+    no_rows = SourceError(f"{flag} {source}: no rows" + ("." if local_file else f" in split {split!r}."))
     if local_file and split != "train":
         raise SourceError(f"{flag} {source} is a single file, whose one split is 'train'; got split={split!r}.")
+    if local_file and not Path(source).stat().st_size:
+        raise no_rows
     try:
         dataset = load_dataset(builder, data_files=str(source), split="train") if local_file else load_dataset(source, split=split)
-    except ValueError as error:  # datasets' "Unknown split" (its message lists the splits there are)
+    except ValueError as error:  # datasets' "Unknown split" (its message lists the splits there are), or no rows
+        if "corresponds to no data" in str(error):
+            raise no_rows from None
         if "split" not in str(error).lower():
             raise
         raise SourceError(f"{flag} {source} has no split={split!r} ({str(error).splitlines()[0]}).") from None
     except Exception as error:  # a malformed local file comes as one of several datasets / pyarrow errors
         if not local_file:
             raise
-        reason = str(error.__cause__ or error).splitlines()[0]
+        reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)
         raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
+    if not len(dataset):
+        raise no_rows
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
 
 

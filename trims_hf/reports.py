@@ -3,10 +3,12 @@ atomic file write every result and record goes through."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 VERSIONED_PACKAGES = ("torch", "transformers", "peft", "datasets")
 """Packages whose versions move decoding and training numbers; recorded with every result file and model card."""
@@ -39,3 +41,9 @@ def write_atomic(path: Path, text: str) -> Path:
     partial.write_text(text)
     os.replace(partial, path)
     return path
+
+
+def write_json(path: Path, document: Any, indent: int | None = 2) -> Path:
+    """Write ``document`` as JSON with :func:`write_atomic`. NaN and Infinity are not JSON (strict readers reject the
+    file): one raises here, before anything is written, so a result file never holds them."""
+    return write_atomic(path, json.dumps(document, indent=indent, allow_nan=False))

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from .settings import MAX_BUCKETS
+
 # Text columns (TRL's prompt-completion format; "prompt" may also be a list of chat messages).
 PROMPT = "prompt"
 COMPLETION = "completion"
@@ -88,7 +90,12 @@ def split_prompt_completion(row: Mapping[str, Any], index: int | None = None) ->
 
 def validate_teacher_scores(row: Mapping[str, Any], completion: str, index: int | None = None,
                             required: Sequence[str] = (TEACHER_START, TEACHER_END, TEACHER_NLL)) -> None:
-    """Check the per-teacher-token lists: present, equal length, finite, spans inside the text and in order."""
+    """Check the per-teacher-token lists of scored data (ours, or made elsewhere): present, equal length, scores
+    finite and >= 0 (an NLL or an entropy), bucket ids that fit the stored form, spans inside the text and in order.
+
+    ``teacher_bucket`` is checked as a bucket id, not against a run's K: students recompute their buckets from the
+    spans and scores, so a set scored with K = 8 trains with ``num_buckets`` 4 too.
+    """
     missing = [field for field in required if row.get(field) is None]
     if missing:
         raise SchemaError(f"{_where(index)}: missing field(s) {missing}.")
@@ -100,16 +107,21 @@ def validate_teacher_scores(row: Mapping[str, Any], completion: str, index: int 
         raise SchemaError(f"{_where(index)}: the completion has no scored teacher tokens.")
     for field in (TEACHER_NLL, TEACHER_ENTROPY):
         for position, value in enumerate(row.get(field) or ()):
-            if value is None or not math.isfinite(value):
-                raise SchemaError(f"{_where(index)}: field '{field}' has a non-finite value {value!r} at token {position}.")
+            if value is None or not 0 <= value < math.inf:  # NaN fails too
+                raise SchemaError(f"{_where(index)}: field '{field}' has {value!r} at token {position}; a teacher score "
+                                  "is a finite number >= 0.")
+    for position, value in enumerate(row.get(TEACHER_BUCKET) or ()):
+        if value is None or not 0 <= value < MAX_BUCKETS or value != int(value):  # NaN fails the range
+            raise SchemaError(f"{_where(index)}: field '{TEACHER_BUCKET}' has {value!r} at token {position}; a bucket id "
+                              f"is a whole number in [0, {MAX_BUCKETS}).")
     previous_start = 0
     for position, (start, end) in enumerate(zip(row[TEACHER_START], row[TEACHER_END])):
         # Byte-level tokenizers may split one character over several tokens, so spans can share characters;
         # they must lie inside the text and start in order.
         if not (0 <= start <= end <= len(completion)) or start < previous_start:
             raise SchemaError(
-                f"{_where(index)}: teacher span {position} = [{start}, {end}) does not match the completion text "
-                f"(length {len(completion)}, previous span started at {previous_start})."
+                f"{_where(index)}: fields '{TEACHER_START}' / '{TEACHER_END}': teacher span {position} = [{start}, {end}) "
+                f"does not match the completion text (length {len(completion)}, previous span started at {previous_start})."
             )
         previous_start = start
 

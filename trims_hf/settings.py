@@ -14,6 +14,7 @@ imports neither torch nor transformers, so ``trims ... --help`` stays fast.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, get_args
 
@@ -40,8 +41,13 @@ def _check_choice(name: str, value: Any, kind: Any) -> None:
 
 
 def _check_probability(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {value}.")
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise ValueError(f"{name}={value}: must be in [0, 1].")
+
+
+def _check_non_negative(name: str, value: float) -> None:
+    if not 0.0 <= value < math.inf:  # NaN fails too
+        raise ValueError(f"{name}={value}: must be a finite number >= 0.")
 
 
 @dataclass
@@ -250,6 +256,14 @@ class DecodingConfig:
         _check_choice("cache", self.cache, CacheMode)
         if self.block_length < 1 or self.gen_length < 1 or self.gen_length % self.block_length:
             raise ValueError(f"gen_length={self.gen_length} must be a positive multiple of block_length={self.block_length}.")
+        _check_probability("threshold", self.threshold)
+        for name in ("entropy_threshold", "factor", "temperature"):
+            _check_non_negative(name, getattr(self, name))
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps={self.steps}: must be at least 1.")
+        for name, ids in (("eos_token_id", [self.eos_token_id]), ("stop_token_ids", self.stop_token_ids or [])):
+            if any(i is not None and i < 0 for i in ids):
+                raise ValueError(f"{name}={getattr(self, name)}: token ids are >= 0.")
         if self.strategy == "fixed_steps" and self.total_steps % self.num_blocks:
             raise ValueError(f"steps={self.total_steps} must be a multiple of the number of blocks ({self.num_blocks}).")
         if self.stop_token_ids is not None:

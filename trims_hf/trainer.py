@@ -34,11 +34,13 @@ logger = logging.getLogger(__name__)
 _METRIC_SUMS = ("mask_ratio", "samples", "trajectory", "loss_traj", "tokens_traj", "loss_std", "tokens_std")
 
 
-class _CollatorEpoch(TrainerCallback):
-    """Tell the collator the epoch before each epoch's DataLoader iterator (and its workers) is created."""
+class CollatorEpochCallback(TrainerCallback):
+    """Tell a :class:`TrimsDataCollator` the epoch before each epoch's batches are drawn, so every epoch draws fresh
+    masks (and a resumed run the same ones). MDLMTrainer adds it; a plain ``Trainer`` takes it in ``callbacks``."""
 
-    def __init__(self, collator: Any) -> None:
+    def __init__(self, collator: TrimsDataCollator) -> None:
         self.collator = collator
+        collator.follow_epochs()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.collator.epoch = int(math.floor(state.epoch + 1e-6)) if state.epoch else 0
@@ -97,10 +99,10 @@ class MDLMTrainer(Trainer):
                 raise ValueError("MDLMTrainer needs a data_collator or a processing_class (the student tokenizer).")
             data_collator = TrimsDataCollator(processing_class, mask_token_id=mask_token_id(model), masking=masking,
                                               max_length=fmt.max_length, seed=args.seed)
-        train_dataset = self._prepare(train_dataset, processing_class, fmt, masking, args)
+        train_dataset = self.prepare_rows(train_dataset, processing_class, fmt, masking, args)
         eval_dataset = (
-            {name: self._prepare(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
-            if isinstance(eval_dataset, dict) else self._prepare(eval_dataset, processing_class, fmt, masking, args)
+            {name: self.prepare_rows(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
+            if isinstance(eval_dataset, dict) else self.prepare_rows(eval_dataset, processing_class, fmt, masking, args)
         )
         self.loss_normalization = getattr(args, "loss_normalization", "token")
         if self.loss_normalization not in NORMALIZATIONS:
@@ -117,15 +119,14 @@ class MDLMTrainer(Trainer):
                 and (args.gradient_accumulation_steps > 1 or args.world_size > 1)):
             logger.warning("padding='longest' with trained EOS padding: each micro-batch is padded to its own longest "
                            "row, so the loss depends on how the global batch is split; padding='max_length' does not.")
-        if hasattr(data_collator, "epoch"):
-            self.add_callback(_CollatorEpoch(data_collator))
-            if args.dataloader_persistent_workers and args.dataloader_num_workers > 0:
-                logger.warning("dataloader_persistent_workers keeps each worker's copy of the collator, so the epoch "
-                               "never reaches it and every epoch repeats the first epoch's masks; turn it off.")
+        if isinstance(data_collator, TrimsDataCollator) and not any(
+                isinstance(callback, CollatorEpochCallback) for callback in self.callback_handler.callbacks):
+            self.add_callback(CollatorEpochCallback(data_collator))
 
     @staticmethod
-    def _prepare(dataset: Any, tokenizer: Any, fmt: StudentFormat, masking: MaskingConfig, args: TrainingArguments) -> Any:
-        """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator."""
+    def prepare_rows(dataset: Any, tokenizer: Any, fmt: StudentFormat, masking: MaskingConfig, args: TrainingArguments) -> Any:
+        """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator.
+        Needs the tokenizer only, so a caller (``trims train``) runs it, and so every row check, before the model loads."""
         if is_prepared(dataset) or not set(getattr(dataset, "column_names", None) or ()) & {schema.PROMPT, schema.MESSAGES}:
             return dataset
         if tokenizer is None:

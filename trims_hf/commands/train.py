@@ -6,9 +6,11 @@ Launch on several GPUs with ``accelerate launch --config_file recipes/accelerate
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from . import fail
+from .score import INTERRUPTED
 
 USAGE = """usage: trims train --config RECIPE.yaml [--key value ...]
        trims train --help-keys
@@ -46,7 +48,7 @@ def main(argv: list[str]) -> int:
     if not Path(config).is_file():  # before the seconds of importing torch and transformers
         return fail(f"--config {config}: no such file.")
     from ..hub import HubAccessError
-    from ..jobs.train import RecipeError, parse_recipe, train
+    from ..jobs.train import RecipeError, TrainingInterrupted, parse_recipe, train
     from ..schema import SchemaError
     from ..sources import SourceError
 
@@ -54,4 +56,10 @@ def main(argv: list[str]) -> int:
         train(*parse_recipe(config, overrides))
     except (RecipeError, SourceError, HubAccessError, SchemaError) as error:
         return fail(str(error))
+    except TrainingInterrupted as stop:
+        print(stop, file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print("interrupted before training started; nothing was trained: rerun the same command.", file=sys.stderr)
+        return INTERRUPTED
     return 0

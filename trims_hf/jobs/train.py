@@ -13,8 +13,12 @@ import dataclasses
 import json
 import os
 import re
+import signal
+import sys
+import threading
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,6 +35,7 @@ from transformers import (
     AutoTokenizer,
     HfArgumentParser,
     PreTrainedConfig,
+    TrainerCallback,
     set_seed,
 )
 from transformers.trainer import TRAINER_STATE_NAME
@@ -44,12 +49,13 @@ from ..hub import check_push_access, load_source_dataset
 from ..lora import lora_config
 from ..model_card import trims_model_card
 from ..preparation import is_prepared
-from ..schema import COMPLETION, MESSAGES, PROMPT, has_teacher_scores
+from ..schema import COMPLETION, MESSAGES, PROMPT, SchemaError, has_teacher_scores
 from ..settings import DecodingConfig
 from ..sources import SourceError, check_dataset_source, check_model_source
 from ..students import (
     STUDENTS,
     MaskTokenError,
+    check_sequence_length,
     detect_student_kind,
     load_student,
     prepare_student,
@@ -268,6 +274,15 @@ def student_kind(model_args: ModelArguments) -> str:
                           "(logits shifted by one).") from None
 
 
+def check_student_length(model_args: ModelArguments, kind: str, args: MDLMConfig) -> None:
+    """``max_length`` fits the student's position embeddings (its config alone, no weights)."""
+    config, _ = PreTrainedConfig.get_config_dict(model_args.model_name_or_path, revision=model_args.model_revision)
+    try:
+        check_sequence_length(config, kind, args.max_length)
+    except ValueError as error:
+        raise RecipeError(f"{error} (model_name_or_path {model_args.model_name_or_path}).") from None
+
+
 def build_student(model_args: ModelArguments, kind: str, tokenizer: Any) -> nn.Module:
     """Load (or, with ``init_from_config``, randomly initialise) the student, marked and bidirectional."""
     dtype = model_args.dtype if model_args.dtype == "auto" else getattr(torch, model_args.dtype)
@@ -413,6 +428,18 @@ def load_data(data_args: DataArguments, args: MDLMConfig) -> tuple[Dataset, Data
     return loaded[0], loaded[1]
 
 
+def prepare_rows(dataset: Dataset | None, key: str, split: str | None, source: str, tokenizer: Any,
+                 args: MDLMConfig) -> Dataset | None:
+    """A split prepared for the student with its tokenizer alone, so every row check (columns, teacher scores and
+    spans, prompt length within max_length) runs before any model loads; MDLMTrainer then finds it prepared."""
+    if dataset is None:
+        return None
+    try:
+        return MDLMTrainer.prepare_rows(dataset, tokenizer, args.student_format(), args.masking(), args)
+    except SchemaError as error:
+        raise RecipeError(f"dataset_name {source}, {key} {split}: {error}") from None
+
+
 def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
     """The student's tokenizer, with a mask token id for the student (``mask_token_id``, its config's or the tokenizer's)."""
     path, revision = model_args.model_name_or_path, model_args.model_revision
@@ -428,19 +455,85 @@ def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
     return tokenizer
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``trims train``: the message says which checkpoint holds the work and how to continue."""
+
+    def __init__(self, output_dir: str, step: int, max_steps: int) -> None:
+        folder = Path(output_dir)
+        last = get_last_checkpoint(output_dir) if folder.is_dir() else None
+        where = f"interrupted at step {step} of {max_steps}"
+        if last is not None:
+            message = (f"{where}; {last} holds step {last.rsplit('-', 1)[1]}: continue from it with the same command and "
+                       "--resume_from_checkpoint true.")
+        elif folder.is_dir() and any(folder.iterdir()):
+            message = f"{where}; no checkpoint was saved: delete output_dir {output_dir} (or choose another) and rerun."
+        else:
+            message = f"{where}; no checkpoint was saved: rerun the same command."
+        super().__init__(message)
+
+
+class _CheckpointOnInterrupt(TrainerCallback):
+    """After a first Ctrl-C, end the optimizer step under way, save a checkpoint through the Trainer (weights, optimizer,
+    scheduler, RNG and data position, so a resumed run continues exactly) and stop. Every process stops at the
+    same step: the request is reduced over them."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        requested = self.requested
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor(float(requested), device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            requested = bool(flag.item())
+        if requested:
+            self.requested = control.should_save = control.should_training_stop = True
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        """Route the first Ctrl-C to :meth:`on_step_end`; a second one interrupts at once (nothing more is saved)."""
+        if threading.current_thread() is not threading.main_thread():  # only the main thread may handle signals
+            yield
+            return
+
+        def request(signum: int, frame: Any) -> None:
+            self.requested = True
+            signal.signal(signal.SIGINT, previous)
+            print("interrupt: saving a checkpoint after this step (Ctrl-C again to stop at once)", file=sys.stderr)
+
+        previous = signal.signal(signal.SIGINT, request)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
 def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> MDLMTrainer:
-    """Check everything, load data and tokenizer, then the student; train (resuming if asked), save, push if asked."""
+    """Check everything, load data and tokenizer, then the student; train (resuming if asked), save, push if asked.
+
+    Ctrl-C raises :class:`TrainingInterrupted` (the first one after saving a checkpoint at the end of the step)."""
     resume = check_run(model_args, data_args, args)
     kind = student_kind(model_args)
+    check_student_length(model_args, kind, args)
     train_dataset, eval_dataset = load_data(data_args, args)
     tokenizer = load_tokenizer(model_args, kind)
+    train_dataset = prepare_rows(train_dataset, "train_split", data_args.train_split, data_args.dataset_name, tokenizer, args)
+    eval_dataset = prepare_rows(eval_dataset, "eval_split", data_args.eval_split, data_args.dataset_name, tokenizer, args)
     set_seed(args.seed)
     model = wrap_lora(build_student(model_args, kind, tokenizer), model_args, args.gradient_checkpointing)
     trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
     if data_args.decode_eval_task:
         DecodeEvalCallback(data_args.decode_eval_task, tokenizer, data_args.decoding_config(), limit=data_args.decode_eval_limit,
                            data_file=data_args.decode_eval_data_file, trainer=trainer)
-    result = trainer.train(resume_from_checkpoint=resume)
+    stop = _CheckpointOnInterrupt()
+    trainer.add_callback(stop)
+    try:
+        with stop.listening():
+            result = trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(args.output_dir, trainer.state.global_step, trainer.state.max_steps) from None
+    if stop.requested:
+        raise TrainingInterrupted(args.output_dir, trainer.state.global_step, trainer.state.max_steps)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)
     trainer.save_model()  # with push_to_hub, this also uploads the adapter
@@ -465,5 +558,5 @@ def recipe_help() -> str:
     return HfArgumentParser(RECIPE_TYPES, prog="trims train --config FILE", allow_abbrev=False).format_help()
 
 
-__all__ = ["DataArguments", "ModelArguments", "RecipeError", "check_run", "load_data", "parse_recipe", "read_recipe", "recipe_help",
+__all__ = ["DataArguments", "ModelArguments", "RecipeError", "TrainingInterrupted", "check_run", "load_data", "parse_recipe", "read_recipe", "recipe_help",
            "train"]

@@ -141,12 +141,26 @@ def _native(config_dict: dict[str, Any], spec: StudentSpec) -> bool:
     return spec.translate_config is not None and str(config_dict.get("model_type", "")).lower() == spec.native_model_type
 
 
+def student_config(config_dict: dict[str, Any], kind: str) -> PreTrainedConfig:
+    """The transformers config a student of ``kind`` with this ``config.json`` dict loads with (LLaDA / Dream
+    originals translated), so checks that need only the config run before any weight is read."""
+    spec = STUDENTS[kind]
+    return spec.translate_config(config_dict) if _native(config_dict, spec) else PreTrainedConfig.from_dict(config_dict)
+
+
+def check_sequence_length(config_dict: dict[str, Any], kind: str, max_length: int) -> None:
+    """Refuse sequences longer than the student's position embeddings, which it was never trained beyond."""
+    positions = getattr(student_config(config_dict, kind).get_text_config(), "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        raise ValueError(f"max_length={max_length}: more than the {positions} positions of the student "
+                         f"(max_position_embeddings); set it to at most {positions}")
+
+
 def student_mask_token_id(config_dict: dict[str, Any], kind: str, mask_token_id: int | None = None,
                           tokenizer: Any = None) -> int:
     """The mask id a student of ``kind`` with this ``config.json`` dict uses: ``mask_token_id``, else its config's,
     else ``tokenizer``'s; checked against the vocabulary. Needs no weights, so a missing id fails in seconds."""
-    spec = STUDENTS[kind]
-    config = spec.translate_config(config_dict) if _native(config_dict, spec) else PreTrainedConfig.from_dict(config_dict)
+    config = student_config(config_dict, kind)
     for candidate in (mask_token_id, getattr(config, "mask_token_id", None), getattr(tokenizer, "mask_token_id", None)):
         if candidate is not None:
             break
@@ -194,6 +208,7 @@ def load_student(
 __all__ = [
     "STUDENTS",
     "add_mask_token",
+    "check_sequence_length",
     "MaskTokenError",
     "StudentKindError",
     "StudentSpec",
@@ -203,6 +218,7 @@ __all__ = [
     "mask_token_id",
     "prepare_student",
     "student_logits",
+    "student_config",
     "student_mask_token_id",
     "student_spec",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..collator import EPOCH_KEY, UNFOLLOWED_EPOCH
 from ..loss import LOSS_KEYS, mdlm_loss
 
 
@@ -75,7 +76,7 @@ class MDLMLossHooks:
     """Make ``model(**batch)`` on a :class:`trims_hf.TrimsDataCollator` batch return the MDLM loss.
 
     ``transformers.Trainer`` calls ``model(**batch, num_items_in_batch=N)``. Before the forward, the loss-only
-    keys (``labels``, ``masked``, ``loss_weights``...) are taken out, so the model never computes its own
+    keys (``labels``, ``masked``, ``loss_weights``..., and ``epoch``) are taken out, so the model never computes its own
     (e.g. causal, shifted) loss and models without ``**kwargs`` still run; after it, the one MDLM loss of
     :mod:`trims_hf.loss` is computed from the logits and set as ``output.loss``. Calls without these keys
     (decoding, :class:`trims_hf.MDLMTrainer`) are untouched.
@@ -88,6 +89,13 @@ class MDLMLossHooks:
     def before(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         if "masked" not in kwargs or "loss_weights" not in kwargs:
             return None
+        epochs = kwargs.pop(EPOCH_KEY, None)
+        training_step = module.training and torch.is_grad_enabled() and "num_items_in_batch" in kwargs
+        if training_step and epochs is not None and bool((epochs == UNFOLLOWED_EPOCH).any()):
+            # A Trainer moves to later epochs, and nothing tells the collator: each would repeat the first's masks.
+            raise ValueError("nothing advances the TrimsDataCollator's epoch, so every epoch would train on the first "
+                             "epoch's masks: pass callbacks=[trims_hf.CollatorEpochCallback(collator)] to the Trainer, "
+                             "or train with trims_hf.MDLMTrainer.")
         batch = {key: kwargs.pop(key) for key in (*LOSS_KEYS, "num_items_in_batch") if key in kwargs}
         self._pending[threading.get_ident()] = batch
         return args, kwargs
