@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
@@ -32,11 +31,24 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from .generation import DecodeHook, DecodingConfig, TokensPerStepRecorder, generate_text, throughput
+from .generation import (
+    DecodeHook,
+    DecodingConfig,
+    TokensPerStepRecorder,
+    generate_text,
+    throughput,
+)
 from .prompts import resolved_format
-from .reports import library_versions, markdown_table, write_atomic
+from .reports import library_versions, markdown_table, weights_fingerprint, write_atomic
 from .settings import PromptFormat
-from .tasks import CodeExecutionDisabled, CodeTask, Example, Task, TaskDataError, get_task
+from .tasks import (
+    CodeExecutionDisabled,
+    CodeTask,
+    Example,
+    Task,
+    TaskDataError,
+    get_task,
+)
 
 # The knob each decoding strategy is swept over.
 SWEEP_PARAMETER = {"threshold": "threshold", "entropy": "entropy_threshold", "factor": "factor", "fixed_steps": "steps"}
@@ -154,15 +166,13 @@ def _model_name(model: nn.Module) -> str:
 
 def run_fingerprint(model: nn.Module, model_name: str, task: Task, tokenizer: PreTrainedTokenizerBase,
                     config: DecodingConfig, prompt_format: PromptFormat, batch_size: int) -> str:
-    """A short hash of everything that decides a sample's record: the model's name, a checksum of its weights
-    (a retrained adapter in the same folder differs), dtype and device, the task and prompt format, the decoding
-    settings and the batch size (left padding moves the numerics). Records of another fingerprint are never reused."""
-    parameters = [p.detach() for p in model.parameters()]
-    with torch.no_grad():
-        sums = torch.stack([torch.stack([p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64)])
-                            for p in parameters]).cpu() if parameters else torch.zeros(0)
+    """A short hash of everything that decides a sample's record: the model's name, its weights
+    (:func:`~trims_hf.reports.weights_fingerprint`: a retrained adapter in the same folder differs), dtype and device,
+    the task and prompt format, the decoding settings and the batch size (left padding moves the numerics). Records
+    of another fingerprint are never reused."""
+    parameters = list(model.parameters())
     key = {
-        "model": model_name, "weights": [f"{value:.10g}" for value in sums.flatten().tolist()],
+        "model": model_name, "weights": weights_fingerprint(model),
         "dtype": str(parameters[0].dtype) if parameters else None,
         "device": parameters[0].device.type if parameters else None,
         "task": task.prompt_format(tokenizer), "prompt_format": asdict(prompt_format), "decoding": asdict(config),

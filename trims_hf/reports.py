@@ -3,10 +3,12 @@ atomic file write every result and record goes through."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 VERSIONED_PACKAGES = ("torch", "transformers", "peft", "datasets")
 """Packages whose versions move decoding and training numbers; recorded with every result file and model card."""
@@ -39,3 +41,15 @@ def write_atomic(path: Path, text: str) -> Path:
     partial.write_text(text)
     os.replace(partial, path)
     return path
+
+
+def weights_fingerprint(model: Any) -> str:
+    """A hash of every parameter and buffer (names, dtypes, shapes, bytes): the same weights, bit for bit, give
+    the same value, so runs can show they start from the same weights and saved work is reused only for them."""
+    import torch  # here: the rest of this module serves torch-free commands
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -360,7 +360,8 @@ def stage_base(run: Run) -> None:
     """The pretrained model with a mask token, made a Dream-style student, MDLM-trained into the base."""
     from trims_hf.analysis import bucket_statistics
     from trims_hf.students import add_mask_token, prepare_student
-    from trims_hf.study import train_student, weights_checksum
+    from trims_hf.reports import weights_fingerprint
+    from trims_hf.study import train_student
 
     folder, p = run.output / "base", run.protocol
     if not run.units.unit(folder, "base", expected_s=expected_s(run, "train", p.base_steps)):
@@ -371,11 +372,11 @@ def stage_base(run: Run) -> None:
     data = prepared(run, tokenizer, "hard_to_easy")
     buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.num_buckets)
     args = student_args(run, run.output / "work" / "base", p.base_steps, p.base_lr, p.data_seed, 0.0, "hard_to_easy")
-    record = training_record(args, p.base_steps, weights_checksum(model))
+    record = training_record(args, p.base_steps, weights_fingerprint(model))
     train_student(model, tokenizer, data, args, record)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    record["saved_weights"] = weights_checksum(load_student_folder(folder))  # what every variant must start from
+    record["saved_weights"] = weights_fingerprint(load_student_folder(folder))  # what every variant must start from
     run.units.done(folder, "base", started, {**record, "buckets": buckets})
 
 
@@ -498,7 +499,8 @@ def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, 
     """One variant continued from the base with the protocol's data order and ``seed``; only the masking differs.
     Its unit records what shows it: the seed, ratio and ordering the trainer got, the checksum of the weights it
     started from (the base's saved ones) and the hash of its first batch (the same for every variant of a seed)."""
-    from trims_hf.study import train_student, weights_checksum
+    from trims_hf.reports import weights_fingerprint
+    from trims_hf.study import train_student
 
     p, folder = run.protocol, run.output / "variants" / folder_name
     if not run.units.unit(folder, f"variant {folder_name}", expected_s=expected_s(run, "train", steps)):
@@ -510,7 +512,7 @@ def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, 
         context[ordering] = prepared(run, tokenizer, ordering)
     model = load_student_folder(run.output / "base")
     args = student_args(run, run.output / "work" / folder_name, steps, p.variant_lr, seed, ratio, ordering)
-    record = training_record(args, steps, weights_checksum(model))
+    record = training_record(args, steps, weights_fingerprint(model))
     train_student(model, tokenizer, context[ordering], args, record)
     model.save_pretrained(folder)
     run.units.done(folder, f"variant {folder_name}", started, {"model": name, **record})
