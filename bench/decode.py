@@ -39,10 +39,10 @@ def random_student(vocab: int, hidden: int, layers: int, seed: int) -> torch.nn.
 def decode_modes(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor | None]], base: DecodingConfig,
                  modes: tuple[str, ...] = CACHE_MODES) -> dict[str, tuple[dict[str, object], list[torch.Tensor]]]:
     """Decode every batch of (left-padded prompts, attention mask or None) with each cache mode: the recorder's
-    summary (every generated position counted, so modes doing the same steps do the same work) and the responses."""
+    summary and the responses."""
     results = {}
     for mode in modes:
-        recorder = TokensPerStepRecorder(count_tokens=lambda ids: ids.numel())
+        recorder = TokensPerStepRecorder()
         outputs = [generate(model, ids, mask, config=replace(base, cache=mode), hooks=[recorder]).responses
                    for ids, mask in batches]
         results[mode] = (recorder.summary(), outputs)

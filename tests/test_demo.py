@@ -138,7 +138,7 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--data-file", "{w}/prompts.jsonl"], r"--data-file .*prompts\.jsonl: row 0 has no field 'question'"),
     (["--data-file", "{w}/no-answer.jsonl"], r"--data-file .*no-answer\.jsonl: row 0 field 'answer' ends with no '#### N'"),
     (["--data-file", "{w}/few.jsonl"], r"--data-file .*few\.jsonl has 3 rows; the demo needs more than 8\.$"),
-    (["--output", "{w}/a-file"], r"--output .*a-file: a file stands where the output folder should be\.$"),
+    (["--output", "{w}/a-file"], r"--output .*a-file: a file, not a folder\.$"),
 ])
 def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path, capsys):
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "1 + 1?", "completion": "2"}) + "\n")

@@ -252,10 +252,10 @@ ERRORS = {
     "batch size": (["--task", "gsm8k", "--batch-size", "0"],
                    "--batch-size must be at least 1, got 0. (see `trims eval --help`)", None),
     "output is a folder": (["--task", "gsm8k", "--output", "{tmp}"],
-                           "--output {tmp} is a folder; name the JSON file to write, e.g. {tmp}/results.json. "
+                           "--output {tmp}: a folder; name the file to write, e.g. {tmp}/results.json. "
                            "(see `trims eval --help`)", None),
     "output under a file": (["--task", "gsm8k", "--output", "{tmp}/empty.jsonl/r.json"],
-                            "--output {tmp}/empty.jsonl/r.json: {tmp}/empty.jsonl is not a folder you can write to. "
+                            "--output {tmp}/empty.jsonl/r.json: {tmp}/empty.jsonl is a file, not a folder. "
                             "(see `trims eval --help`)", None),
     "system prompt without a chat template": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--prompt-format", "plain",
                                                "--system-prompt", "Be brief."],

@@ -17,7 +17,6 @@ import trims_hf.evaluation as evaluation
 from trims_hf.evaluation import (
     EvalResult,
     EvaluationInterrupted,
-    cut_at_stop_strings,
     evaluate_task,
     format_table,
     plot_frontier,
@@ -26,7 +25,7 @@ from trims_hf.evaluation import (
     sweep_configs,
 )
 from trims_hf.reports import library_versions
-from trims_hf.generation import DecodingConfig, TrajectoryRecorder
+from trims_hf.generation import DecodingConfig, TrajectoryRecorder, cut_at_stop_strings
 from trims_hf.tasks import CodeExecutionDisabled, GSM8KTask
 
 GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"
@@ -292,10 +291,10 @@ def test_torn_or_stale_records_are_decoded_again(scripted, tokenizer, tmp_path, 
 def test_interrupt_raises_with_the_saved_count(scripted, tokenizer, tmp_path, monkeypatch):
     decode = evaluation.generate_text
 
-    def stop_at_the_third(model, tokenizer, prompts, config, hooks, ids, fmt):
+    def stop_at_the_third(model, tokenizer, prompts, config, hooks, ids, fmt, stop_strings):
         if ids == ["2"]:
             raise KeyboardInterrupt
-        return decode(model, tokenizer, prompts, config, hooks, ids, fmt)
+        return decode(model, tokenizer, prompts, config, hooks, ids, fmt, stop_strings)
 
     monkeypatch.setattr(evaluation, "generate_text", stop_at_the_third)
     with pytest.raises(EvaluationInterrupted) as stopped:

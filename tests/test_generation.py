@@ -383,12 +383,10 @@ def test_tokens_per_step_is_a_ratio_of_totals():
     assert summary["nfe"] == 9 and summary["model_forwards"] == 8 and summary["generated_tokens"] == 11
     assert summary["tokens_per_second"] > 0 and summary["early_stop"] is True and "tps" not in summary
     assert recorder.per_sample()["a"] == {"tokens": 3, "non_eos_tokens": 3, "nfe": 1, "tokens_per_step": 3.0}
-    recorder.finalize("b", 6)  # a task cut sample b at a stop string
-    assert recorder.summary()["tokens_per_step"] == pytest.approx(9 / 9)
 
 
-def test_tokens_per_step_counts_across_calls_and_with_a_callback():
-    recorder = TokensPerStepRecorder(count_tokens=lambda ids: int((ids == 5).sum()))
+def test_tokens_per_step_counts_across_calls():
+    recorder = TokensPerStepRecorder()
     config = DecodingConfig(gen_length=8, block_length=4)
     for prompt in ([[1, 0]], [[2, 0]]):
         generate(ScriptedStudent(_two_samples()), torch.tensor(prompt), config=config, hooks=[recorder])
@@ -409,8 +407,25 @@ def test_non_eos_count_of_the_peers_counts_the_end_of_turn_token(early_stop, nfe
     summary = recorder.summary()
     assert summary["tokens_per_step"] == pytest.approx(3 / nfe)
     assert summary["tokens_per_forward_non_eos"] == pytest.approx(non_eos / nfe) and summary["non_eos_tokens"] == non_eos
-    recorder.finalize(0, 2)  # a task stop string cut the answer after 2 tokens: neither count goes past it
-    assert recorder.summary()["tokens_per_forward_non_eos"] == recorder.summary()["tokens_per_step"] == 2 / nfe
+
+
+class _Words:
+    """A tokenizer stand-in that decodes token id ``i`` as the word ``w{i}``, so stop strings can cut answers."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(f"w{i} " for i in ids)
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_a_stop_string_ends_both_counts(early_stop):
+    """A task stop string cutting the answer before the first stop token ends both counts at the token that
+    reaches it; the recorder keeps the cut answer."""
+    recorder = TokensPerStepRecorder(_Words(), stop_strings=("w5",))
+    config = DecodingConfig(gen_length=8, block_length=4, stop_token_ids=(EOS, EOT), early_stop=early_stop)
+    model = ScriptedStudent(by_position([3, 4, 5, EOT, 7, 8, 9, 10], [0.99] * 8, 2))
+    generate(model, PROMPT, config=config, hooks=[recorder])
+    assert recorder.samples[0]["tokens"] == recorder.samples[0]["non_eos_tokens"] == 2
+    assert recorder.answers[0] == "w3 w4 "
 
 
 def test_trajectory_decode_order_and_teacher_nll(tmp_path):
@@ -469,17 +484,23 @@ def test_generate_text_left_pads_and_cuts_before_the_first_stop(tokenizer, qwen)
     )
 
 
-def test_generate_text_stops_at_chat_end_of_turn_tokens():
-    from transformers import PreTrainedTokenizerFast
+def test_end_of_response_defaults_to_the_chat_templates_end_of_turn_then_eos():
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
-    from trims_hf.generation.decoding import _end_of_turn_ids
+    from trims_hf.prompts import end_of_response_ids
 
     vocab = {"<eos>": 0, "<|eot_id|>": 1, "a": 2, "<|im_end|>": 3}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
-    assert _end_of_turn_ids(tokenizer) == [1, 3]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>",
+                                        additional_special_tokens=["<|eot_id|>", "<|im_end|>"])
+    assert end_of_response_ids(tokenizer, None) == [0]  # no chat template: EOS
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}<|eot_id|>{% endfor %}"
+    assert end_of_response_ids(tokenizer, None) == [1, 0]
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    assert end_of_response_ids(tokenizer, None) == [3, 0]
+    assert end_of_response_ids(tokenizer, ["a"]) == [2]
 
 
 def test_every_strategy_name_has_a_builder():
@@ -489,3 +510,27 @@ def test_every_strategy_name_has_a_builder():
     from trims_hf.settings import StrategyName
 
     assert set(STRATEGIES) == set(get_args(StrategyName))
+
+
+def test_decoding_stops_at_the_end_of_response_training_appends():
+    """A student trained to end responses with a custom token (StudentFormat.end_of_response) stops on it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from trims_hf import StudentFormat
+    from trims_hf.preparation import tokenize_example
+
+    vocab = {**{f"w{i}": i for i in range(12)}, "<end>": 12, "<eot>": EOT, "<eos>": EOS, "<mask>": MASK}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>",
+                                        mask_token="<mask>")
+    fmt = StudentFormat(prompt_format="plain", end_of_response=["<end>"])
+    end = tokenize_example(tokenizer, "w1 w2", "w3", fmt).input_ids[-1]  # what training ends every response with
+    assert end == 12
+    model = ScriptedStudent(by_position([3, end, 4, 4], [0.9] * 4, prompt_length=2))
+    model.anchor = nn.Parameter(torch.zeros(1))  # generate_text decodes where the parameters are
+    recorder = TokensPerStepRecorder()
+    config = DecodingConfig(gen_length=4, block_length=4, threshold=0.5)
+    answers = generate_text(model, tokenizer, ["w1 w2"], config, hooks=[recorder], prompt_format=fmt)
+    assert answers == ["w3"] and recorder.samples[0]["tokens"] == 1

@@ -78,7 +78,7 @@ CASES = {
     "missing gguf file": (["--gguf-file", "x.gguf"], {}, "--gguf-file x.gguf: no such file in {teacher}."),
     "output exists": ([], {"out/": ""}, "--output {out}: already exists; choose another folder or pass --overwrite."),
     "output under a file": (["--output", "{tmp}/file/out"], {"file": "x"},
-                            "--output {tmp}/file/out: cannot be created, {tmp}/file is a file."),
+                            "--output {tmp}/file/out: {tmp}/file is a file, not a folder."),
     "missing column": (["--prompt-column", "prompt"], {},
                        "--prompt-column prompt: no such column (columns: question, answer)."),
     "empty completion": (["--dataset", "{tmp}/empty.jsonl"], {"empty.jsonl": '{"question": "q", "answer": "  "}\n'},

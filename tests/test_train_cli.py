@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import synthetic_scored_rows
 from datasets import Dataset
+from helpers_tokenizers import make_tokenizer
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaConfig
 
-from conftest import synthetic_scored_rows
-from helpers_tokenizers import make_tokenizer
 from trims_hf import MDLMConfig
 from trims_hf.cli import main
 from trims_hf.commands.train import split_config
-from trims_hf.jobs.train import RecipeError, parse_recipe, read_recipe
+from trims_hf.errors import InputError
+from trims_hf.jobs.train import parse_recipe, read_recipe
 from trims_hf.trainer import MDLMTrainer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -92,7 +93,7 @@ def test_overrides_win_and_are_typed():
 def test_unknown_keys_are_errors(tmp_path, toy, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(TOY.read_text() + "lerning_rate: 0.1\n")
-    with pytest.raises(RecipeError, match=r"bad\.yaml: unknown key\(s\) 'lerning_rate' \(did you mean learning_rate\?\)"):
+    with pytest.raises(InputError, match=r"bad\.yaml: unknown key\(s\) 'lerning_rate' \(did you mean learning_rate\?\)"):
         read_recipe(bad)
     assert main(["train", "--config", str(bad)]) == 2
     assert "lerning_rate" in capsys.readouterr().err
@@ -279,7 +280,7 @@ def test_user_mistakes_are_one_line_before_any_model_loads(edit, changes, extra,
 
 
 def test_unwritable_output_parent(toy, tmp_path, capsys, offline_hub, monkeypatch):
-    monkeypatch.setattr("trims_hf.jobs.train.os.access", lambda path, mode: Path(path) != tmp_path)
+    monkeypatch.setattr("trims_hf.errors.os.access", lambda path, mode: Path(path) != tmp_path)
     assert train_cli(toy, tmp_path / "run") == 2
     assert capsys.readouterr().err == f"error: output_dir {tmp_path / 'run'}: {tmp_path} is not writable.\n"
 

@@ -42,7 +42,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
             "scored_dataset_card"),
     "scoring": ("token_scores",),
     "teacher": ("load_teacher", "load_teacher_tokenizer", "teacher_identity"),
-    "sources": ("OutputFolderError", "SourceError", "check_dataset_source", "check_model_source", "check_output_folder"),
+    "errors": ("InputError", "check_output_folder"),
+    "sources": ("SourceError", "check_dataset_source", "check_model_source"),
     "jobs.score": ("ScoringInterrupted", "add_teacher_buckets", "build_scored_dataset", "score_dataset"),
     "evaluation": ("EvalResult", "EvaluationInterrupted", "SampleRecord", "evaluate_task", "format_table", "load_examples",
                    "plot_frontier", "save_results", "sweep"),
@@ -51,7 +52,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "reports": ("library_versions", "markdown_table"),
     "callbacks": ("DecodeEvalCallback",),
     "model_card": ("eval_command", "trims_model_card"),
-    "jobs.train": ("DataArguments", "ModelArguments", "RecipeError", "parse_recipe", "train"),
+    "jobs.train": ("DataArguments", "ModelArguments", "parse_recipe", "train"),
 }
 _OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_OWNER)

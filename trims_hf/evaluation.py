@@ -13,18 +13,16 @@ finishes, so an interrupted evaluation resumes where it stopped (:class:`Evaluat
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import os
 import sys
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
@@ -36,15 +34,21 @@ from transformers import PreTrainedTokenizerBase
 from .generation import (
     DecodeHook,
     DecodingConfig,
-    GenerationOutput,
-    GenerationStart,
     TokensPerStepRecorder,
     generate_text,
+    throughput,
 )
 from .prompts import resolved_format
-from .reports import library_versions, markdown_table, write_json
+from .reports import library_versions, markdown_table, weights_fingerprint, write_json
 from .settings import PromptFormat
-from .tasks import CodeExecutionDisabled, CodeTask, Example, Task, TaskDataError, get_task
+from .tasks import (
+    CodeExecutionDisabled,
+    CodeTask,
+    Example,
+    Task,
+    TaskDataError,
+    get_task,
+)
 
 # The knob each decoding strategy is swept over.
 SWEEP_PARAMETER = {"threshold": "threshold", "entropy": "entropy_threshold", "factor": "factor", "fixed_steps": "steps"}
@@ -135,37 +139,6 @@ class EvaluationInterrupted(KeyboardInterrupt):
                          "the same settings and records file to resume")
 
 
-class _Responses(DecodeHook):
-    """Keeps the response ids of the last decoded batch, so counting can cut them at a stop string."""
-
-    def __init__(self) -> None:
-        self.ids: dict[Hashable, list[int]] = {}
-        self._sample_ids: tuple[Hashable, ...] = ()
-
-    def on_start(self, start: GenerationStart) -> None:
-        self._sample_ids = start.sample_ids
-
-    def on_end(self, output: GenerationOutput) -> None:
-        self.ids = dict(zip(self._sample_ids, output.responses.tolist()))
-
-
-def cut_at_stop_strings(text: str, stop_strings: Sequence[str]) -> str:
-    """``text`` up to (not including) the earliest stop string."""
-    cuts = [index for stop in stop_strings if (index := text.find(stop)) >= 0]
-    return text[: min(cuts)] if cuts else text
-
-
-def tokens_covering(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], num_chars: int) -> int:
-    """Fewest leading tokens of ``ids`` whose decoded text reaches ``num_chars`` characters.
-
-    A token straddling a stop string counts (it produced text before it); decoding prefixes instead of
-    re-tokenising the cut text keeps the model's own token boundaries.
-    """
-    return bisect.bisect_left(
-        range(len(ids) + 1), num_chars, key=lambda n: len(tokenizer.decode(ids[:n], skip_special_tokens=True))
-    )
-
-
 def check_task_inputs(task: Task, data_file: str | None, execute_code: bool) -> None:
     """Fail before any model work: missing data file, or a code task without the execution opt-in."""
     if data_file is not None and not Path(data_file).is_file():
@@ -193,15 +166,13 @@ def _model_name(model: nn.Module) -> str:
 
 def run_fingerprint(model: nn.Module, model_name: str, task: Task, tokenizer: PreTrainedTokenizerBase,
                     config: DecodingConfig, prompt_format: PromptFormat, batch_size: int) -> str:
-    """A short hash of everything that decides a sample's record: the model's name, a checksum of its weights
-    (a retrained adapter in the same folder differs), dtype and device, the task and prompt format, the decoding
-    settings and the batch size (left padding moves the numerics). Records of another fingerprint are never reused."""
-    parameters = [p.detach() for p in model.parameters()]
-    with torch.no_grad():
-        sums = torch.stack([torch.stack([p.sum(dtype=torch.float64), torch.linalg.vector_norm(p, dtype=torch.float64)])
-                            for p in parameters]).cpu() if parameters else torch.zeros(0)
+    """A short hash of everything that decides a sample's record: the model's name, its weights
+    (:func:`~trims_hf.reports.weights_fingerprint`: a retrained adapter in the same folder differs), dtype and device,
+    the task and prompt format, the decoding settings and the batch size (left padding moves the numerics). Records
+    of another fingerprint are never reused."""
+    parameters = list(model.parameters())
     key = {
-        "model": model_name, "weights": [f"{value:.10g}" for value in sums.flatten().tolist()],
+        "model": model_name, "weights": weights_fingerprint(model),
         "dtype": str(parameters[0].dtype) if parameters else None,
         "device": parameters[0].device.type if parameters else None,
         "task": task.prompt_format(tokenizer), "prompt_format": asdict(prompt_format), "decoding": asdict(config),
@@ -287,20 +258,16 @@ def evaluate_task(
             print(f"resuming: {len(records)} of {len(examples)} {task.name} problems done ({setting}; {records_file})",
                   file=sys.stderr)
     todo = [e for e in examples if e.id not in records]
-    recorder, responses = TokensPerStepRecorder(), _Responses()
+    recorder = TokensPerStepRecorder(tokenizer, task.stop_strings)
     try:
         for begin in tqdm(range(0, len(todo), batch_size), desc=task.name, disable=not progress):
             batch = todo[begin : begin + batch_size]
             decoding_before = recorder.wall_time_s
-            outputs = generate_text(model, tokenizer, [prompts[e.id] for e in batch], config,
-                                    [recorder, responses, *hooks], [e.id for e in batch], fmt)
+            completions = generate_text(model, tokenizer, [prompts[e.id] for e in batch], config, [recorder, *hooks],
+                                        [e.id for e in batch], fmt, task.stop_strings)
             share = (recorder.wall_time_s - decoding_before) / len(batch)
             graded = []
-            for example, text in zip(batch, outputs):
-                completion = cut_at_stop_strings(text, task.stop_strings)
-                if completion != text:
-                    ids = responses.ids[example.id][: recorder.samples[example.id]["tokens"]]
-                    recorder.finalize(example.id, tokens_covering(tokenizer, ids, len(completion)))
+            for example, completion in zip(batch, completions):
                 grade = task.grade(example, completion, execute_code=execute_code)
                 counts = recorder.samples[example.id]
                 graded.append(SampleRecord(
@@ -323,9 +290,7 @@ def evaluate_task(
         model=name,
         task=task.name,
         accuracy=sum(r.correct for r in samples) / len(samples),
-        tokens_per_step=tokens / nfe if nfe else 0.0,
-        tokens_per_forward_non_eos=non_eos / nfe if nfe else 0.0,
-        tokens_per_second=tokens / decode_time if decode_time else 0.0,
+        **throughput(tokens, non_eos, nfe, decode_time),
         nfe=nfe,
         generated_tokens=tokens,
         non_eos_tokens=non_eos,

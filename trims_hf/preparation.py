@@ -23,7 +23,7 @@ from datasets import Dataset
 
 from . import schema
 from .buckets import bucket_rows, project_scores, teacher_coverage
-from .prompts import prompt_token_ids
+from .prompts import end_of_response_ids, prompt_token_ids
 from .settings import BucketConfig, StudentFormat
 
 logger = logging.getLogger(__name__)
@@ -43,18 +43,6 @@ class TokenizedExample:
     num_end_tokens: int  # end-of-response tokens kept within max_length
 
 
-def end_of_response_ids(tokenizer: Any, fmt: StudentFormat) -> list[int]:
-    """Ids appended after every completion (must be single tokens of the vocabulary)."""
-    tokens = fmt.end_of_response if fmt.end_of_response is not None else [tokenizer.eos_token]
-    ids = []
-    for token in tokens:
-        token_id = tokenizer.convert_tokens_to_ids(token) if token is not None else None
-        if token_id is None or token_id == tokenizer.unk_token_id:
-            raise ValueError(f"End-of-response token {token!r} is not a single token of the student tokenizer.")
-        ids.append(int(token_id))
-    return ids
-
-
 def tokenize_example(tokenizer: Any, prompt: Any, completion: str, fmt: StudentFormat | None = None,
                      index: int | None = None) -> TokenizedExample:
     """Tokenise the prompt (:func:`trims_hf.prompts.prompt_token_ids`) and the completion separately, keeping the
@@ -71,7 +59,7 @@ def tokenize_example(tokenizer: Any, prompt: Any, completion: str, fmt: StudentF
     encoded = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
     room = fmt.max_length - len(prompt_ids)
     completion_ids = list(encoded["input_ids"])[:room]
-    end_ids = end_of_response_ids(tokenizer, fmt)[: room - len(completion_ids)]
+    end_ids = end_of_response_ids(tokenizer, fmt.end_of_response)[: room - len(completion_ids)]
     return TokenizedExample(
         input_ids=prompt_ids + completion_ids + end_ids,
         prompt_length=len(prompt_ids),

@@ -2,12 +2,16 @@
 
 A prompt is a string or a list of chat messages. A mismatch between the prompt a student was trained on
 and the one it is evaluated with silently costs accuracy, so every component calls :func:`prompt_token_ids`.
+Likewise the tokens that end a response: training appends :func:`end_of_response_ids` after every completion
+and decoding stops at the same ids, so a student stops where it learned to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+from jinja2 import TemplateError
 
 from .settings import PromptFormat
 
@@ -64,3 +68,36 @@ def prompt_token_ids(tokenizer: Any, prompt: Prompt, fmt: PromptFormat) -> list[
 def prompt_template(tokenizer: Any, fmt: PromptFormat) -> str:
     """The rendered prompt with a ``{prompt}`` placeholder, for data set and model cards."""
     return render_prompt(tokenizer, "{prompt}", fmt)[0]
+
+
+_RESPONSE_MARKER = "TRIMSRESPONSEMARKER"
+
+
+def end_of_turn_token(tokenizer: Any) -> str | None:
+    """The special token the tokenizer's chat template closes an assistant turn with (None without one)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    turn = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _RESPONSE_MARKER}]
+    try:
+        rendered = tokenizer.apply_chat_template(turn, tokenize=False)
+    except (TemplateError, ValueError):  # a template that refuses an assistant turn (raise_exception) or its roles
+        return None
+    after = rendered[rendered.find(_RESPONSE_MARKER) + len(_RESPONSE_MARKER):] if _RESPONSE_MARKER in rendered else ""
+    ids = tokenizer(after.lstrip(), add_special_tokens=False)["input_ids"] if after.strip() else []
+    token = tokenizer.convert_ids_to_tokens(ids[0]) if ids else None
+    special = set(tokenizer.all_special_tokens) | set(tokenizer.get_added_vocab())
+    return token if token in special else None
+
+
+def end_of_response_ids(tokenizer: Any, end_of_response: Sequence[str] | None) -> list[int]:
+    """Ids that end a response (:attr:`~trims_hf.settings.ResponseFormat.end_of_response`): the given tokens, each a
+    single token of the vocabulary, or by default the chat template's end of turn followed by the EOS token."""
+    tokens = list(end_of_response) if end_of_response is not None else list(
+        dict.fromkeys(t for t in (end_of_turn_token(tokenizer), tokenizer.eos_token) if t is not None))
+    ids = []
+    for token in tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise ValueError(f"End-of-response token {token!r} is not a single token of the student tokenizer.")
+        ids.append(int(token_id))
+    return ids

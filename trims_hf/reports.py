@@ -3,6 +3,7 @@ atomic file write every result and record goes through."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -47,3 +48,15 @@ def write_json(path: Path, document: Any, indent: int | None = 2) -> Path:
     """Write ``document`` as JSON with :func:`write_atomic`. NaN and Infinity are not JSON (strict readers reject the
     file): one raises here, before anything is written, so a result file never holds them."""
     return write_atomic(path, json.dumps(document, indent=indent, allow_nan=False))
+
+
+def weights_fingerprint(model: Any) -> str:
+    """A hash of every parameter and buffer (names, dtypes, shapes, bytes): the same weights, bit for bit, give
+    the same value, so runs can show they start from the same weights and saved work is reused only for them."""
+    import torch  # here: the rest of this module serves torch-free commands
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]

@@ -4,7 +4,8 @@ The same classes configure the Python API, the ``trims`` commands (parsed with `
 and the YAML recipes, so a flag, a recipe key and a keyword argument are one declaration. This module
 imports neither torch nor transformers, so ``trims ... --help`` stays fast.
 
-* :class:`PromptFormat` / :class:`StudentFormat`: how a prompt (and completion) becomes tokens.
+* :class:`PromptFormat` / :class:`ResponseFormat` / :class:`StudentFormat`: how a prompt (and completion) becomes
+  tokens, and which tokens end a response.
 * :class:`ScoringOptions`: how the teacher scores rows (paper §3.1).
 * :class:`BucketConfig`: how teacher scores are cut into K equal-mass buckets (paper §3.2).
 * :class:`MaskingConfig`: the forward (noising) process of MDLM and TRIMS (paper Algorithm 1).
@@ -72,14 +73,21 @@ class PromptFormat:
 
 
 @dataclass
-class StudentFormat(PromptFormat):
-    """How a scored row becomes student tokens: the prompt format, the end of the response and the length cap."""
+class ResponseFormat(PromptFormat):
+    """How a student's prompt is rendered and where its response ends: what training and decoding must agree on."""
 
     end_of_response: list[str] | None = field(
         default=None,
-        metadata={"help": "Tokens appended after each completion; default: the tokenizer's EOS "
-                  "(LLaDA: <|eot_id|> <|endoftext|>; Dream: <|im_end|> <|endoftext|>)."},
+        metadata={"help": "Tokens training appends after each completion and decoding stops at; default: the token the "
+                  "tokenizer's chat template ends an assistant turn with, then its EOS (LLaDA: <|eot_id|> "
+                  "<|endoftext|>; Dream: <|im_end|> <|endoftext|>)."},
     )
+
+
+@dataclass
+class StudentFormat(ResponseFormat):
+    """How a scored row becomes student tokens: the prompt format, the end of the response and the length cap."""
+
     max_length: int = field(
         default=SEQUENCE_LENGTH, metadata={"help": "Maximum student sequence length; the completion is cut, the prompt never is."}
     )

@@ -1,4 +1,4 @@
-"""Where a model or a data set comes from, and where results go, checked in seconds before anything loads.
+"""Where a model or a data set comes from, checked in seconds before anything loads.
 
 transformers and datasets report a missing path as a malformed Hub id and an unreachable Hub only after
 their retries (half a minute); these checks name the flag the user typed, the path or id, and what works
@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+
+from .errors import InputError
 
 LOCAL_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,26 +28,8 @@ def smollm2_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
-class SourceError(ValueError):
+class SourceError(InputError):
     """A model or data set the user named cannot be found or reached; the message names the flag."""
-
-
-class OutputFolderError(ValueError):
-    """The output folder exists (and may not be replaced) or cannot be created; raised before any work starts."""
-
-
-def check_output_folder(folder: str | os.PathLike, overwrite: bool = False) -> None:
-    """Fail in a line, before any expensive work, when ``folder`` exists (without ``overwrite``) or cannot be made."""
-    folder = Path(folder)
-    if folder.exists() and not overwrite:
-        raise OutputFolderError(f"output={folder}: already exists; choose another folder or pass overwrite=True.")
-    parent = folder.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputFolderError(f"output={folder}: cannot be created, {parent} is a file.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputFolderError(f"output={folder}: cannot be created, {parent} is not writable.")
 
 
 def _looks_like_path(value: str) -> bool:
@@ -60,7 +44,11 @@ def _named(flag: str, value: str, default: str | None) -> str:
 
 
 def _hub_error(name: str, error: Exception, repo_type: str, offline_hint: str) -> SourceError:
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     if isinstance(error, GatedRepoError):
         return SourceError(f"{name}: gated on the Hub; accept its terms and log in (`hf auth login`).")

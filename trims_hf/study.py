@@ -22,8 +22,13 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 from datasets import Dataset
-from transformers import (DataCollatorForSeq2Seq, PreTrainedModel, PreTrainedTokenizerBase, Trainer,
-                          TrainingArguments)
+from transformers import (
+    DataCollatorForSeq2Seq,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainingArguments,
+)
 
 from .analysis import TeacherNLL, format_study, hard_first_correlation, study_rows
 from .config import MDLMConfig
@@ -229,15 +234,6 @@ def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, da
         trainer.data_collator = recording
     trainer.train()
     return model.eval()
-
-
-def weights_checksum(model: PreTrainedModel) -> str:
-    """A hash of every parameter and buffer (names, dtypes, values): shows that runs start from the same weights."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 class TraceMetrics(NamedTuple):

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from trims_hf.demo.task import DemoTask, make_splits
-from trims_hf.evaluation import cut_at_stop_strings, load_examples
+from trims_hf.evaluation import load_examples
+from trims_hf.generation import cut_at_stop_strings
 from trims_hf.settings import PromptFormat
 from trims_hf.sources import smollm2_gguf
 from trims_hf.tasks import Task, get_task

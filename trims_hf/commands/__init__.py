@@ -7,7 +7,6 @@ the library's heavy modules only inside ``main``, so ``trims <command> --help`` 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import sys
 from collections.abc import Iterable
@@ -15,12 +14,7 @@ from typing import NoReturn
 
 from transformers import HfArgumentParser
 
-
-def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """`` (did you mean X?)`` for the candidates ``word`` starts (``--model``), else its closest spelling; or ``""``."""
-    candidates = sorted(set(candidates))
-    close = [c for c in candidates if c.startswith(word)][:3] or difflib.get_close_matches(word, candidates, n=1)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
+from ..errors import did_you_mean
 
 
 class CommandParser(HfArgumentParser):

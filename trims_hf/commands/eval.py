@@ -9,11 +9,11 @@ finish: after Ctrl-C or a crash, the same command resumes there.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ..errors import InputError, check_output_path
 from ..settings import DecodingConfig, PromptFormat
 from . import CommandParser, fail
 
@@ -63,12 +63,8 @@ class EvalArguments:
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be at least 1, got {value}.")
         self.sweep_values()
-        output = Path(self.output)
-        if output.is_dir():
-            raise ValueError(f"--output {self.output} is a folder; name the JSON file to write, e.g. {output / 'results.json'}.")
-        folder = next(parent for parent in output.absolute().parents if parent.exists())
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise ValueError(f"--output {self.output}: {folder} is not a folder you can write to.")
+        check_output_path(self.output, f"--output {self.output}", folder=False,
+                          advice=f", e.g. {Path(self.output) / 'results.json'}")
 
     def sweep_values(self) -> list[float] | None:
         """The ``--sweep`` values as numbers (None without a sweep)."""
@@ -85,10 +81,6 @@ class EvalArguments:
     def records_file(self) -> Path:
         """Where graded problems are saved as they finish (removed once the results are written)."""
         return Path(self.output).with_suffix(".progress.jsonl")
-
-
-class InputError(ValueError):
-    """A flag's value that cannot work, found before the model loads; the message names the flag."""
 
 
 @dataclass
@@ -134,7 +126,12 @@ def _student(args: EvalArguments, tokenizer: Any) -> tuple[str, int]:
     """The student's kind and mask id from its config.json and tokenizer, before any weight is read."""
     from transformers import PreTrainedConfig
 
-    from ..students import MaskTokenError, StudentKindError, detect_student_kind, student_mask_token_id
+    from ..students import (
+        MaskTokenError,
+        StudentKindError,
+        detect_student_kind,
+        student_mask_token_id,
+    )
 
     config_dict, _ = PreTrainedConfig.get_config_dict(args.model, revision=args.model_revision)
     try:
@@ -212,12 +209,11 @@ def main(argv: list[str]) -> int:
     parser = CommandParser((EvalArguments, DecodingConfig, PromptFormat), prog="trims eval",
                            description="Evaluate a student on a benchmark: accuracy and tokens per step.")
     args, config, prompt_format = parser.parse(argv)
-    from ..sources import SourceError
     from ..tasks import TaskDataError
 
     try:
         inputs = check_inputs(args, config, prompt_format)
-    except (InputError, SourceError, TaskDataError) as error:
+    except (InputError, TaskDataError) as error:
         return fail(str(error))
     except KeyboardInterrupt:
         return fail("interrupted before the model loaded; nothing was written.", INTERRUPTED)
@@ -226,7 +222,13 @@ def main(argv: list[str]) -> int:
 
 def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int:
     """Load the student (and adapter), decode every setting, write the JSON (and the frontier plot of a sweep)."""
-    from ..evaluation import EvaluationInterrupted, evaluate_task, format_table, plot_frontier, save_results
+    from ..evaluation import (
+        EvaluationInterrupted,
+        evaluate_task,
+        format_table,
+        plot_frontier,
+        save_results,
+    )
     from ..students import load_student
 
     records = args.records_file()
@@ -260,4 +262,4 @@ def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int
     return 0
 
 
-__all__ = ["EvalArguments", "InputError", "check_inputs", "main"]
+__all__ = ["EvalArguments", "check_inputs", "main"]

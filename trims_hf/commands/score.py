@@ -106,13 +106,15 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
     User mistakes exit with code 2 and one line in the user's terms (``fields`` names the schema fields as the
     user knows them); Ctrl-C exits with 130 and says what was kept.
     """
-    from ..sources import OutputFolderError, SourceError, check_dataset_source, check_model_source, check_output_folder
+    from ..errors import InputError, check_output_path
+    from ..sources import check_dataset_source, check_model_source
 
     try:
         check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
         check_dataset_source(data.flag, data.value, default=data.default)
-        check_output_folder(out.output, out.overwrite)
-    except (SourceError, OutputFolderError) as error:
+        check_output_path(out.output, f"--output {out.output}", existing="reuse" if out.overwrite else "refuse",
+                          advice=" or pass --overwrite")
+    except InputError as error:
         return fail(in_user_terms(str(error), parser, fields))
     from ..hub import HubAccessError
     from ..jobs.score import ScoringInterrupted, build_scored_dataset, work_dir_for
@@ -125,7 +127,7 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
             buckets=buckets, source=data.value, license=out.license, push_to_hub=out.push_to_hub, token=out.token,
             private=out.private or None, overwrite=out.overwrite, extra_metadata=extra_metadata,
         )
-    except (SchemaError, SourceError, HubAccessError, OutputFolderError) as error:
+    except (SchemaError, InputError, HubAccessError) as error:
         return fail(in_user_terms(str(error), parser, fields))
     except ScoringInterrupted as stop:
         print(f"interrupted: {stop}", file=sys.stderr)

@@ -47,14 +47,14 @@ def main(argv: list[str]) -> int:
         return fail("trims train needs --config RECIPE.yaml (see `trims train --help`; recipes/ has examples).")
     if not Path(config).is_file():  # before the seconds of importing torch and transformers
         return fail(f"--config {config}: no such file.")
+    from ..errors import InputError
     from ..hub import HubAccessError
-    from ..jobs.train import RecipeError, TrainingInterrupted, parse_recipe, train
+    from ..jobs.train import TrainingInterrupted, parse_recipe, train
     from ..schema import SchemaError
-    from ..sources import SourceError
 
     try:
         train(*parse_recipe(config, overrides))
-    except (RecipeError, SourceError, HubAccessError, SchemaError) as error:
+    except (InputError, HubAccessError, SchemaError) as error:
         return fail(str(error))
     except TrainingInterrupted as stop:
         print(stop, file=sys.stderr)

@@ -20,24 +20,43 @@ from typing import Any
 
 import torch
 from datasets import Dataset, load_dataset
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast, TrainingArguments
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    TrainingArguments,
+)
 
 from ..analysis import bucket_statistics
 from ..config import MDLMConfig
+from ..errors import check_output_path
 from ..evaluation import EvalResult, evaluate_task
 from ..generation import DecodingConfig, TrajectoryRecorder
-from ..preparation import prepare_dataset
 from ..jobs.score import build_scored_dataset
-from ..settings import ScoringOptions
-from ..teacher import load_teacher
-from ..settings import BucketConfig, StudentFormat
+from ..preparation import prepare_dataset
+from ..settings import BucketConfig, ScoringOptions, StudentFormat
 from ..sources import smollm2_gguf
 from ..students import prepare_student
+from ..study import (
+    BASE,
+    VARIANTS,
+    cached,
+    mark_cached,
+    plot_trace_order,
+    slug,
+    trace_metrics,
+    train_causal_lm,
+    train_student,
+    training_arguments,
+    write_study_reports,
+)
 from ..tasks.base import read_json_rows
-from ..study import (BASE, VARIANTS, cached, mark_cached, plot_trace_order, slug, trace_metrics, train_causal_lm, train_student, training_arguments,
-                     write_study_reports)
+from ..teacher import load_teacher
 from .task import DemoTask, as_prompt_completion, make_splits
 from .tokenizer import build_tokenizer
+
 
 @dataclass(frozen=True)
 class DemoSettings:
@@ -282,8 +301,7 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
     start = time.perf_counter()
     train, test = load_rows(settings)
     output = Path(output)
-    if output.exists() and not output.is_dir() or any(p.exists() and not p.is_dir() for p in output.absolute().parents):
-        raise NotADirectoryError(f"--output {output}: a file stands where the output folder should be.")
+    check_output_path(output, f"--output {output}")
     output.mkdir(parents=True, exist_ok=True)
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)

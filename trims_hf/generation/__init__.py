@@ -19,9 +19,13 @@ from .hooks import (
     TokensPerStepRecorder,
     Trajectory,
     TrajectoryRecorder,
+    answer_text,
+    cut_at_stop_strings,
     non_eos_tokens,
     teacher_nll_per_step,
+    throughput,
     tokens_before_stop,
+    tokens_covering,
 )
 
 __all__ = [
@@ -40,9 +44,13 @@ __all__ = [
     "TokensPerStepRecorder",
     "Trajectory",
     "TrajectoryRecorder",
+    "answer_text",
+    "cut_at_stop_strings",
     "generate",
     "generate_text",
     "non_eos_tokens",
     "teacher_nll_per_step",
+    "throughput",
     "tokens_before_stop",
+    "tokens_covering",
 ]

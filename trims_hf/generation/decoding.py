@@ -24,11 +24,17 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from ..prompts import Prompt, prompt_token_ids
-from ..settings import DecodingConfig, PromptFormat
+from ..prompts import Prompt, end_of_response_ids, prompt_token_ids
+from ..settings import DecodingConfig, PromptFormat, ResponseFormat
 from ..students import mask_token_id, student_spec
 from .cache import StudentForward
-from .hooks import DecodeHook, GenerationStart, StepRecord, tokens_before_stop
+from .hooks import (
+    DecodeHook,
+    GenerationStart,
+    StepRecord,
+    answer_text,
+    tokens_before_stop,
+)
 
 
 def _ranks(priority: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -173,8 +179,7 @@ def _early_stop_fill(response: torch.Tensor, stops: torch.Tensor, eos_id: int, f
     """Positions to set to EOS: after the first stop token of each row whose current block is ``finished``
     (has no masks left), not EOS yet. Rows still decoding their block are left alone, so their open masks
     keep the context they would have without early stop."""
-    is_stop = torch.isin(response, stops)
-    first = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), response.shape[1])
+    first = tokens_before_stop(response, stops)
     after = torch.arange(response.shape[1], device=response.device)[None] > first[:, None]
     return after & finished[:, None] & (response != eos_id)
 
@@ -259,14 +264,6 @@ def generate(
     return output
 
 
-_END_OF_TURN_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|endoftext|>")
-
-
-def _end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    vocab = tokenizer.get_vocab()
-    return [vocab[token] for token in _END_OF_TURN_TOKENS if token in vocab]
-
-
 def generate_text(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -275,16 +272,19 @@ def generate_text(
     hooks: Sequence[DecodeHook] = (),
     sample_ids: Sequence[Hashable] | None = None,
     prompt_format: PromptFormat | None = None,
+    stop_strings: Sequence[str] = (),
 ) -> list[str]:
     """Render (:func:`trims_hf.prompts.prompt_token_ids`, as in training), left-pad and decode ``prompts``; returns
-    the answers cut before their first stop token. Stop ids default to the model's and the tokenizer's EOS ids
-    plus the chat end-of-turn tokens the vocabulary has (LLaDA's ``<|eot_id|>``, Dream's ``<|im_end|>``)."""
+    the answers (:func:`~trims_hf.generation.hooks.answer_text`): cut before their first stop token, then before the
+    earliest of ``stop_strings``. Stop ids default to the model's and the tokenizer's EOS ids plus the ids that end
+    a response in training (:func:`trims_hf.prompts.end_of_response_ids` of a :class:`ResponseFormat`'s
+    ``end_of_response``; by default the chat template's end of turn, e.g. LLaDA's ``<|eot_id|>``)."""
     config = config or DecodingConfig()
-    fmt = prompt_format or PromptFormat()
+    fmt = prompt_format or ResponseFormat()
     encoded = [prompt_token_ids(tokenizer, prompt, fmt) for prompt in prompts]
     batch = tokenizer.pad({"input_ids": encoded}, padding=True, padding_side="left", return_tensors="pt")
     eos_ids = dict.fromkeys(_eos_ids(model) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-                            + _end_of_turn_ids(tokenizer))
+                            + end_of_response_ids(tokenizer, getattr(fmt, "end_of_response", None)))
     config = replace(
         config,
         stop_token_ids=config.stop_token_ids if config.stop_token_ids is not None else tuple(eos_ids),
@@ -295,7 +295,5 @@ def generate_text(
         model, batch["input_ids"].to(device), batch["attention_mask"].to(device), config, hooks, sample_ids
     )
     lengths = tokens_before_stop(output.responses, config.stop_token_ids).tolist()
-    return [
-        tokenizer.decode(row[:length], skip_special_tokens=True)
-        for row, length in zip(output.responses.tolist(), lengths)
-    ]
+    return [answer_text(tokenizer, row[:length], stop_strings)[0]
+            for row, length in zip(output.responses.tolist(), lengths)]

@@ -10,19 +10,21 @@ it ran in and equals its batch-size-1 NFE. Tokens per step is the ratio of total
 ``sum(counted tokens) / sum(charged forwards)`` over the evaluation, not a mean of per-sample ratios.
 
 Two token counts share that denominator: ours (``tokens_per_step``: tokens before the first stop token or
-task stop string) and the count of the Fast-dLLM / dParallel / d3LLM evaluation scripts
+task stop string; the recorder knows the stop strings, and every result is built from its counts) and the count of the Fast-dLLM / dParallel / d3LLM evaluation scripts
 (``tokens_per_forward_non_eos``: every response token that is not EOS, up to a task stop string, so the
 end-of-turn token and, with early stop off, non-EOS tokens after it count too).
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 if TYPE_CHECKING:
     from .decoding import DecodingConfig, GenerationOutput
@@ -88,25 +90,64 @@ def non_eos_tokens(responses: torch.Tensor, eos_token_id: int | None) -> torch.T
     )
 
 
-def tokens_before_stop(responses: torch.Tensor, stop_token_ids: Sequence[int]) -> torch.Tensor:
+def tokens_before_stop(responses: torch.Tensor, stop_token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
     """Per row, the number of tokens before the first stop token (the whole row if there is none)."""
-    is_stop = torch.isin(responses, torch.tensor(list(stop_token_ids), dtype=responses.dtype, device=responses.device))
-    first = is_stop.int().argmax(dim=1)
-    return torch.where(is_stop.any(dim=1), first, torch.full_like(first, responses.shape[1]))
+    stops = torch.as_tensor(stop_token_ids, dtype=responses.dtype, device=responses.device)
+    is_stop = torch.isin(responses, stops)
+    return torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), responses.shape[1])
+
+
+def cut_at_stop_strings(text: str, stop_strings: Sequence[str]) -> str:
+    """``text`` up to (not including) the earliest stop string."""
+    cuts = [index for stop in stop_strings if (index := text.find(stop)) >= 0]
+    return text[: min(cuts)] if cuts else text
+
+
+def tokens_covering(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], num_chars: int) -> int:
+    """Fewest leading tokens of ``ids`` whose decoded text reaches ``num_chars`` characters.
+
+    A token straddling a stop string counts (it produced text before it); decoding prefixes instead of
+    re-tokenising the cut text keeps the model's own token boundaries.
+    """
+    return bisect.bisect_left(
+        range(len(ids) + 1), num_chars, key=lambda n: len(tokenizer.decode(ids[:n], skip_special_tokens=True))
+    )
+
+
+def answer_text(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], stop_strings: Sequence[str] = ()) -> tuple[str, int]:
+    """The answer a response gives and the tokens it took: ``ids`` (already cut before the first stop token)
+    decoded, then cut before the earliest stop string, with the number of leading tokens that text needs."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    answer = cut_at_stop_strings(text, stop_strings)
+    return answer, len(ids) if answer == text else tokens_covering(tokenizer, ids, len(answer))
+
+
+def throughput(tokens: int, non_eos_tokens: int, nfe: int, seconds: float) -> dict[str, float]:
+    """Tokens per step and its peers' count, each a ratio of totals over the charged forwards, and tokens per second."""
+    return {
+        "tokens_per_step": tokens / nfe if nfe else 0.0,
+        "tokens_per_forward_non_eos": non_eos_tokens / nfe if nfe else 0.0,
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+    }
 
 
 class TokensPerStepRecorder(DecodeHook):
     """Tokens per step (the paper's "TPS"), tokens per second and NFE over a whole evaluation.
 
-    Counted tokens of a sample default to the tokens before its first stop token (EOS tail excluded), and
-    its non-EOS tokens to every response token that is not EOS. Tasks that cut answers at stop strings pass
-    ``count_tokens`` (response ids -> counted tokens) or call :meth:`finalize` afterwards with the sample's
-    counted length; a cut before the first stop token leaves no EOS or stop token, so both counts take it.
+    A sample's counted tokens are those of its answer: the tokens before its first stop token (EOS tail
+    excluded), cut before the earliest of ``stop_strings`` (a task's, or a harness request's ``until``; decoding
+    them needs the ``tokenizer``). Its non-EOS tokens are every response token that is not EOS, except that a stop
+    string cutting the answer before the first stop token ends both counts there. With a tokenizer, the answers
+    themselves are kept in :attr:`answers`.
     """
 
-    def __init__(self, count_tokens: Callable[[torch.Tensor], int] | None = None) -> None:
-        self.count_tokens = count_tokens
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, stop_strings: Sequence[str] = ()) -> None:
+        if stop_strings and tokenizer is None:
+            raise ValueError("cutting answers at stop strings needs the tokenizer")
+        self.tokenizer = tokenizer
+        self.stop_strings = tuple(stop_strings)
         self.samples: dict[Hashable, dict[str, int]] = {}
+        self.answers: dict[Hashable, str] = {}
         self.model_forwards = 0
         self.wall_time_s = 0.0
         self.early_stop: bool | None = None
@@ -123,27 +164,22 @@ class TokensPerStepRecorder(DecodeHook):
         self.model_forwards += output.nfe
         start = self._start
         ids = start.sample_ids or tuple(range(len(self.samples), len(self.samples) + start.batch_size))
-        if self.count_tokens is None:
-            counted = tokens_before_stop(output.responses, start.stop_token_ids).tolist()
-        else:
-            counted = [int(self.count_tokens(row)) for row in output.responses]
+        lengths = tokens_before_stop(output.responses, start.stop_token_ids).tolist()
         non_eos = non_eos_tokens(output.responses, start.eos_token_id).tolist()
-        for sample_id, tokens, others, nfe in zip(ids, counted, non_eos, output.sample_nfe.tolist()):
+        for sample_id, row, length, others, nfe in zip(ids, output.responses.tolist(), lengths, non_eos,
+                                                       output.sample_nfe.tolist()):
             if sample_id in self.samples:
                 raise ValueError(f"Sample id {sample_id!r} was recorded twice.")
-            self.samples[sample_id] = {"tokens": int(tokens), "non_eos_tokens": int(others), "nfe": int(nfe)}
-
-    def finalize(self, sample_id: Hashable, counted_tokens: int) -> None:
-        """Set a sample's counts to the tokens before a task stop string that cuts its answer before the
-        first stop token (nothing after the cut is counted in either convention)."""
-        self.samples[sample_id].update(tokens=int(counted_tokens), non_eos_tokens=int(counted_tokens))
+            if self.tokenizer is not None:
+                self.answers[sample_id], counted = answer_text(self.tokenizer, row[:length], self.stop_strings)
+                others = counted if counted < length else others
+                length = counted
+            self.samples[sample_id] = {"tokens": int(length), "non_eos_tokens": int(others), "nfe": int(nfe)}
 
     def per_sample(self) -> dict[Hashable, dict[str, float]]:
         """Counted tokens, charged NFE and their ratio for every sample (diagnostics only)."""
-        return {
-            key: {**value, "tokens_per_step": value["tokens"] / value["nfe"] if value["nfe"] else 0.0}
-            for key, value in self.samples.items()
-        }
+        return {key: {**value, "tokens_per_step": throughput(value["tokens"], 0, value["nfe"], 0)["tokens_per_step"]}
+                for key, value in self.samples.items()}
 
     def summary(self) -> dict[str, Any]:
         """Evaluation totals; ``tokens_per_step`` and ``tokens_per_forward_non_eos`` are ratios of totals."""
@@ -151,10 +187,8 @@ class TokensPerStepRecorder(DecodeHook):
         non_eos = sum(value["non_eos_tokens"] for value in self.samples.values())
         nfe = sum(value["nfe"] for value in self.samples.values())
         return {
-            "tokens_per_step": tokens / nfe if nfe else 0.0,
-            "tokens_per_forward_non_eos": non_eos / nfe if nfe else 0.0,
+            **throughput(tokens, non_eos, nfe, self.wall_time_s),
             "non_eos_tokens": non_eos,
-            "tokens_per_second": tokens / self.wall_time_s if self.wall_time_s else 0.0,
             "nfe": nfe,
             "model_forwards": self.model_forwards,
             "generated_tokens": tokens,

@@ -24,9 +24,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from ..evaluation import cut_at_stop_strings, tokens_covering
-from ..generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text, tokens_before_stop
-from ..settings import PromptFormat
+from ..generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text
+from ..settings import ResponseFormat
 from ..students import load_student, student_spec
 from .likelihood import masked_diffusion_loglikelihood
 
@@ -36,21 +35,6 @@ DECODING_ARGS = frozenset(f.name for f in fields(DecodingConfig))
 """Model arguments (and ``--gen_kwargs`` keys) that set the decoder: every :class:`DecodingConfig` field."""
 
 ESTIMATOR = "LLaDA Monte Carlo ELBO: l ~ U{1..L} masks on the continuation, (L/l)-weighted log-probs, mean"
-
-
-class _StopStringRecorder(TokensPerStepRecorder):
-    """Counts a sample's tokens up to the earlier of its first stop token and the request's ``until`` strings."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        super().__init__(count_tokens=self._count)
-        self.tokenizer = tokenizer
-        self.until: Sequence[str] = ()
-
-    def _count(self, response: torch.Tensor) -> int:
-        ids = response[: int(tokens_before_stop(response[None], self._start.stop_token_ids)[0])].tolist()
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        cut = cut_at_stop_strings(text, self.until)
-        return len(ids) if cut == text else tokens_covering(self.tokenizer, ids, len(cut))
 
 
 def _decoding_config(arguments: dict[str, Any], base: DecodingConfig | None = None) -> DecodingConfig:
@@ -115,7 +99,7 @@ class TrimsLM(TemplateLM):
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or adapter or pretrained, revision=revision)
         self.names = {"pretrained": pretrained if isinstance(pretrained, str) else type(pretrained).__name__,
                       "adapter": adapter}
-        self.recorders: dict[str, _StopStringRecorder] = {}
+        self.recorders: dict[str, TokensPerStepRecorder] = {}
         self.generate_overrides: dict[str, dict[str, Any]] = {}
         self.loglikelihood_forwards = 0
 
@@ -158,7 +142,7 @@ class TrimsLM(TemplateLM):
         answers: list[str] = [""] * len(requests)
         progress = tqdm(total=len(requests), desc="trims generate_until", disable=disable_tqdm)
         for task, indices in by_task.items():
-            recorder = self.recorders.setdefault(task, _StopStringRecorder(self.tokenizer))
+            recorder = self.recorders.setdefault(task, TokensPerStepRecorder(self.tokenizer))
             collator = Collator(
                 [(i, *requests[i].args) for i in indices],
                 sort_fn=lambda item: -len(item[1]),
@@ -170,12 +154,12 @@ class TrimsLM(TemplateLM):
                 self.generate_overrides[task] = {
                     k: v for k, v in asdict(config).items() if v != getattr(self.decoding, k)
                 }
-                recorder.until = until
+                recorder.stop_strings = tuple(until)
                 contexts = [context for _, context, _ in batch]
                 texts = generate_text(self.model, self.tokenizer, contexts, config, [recorder],
-                                      prompt_format=PromptFormat("verbatim"))
+                                      prompt_format=ResponseFormat("verbatim"), stop_strings=until)
                 for (index, context, gen_kwargs), text in zip(batch, texts):
-                    answers[index] = cut_at_stop_strings(text, until)
+                    answers[index] = text
                     self.cache_hook.add_partial("generate_until", (context, gen_kwargs), answers[index])
                 progress.update(len(batch))
         progress.close()

@@ -25,15 +25,35 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..analysis import bucket_statistics
 from ..buckets import bucket_rows
-from ..hub import check_push_access, push_folder, save_dataset_folder, scored_dataset_card
+from ..errors import check_output_folder
+from ..hub import (
+    check_push_access,
+    push_folder,
+    save_dataset_folder,
+    scored_dataset_card,
+)
 from ..prompts import prompt_template, resolved_format
-from ..schema import (METRIC_COLUMNS, TEACHER_BUCKET, TEACHER_END, TEACHER_ENTROPY, TEACHER_NLL, TEACHER_START, SchemaError,
-                      split_prompt_completion)
+from ..schema import (
+    METRIC_COLUMNS,
+    TEACHER_BUCKET,
+    TEACHER_END,
+    TEACHER_ENTROPY,
+    TEACHER_NLL,
+    TEACHER_START,
+    SchemaError,
+    split_prompt_completion,
+)
 from ..scoring import EncodedRow
 from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
-from ..sources import check_output_folder
-from ..teacher import (context_length, encode_dataset, load_teacher, load_teacher_tokenizer, score_rows, teacher_identity,
-                       teacher_revision)
+from ..teacher import (
+    context_length,
+    encode_dataset,
+    load_teacher,
+    load_teacher_tokenizer,
+    score_rows,
+    teacher_identity,
+    teacher_revision,
+)
 
 logger = logging.getLogger(__name__)
 

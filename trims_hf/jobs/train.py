@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
 import signal
 import sys
@@ -25,9 +24,9 @@ from typing import Any, NoReturn
 
 import torch
 import yaml
+from datasets import Dataset
 from peft import get_peft_model
 from torch import nn
-from datasets import Dataset
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -42,8 +41,8 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..callbacks import DecodeEvalCallback
-from ..commands import did_you_mean
 from ..config import MDLMConfig
+from ..errors import InputError, check_output_path, did_you_mean
 from ..evaluation import check_task_inputs
 from ..hub import check_push_access, load_source_dataset
 from ..lora import lora_config
@@ -65,10 +64,6 @@ from ..tasks import CodeExecutionDisabled, get_task
 from ..trainer import MDLMTrainer
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-
-
-class RecipeError(ValueError):
-    """A recipe, an override, or an input they name is wrong; the message is one line in the recipe's terms."""
 
 
 @dataclass
@@ -125,17 +120,17 @@ class DataArguments:
         try:
             values = yaml.safe_load(self.decode_eval_decoding) if isinstance(self.decode_eval_decoding, str) else self.decode_eval_decoding
         except yaml.YAMLError:
-            raise RecipeError(f"decode_eval_decoding {self.decode_eval_decoding}: not a YAML/JSON mapping.") from None
+            raise InputError(f"decode_eval_decoding {self.decode_eval_decoding}: not a YAML/JSON mapping.") from None
         if values is not None and not isinstance(values, dict):
-            raise RecipeError(f"decode_eval_decoding must be a mapping of decoder settings, got {values!r}.")
+            raise InputError(f"decode_eval_decoding must be a mapping of decoder settings, got {values!r}.")
         known = {f.name for f in dataclasses.fields(DecodingConfig)}
         unknown = sorted(set(values or {}) - known)
         if unknown:
-            raise RecipeError(f"decode_eval_decoding: unknown decoder setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
+            raise InputError(f"decode_eval_decoding: unknown decoder setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
         try:
             return DecodingConfig(**(values or {}))
         except (TypeError, ValueError) as error:
-            raise RecipeError(f"decode_eval_decoding: {_one_line(error)}") from None
+            raise InputError(f"decode_eval_decoding: {_one_line(error)}") from None
 
 
 RECIPE_TYPES = (ModelArguments, DataArguments, MDLMConfig)
@@ -159,19 +154,19 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
     try:
         recipe = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
-        raise RecipeError(f"--config {path}: no such file.") from None
+        raise InputError(f"--config {path}: no such file.") from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
-        raise RecipeError(f"--config {path}: not valid YAML ({error.problem} at line {mark.line + 1}, "
+        raise InputError(f"--config {path}: not valid YAML ({error.problem} at line {mark.line + 1}, "
                           f"column {mark.column + 1}).") from None
     except (OSError, yaml.YAMLError) as error:
-        raise RecipeError(f"--config {path}: cannot read the recipe ({_one_line(error)}).") from None
+        raise InputError(f"--config {path}: cannot read the recipe ({_one_line(error)}).") from None
     if not isinstance(recipe, dict):
-        raise RecipeError(f"--config {path}: a recipe is a YAML mapping of key: value lines, got {type(recipe).__name__}.")
+        raise InputError(f"--config {path}: a recipe is a YAML mapping of key: value lines, got {type(recipe).__name__}.")
     unknown = sorted(map(str, set(recipe) - recipe_keys()))
     if unknown:
         named = ", ".join(f"{key!r}{_did_you_mean(key)}" for key in unknown)
-        raise RecipeError(f"{path}: unknown key(s) {named}; `trims train --help-keys` lists them.")
+        raise InputError(f"{path}: unknown key(s) {named}; `trims train --help-keys` lists them.")
     return recipe
 
 
@@ -179,7 +174,7 @@ class _RecipeParser(HfArgumentParser):
     """``HfArgumentParser`` whose usage errors raise (for one ``error:`` line) instead of printing the whole usage."""
 
     def error(self, message: str) -> NoReturn:
-        raise RecipeError(message)
+        raise InputError(message)
 
 
 def _recipe_argv(parser: HfArgumentParser, recipe: dict[str, Any], path: str | Path) -> list[str]:
@@ -197,12 +192,12 @@ def _recipe_argv(parser: HfArgumentParser, recipe: dict[str, Any], path: str | P
         listed = action.nargs in ("+", "*")
         if value is None or (value == [] and listed):
             if value is None and type(None) not in typing.get_args(hints[key]):
-                raise RecipeError(f"{key} in {path}: null is not allowed; expected {_expected(action)}.")
+                raise InputError(f"{key} in {path}: null is not allowed; expected {_expected(action)}.")
             defaults[key] = value
             action.required = False
         elif isinstance(value, list):
             if not listed:
-                raise RecipeError(f"{key} in {path}: expected one {_expected(action)}, got the list {value}.")
+                raise InputError(f"{key} in {path}: expected one {_expected(action)}, got the list {value}.")
             argv += [option, *map(_scalar, value)]
         else:
             argv.append(f"{option}={json.dumps(value) if isinstance(value, dict) else _scalar(value)}")
@@ -248,16 +243,16 @@ def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Model
         *parsed, rest = parser.parse_args_into_dataclasses(
             args=_recipe_argv(parser, recipe, path) + list(overrides), return_remaining_strings=True
         )
-    except RecipeError as error:
-        raise RecipeError(_locate(str(error), overrides, path)) from None
+    except InputError as error:
+        raise InputError(_locate(str(error), overrides, path)) from None
     except ValueError as error:  # a dataclass rejected a value (range, combination)
-        raise RecipeError(_one_line(error)) from None
+        raise InputError(_one_line(error)) from None
     for token in rest:
         if token.startswith("-"):
-            raise RecipeError(f"{token.split('=')[0]}: no such recipe key{_did_you_mean(token, '--')}; "
+            raise InputError(f"{token.split('=')[0]}: no such recipe key{_did_you_mean(token, '--')}; "
                               "`trims train --help-keys` lists them.")
     if rest:
-        raise RecipeError(f"unexpected argument {rest[0]!r}: overrides are --key value pairs.")
+        raise InputError(f"unexpected argument {rest[0]!r}: overrides are --key value pairs.")
     return tuple(parsed)
 
 
@@ -269,7 +264,7 @@ def student_kind(model_args: ModelArguments) -> str:
     try:
         return detect_student_kind(config)
     except ValueError:
-        raise RecipeError(f"model_name_or_path {model_args.model_name_or_path}: cannot tell which student family a "
+        raise InputError(f"model_name_or_path {model_args.model_name_or_path}: cannot tell which student family a "
                           f"'{config.get('model_type')}' model is; set model_kind to llada (logits not shifted) or dream "
                           "(logits shifted by one).") from None
 
@@ -280,7 +275,7 @@ def check_student_length(model_args: ModelArguments, kind: str, args: MDLMConfig
     try:
         check_sequence_length(config, kind, args.max_length)
     except ValueError as error:
-        raise RecipeError(f"{error} (model_name_or_path {model_args.model_name_or_path}).") from None
+        raise InputError(f"{error} (model_name_or_path {model_args.model_name_or_path}).") from None
 
 
 def build_student(model_args: ModelArguments, kind: str, tokenizer: Any) -> nn.Module:
@@ -337,29 +332,11 @@ def resume_checkpoint(args: MDLMConfig) -> str | None:
     if value.lower() == "true":
         last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
         if last is None:
-            raise RecipeError(f"resume_from_checkpoint true: output_dir {args.output_dir} holds no checkpoint-N folder.")
+            raise InputError(f"resume_from_checkpoint true: output_dir {args.output_dir} holds no checkpoint-N folder.")
         return last
     if not (Path(value) / TRAINER_STATE_NAME).is_file():
-        raise RecipeError(f"resume_from_checkpoint {value}: not a checkpoint folder (no {TRAINER_STATE_NAME}).")
+        raise InputError(f"resume_from_checkpoint {value}: not a checkpoint folder (no {TRAINER_STATE_NAME}).")
     return value
-
-
-def check_output_dir(output_dir: str, resuming: bool) -> None:
-    """``output_dir`` can be created and written, and holds no earlier run unless this run continues it.
-
-    A new run never writes into an earlier one: its checkpoints, adapter and card would mix with the old files.
-    """
-    folder = Path(output_dir)
-    if folder.exists() and not folder.is_dir():
-        raise RecipeError(f"output_dir {output_dir}: a file, not a folder.")
-    if folder.is_dir() and not resuming and (content := sorted(p.name for p in folder.iterdir())):
-        raise RecipeError(f"output_dir {output_dir} is not empty ({', '.join(content[:3])}{', ...' if len(content) > 3 else ''}); "
-                          "choose a new output_dir, delete it, or continue its run with --resume_from_checkpoint true.")
-    existing = next(parent for parent in (folder.absolute(), *folder.absolute().parents) if parent.exists())
-    if not existing.is_dir():
-        raise RecipeError(f"output_dir {output_dir}: {existing} is a file, not a folder.")
-    if not os.access(existing, os.W_OK):
-        raise RecipeError(f"output_dir {output_dir}: {existing} is not writable.")
 
 
 def check_decode_eval(data_args: DataArguments, args: MDLMConfig) -> None:
@@ -369,16 +346,16 @@ def check_decode_eval(data_args: DataArguments, args: MDLMConfig) -> None:
     if not name:
         return
     if not data_args.eval_split or args.eval_strategy == "no":
-        raise RecipeError("decode_eval_task runs at each evaluation: set eval_split and eval_strategy (e.g. epoch).")
+        raise InputError("decode_eval_task runs at each evaluation: set eval_split and eval_strategy (e.g. epoch).")
     try:
         task = get_task(name)
         check_task_inputs(task, data_args.decode_eval_data_file, execute_code=False)
     except KeyError as error:
-        raise RecipeError(f"decode_eval_task {name}: {error.args[0]}.") from None
+        raise InputError(f"decode_eval_task {name}: {error.args[0]}.") from None
     except FileNotFoundError:
-        raise RecipeError(f"decode_eval_data_file {data_args.decode_eval_data_file}: no such file.") from None
+        raise InputError(f"decode_eval_data_file {data_args.decode_eval_data_file}: no such file.") from None
     except CodeExecutionDisabled:
-        raise RecipeError(f"decode_eval_task {name}: its grading runs model-written code, which trims train does not do; "
+        raise InputError(f"decode_eval_task {name}: its grading runs model-written code, which trims train does not do; "
                           "evaluate code tasks with `trims eval --allow-code-execution`.") from None
     if data_args.decode_eval_data_file is None:
         check_dataset_source("decode_eval_data_file", task.hub_id)
@@ -390,7 +367,9 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
     Local checks come first; the Hub is only probed (write access, the student's and the data set's ids).
     """
     resume = resume_checkpoint(args)
-    check_output_dir(args.output_dir, resuming=resume is not None)
+    # A new run never writes into an earlier one: its checkpoints, adapter and card would mix with the old files.
+    check_output_path(args.output_dir, f"output_dir {args.output_dir}", existing="reuse" if resume else "empty",
+                      advice=", or continue its run with --resume_from_checkpoint true")
     if args.push_to_hub:  # so a long run never ends in an auth error
         check_push_access(args.hub_model_id or Path(args.output_dir).absolute().name, args.hub_token)
     check_model_source("model_name_or_path", model_args.model_name_or_path, model_args.model_revision)
@@ -405,10 +384,10 @@ def check_columns(dataset: Dataset, source: str, args: MDLMConfig) -> None:
     if is_prepared(dataset):
         return
     if not ({PROMPT, COMPLETION} <= set(columns) or MESSAGES in columns):
-        raise RecipeError(f"dataset_name {source}: no '{PROMPT}' and '{COMPLETION}' (or '{MESSAGES}') columns, only "
+        raise InputError(f"dataset_name {source}: no '{PROMPT}' and '{COMPLETION}' (or '{MESSAGES}') columns, only "
                           f"{', '.join(columns)}; score it with `trims score --prompt-column ... --completion-column ...`.")
     if args.trajectory_ratio > 0 and not has_teacher_scores(columns, args.metric):
-        raise RecipeError(f"dataset_name {source}: no teacher scores for metric {args.metric} (columns {', '.join(columns)}), "
+        raise InputError(f"dataset_name {source}: no teacher scores for metric {args.metric} (columns {', '.join(columns)}), "
                           "which trajectory masking needs; score it with `trims score`, or set trajectory_ratio 0 (MDLM).")
 
 
@@ -422,7 +401,7 @@ def load_data(data_args: DataArguments, args: MDLMConfig) -> tuple[Dataset, Data
         except SourceError:
             raise
         except (FileNotFoundError, ValueError) as error:  # a folder without data files, data files without rows
-            raise RecipeError(f"{key} {split}: cannot load it from dataset_name {source} ({_one_line(error)}).") from None
+            raise InputError(f"{key} {split}: cannot load it from dataset_name {source} ({_one_line(error)}).") from None
     for dataset in filter(None, loaded):
         check_columns(dataset, source, args)
     return loaded[0], loaded[1]
@@ -437,7 +416,7 @@ def prepare_rows(dataset: Dataset | None, key: str, split: str | None, source: s
     try:
         return MDLMTrainer.prepare_rows(dataset, tokenizer, args.student_format(), args.masking(), args)
     except SchemaError as error:
-        raise RecipeError(f"dataset_name {source}, {key} {split}: {error}") from None
+        raise InputError(f"dataset_name {source}, {key} {split}: {error}") from None
 
 
 def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
@@ -446,12 +425,12 @@ def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     except (OSError, ValueError) as error:
-        raise RecipeError(f"model_name_or_path {path}: cannot load its tokenizer ({_one_line(error)}).") from None
+        raise InputError(f"model_name_or_path {path}: cannot load its tokenizer ({_one_line(error)}).") from None
     config, _ = PreTrainedConfig.get_config_dict(path, revision=revision)
     try:
         student_mask_token_id(config, kind, model_args.mask_token_id, tokenizer)
     except MaskTokenError as error:
-        raise RecipeError(f"model_name_or_path {path}: {error}; set mask_token_id.") from None
+        raise InputError(f"model_name_or_path {path}: {error}; set mask_token_id.") from None
     return tokenizer
 
 
@@ -558,5 +537,6 @@ def recipe_help() -> str:
     return HfArgumentParser(RECIPE_TYPES, prog="trims train --config FILE", allow_abbrev=False).format_help()
 
 
-__all__ = ["DataArguments", "ModelArguments", "RecipeError", "TrainingInterrupted", "check_run", "load_data", "parse_recipe", "read_recipe", "recipe_help",
+__all__ = ["DataArguments", "ModelArguments", "TrainingInterrupted", "check_run", "load_data", "parse_recipe", "read_recipe",
+           "recipe_help",
            "train"]

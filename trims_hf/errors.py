@@ -1,0 +1,58 @@
+"""User-input errors and the checks every command and recipe runs before any expensive work.
+
+A mistake in a flag, a recipe key or a path must cost seconds and one line that names what the user typed,
+never a model load or a half-written folder. Every such mistake is an :class:`InputError` (a ``ValueError``),
+so a command reports them all the same way; the checks shared by several commands live here, once.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+Existing = Literal["refuse", "empty", "reuse"]
+
+
+class InputError(ValueError):
+    """A value the user gave cannot work; the message names the flag or recipe key and the value."""
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the candidates ``word`` starts (``--model``), else its closest spelling; or ``""``."""
+    candidates = sorted(set(candidates))
+    close = [c for c in candidates if c.startswith(word)][:3] or difflib.get_close_matches(word, candidates, n=1)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def check_output_path(path: str | os.PathLike, label: str, *, folder: bool = True, existing: Existing = "reuse",
+                      advice: str = "") -> Path:
+    """``path`` can be written: a folder (or with ``folder=False`` a file) that can be created where it is.
+
+    ``label`` is how the user named it (``--output out``, ``output_dir out``). An existing folder is kept
+    (``reuse``: caches, resumable runs), must be empty (``empty``: a new run never mixes with an earlier one's
+    files) or is refused (``refuse``: outputs replaced only on request); ``advice`` ends those two messages.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        what = "a folder; name the file to write" if path.is_dir() else "a file, not a folder"
+        raise InputError(f"{label}: {what}{advice if path.is_dir() else ''}.")
+    if folder and path.is_dir() and existing == "refuse":
+        raise InputError(f"{label}: already exists; choose another folder{advice}.")
+    if folder and path.is_dir() and existing == "empty" and (content := sorted(p.name for p in path.iterdir())):
+        raise InputError(f"{label} is not empty ({', '.join(content[:3])}{', ...' if len(content) > 3 else ''}); "
+                         f"choose a new folder, delete it{advice}.")
+    nearest = next(parent for parent in (path.absolute(), *path.absolute().parents) if parent.exists())
+    if not nearest.is_dir():
+        raise InputError(f"{label}: {nearest} is a file, not a folder.")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise InputError(f"{label}: {nearest} is not writable.")
+    return path
+
+
+def check_output_folder(folder: str | os.PathLike, overwrite: bool = False) -> None:
+    """The library's check of an output folder argument: it must not exist (unless ``overwrite``) and be creatable."""
+    check_output_path(folder, f"output={folder}", existing="reuse" if overwrite else "refuse",
+                      advice=" or pass overwrite=True")
