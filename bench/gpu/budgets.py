@@ -137,8 +137,8 @@ def budgets(scale: str, settings: Settings = Settings()) -> tuple[dict[str, int]
     explain: dict = {"reference": H100.name, "matmul_efficiency": MATMUL_EFFICIENCY,
                      "bandwidth_efficiency": BANDWIDTH_EFFICIENCY, "slack": SLACK}
     if scale == "tiny":
-        return {part: int(TINY_BUDGET_S) for part in PARTS}, explain
-    return {part: int(round(SLACK * estimate(settings, explain))) for part, estimate in PARTS.items()}, explain
+        return dict.fromkeys(PARTS, int(TINY_BUDGET_S)), explain
+    return {part: round(SLACK * estimate(settings, explain)) for part, estimate in PARTS.items()}, explain
 
 
 def main() -> None:

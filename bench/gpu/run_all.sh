@@ -61,8 +61,9 @@ cd "$root"
 # No network there: nothing may wait on the Hub.
 export PYTHONUNBUFFERED=1 TRIMS_SHARED=$(cd "$shared" && pwd) TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
   HF_DATASETS_OFFLINE=1
-# The commit: from git, or from .carry/commit (written by preflight.sh) where the checkout travelled without .git.
-commit=$(git rev-parse --short HEAD 2>/dev/null || cat .carry/commit 2>/dev/null || echo unknown)
+# The commit: .carry/commit (written by preflight.sh when it made the carried folders) names what was sent to a
+# device, whose copy of the checkout may hold a stale .git; else git's own.
+commit=$(cat .carry/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 echo "== run_all $(date -u +%FT%TZ): scale $scale, deadline ${deadline}s, parts $parts, commit $commit"
 
 # 1. What the call carries: the wheels, installed once per machine (a stamp of the wheel list).
