@@ -6,12 +6,16 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from trims_hf.determinism import PINNED_ENVIRONMENT
 
-from helpers_tokenizers import make_tokenizer
-from trims_hf import prepare_student
+os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes on the demo's code paths on any CPU
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from helpers_tokenizers import make_tokenizer  # noqa: E402
+from trims_hf import prepare_student  # noqa: E402
 
 SHARED = Path(os.environ.get("TRIMS_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 """The shared data and fixtures beside the repository; TRIMS_SHARED names another copy (a GPU machine gets one

@@ -8,11 +8,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from trims_hf.cli import main
+from trims_hf.determinism import DEFAULT_THREADS, PINNED_ENVIRONMENT
 from trims_hf.demo.task import DemoTask, make_splits
 from trims_hf.demo.tokenizer import build_tokenizer
 
@@ -50,20 +52,19 @@ def test_tokenizer_splits_digits_and_round_trips():
 
 @pytest.fixture(scope="module")
 def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict, list[int]]:
-    """Two ``--fast`` runs into one folder: the first leaves torch's thread setting alone, the second sets 2."""
+    """Two ``--fast`` runs into one folder: the first with the default threads, the second with ``--threads 1``."""
     output = tmp_path_factory.mktemp("demo")
     argv = ["demo", "--fast", "--output", str(output)]
     before = torch.get_num_threads()
     threads = []
     try:
-        torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 would
+        torch.set_num_threads(3)  # as OMP_NUM_THREADS=3 would: the demo sets its own
         assert main(argv) == 0
         threads.append(torch.get_num_threads())
         first = json.loads((output / "results.json").read_text())
         base_weights = output / "base" / "model.safetensors"
         written = base_weights.stat().st_mtime_ns
-        torch.set_num_threads(1)
-        assert main([*argv, "--threads", "2"]) == 0
+        assert main([*argv, "--threads", "1"]) == 0
         threads.append(torch.get_num_threads())
     finally:
         torch.set_num_threads(before)
@@ -71,9 +72,55 @@ def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict, list[int]]:
     return output, first, json.loads((output / "results.json").read_text()), threads
 
 
-def test_threads_follow_torch_unless_given(demo_runs):
+def test_threads_are_pinned_unless_given(demo_runs):
     *_, threads = demo_runs
-    assert threads == [1, 2]
+    assert threads == [DEFAULT_THREADS, 1]
+
+
+@pytest.mark.slow
+def test_demo_results_do_not_depend_on_the_cpus_vector_instructions(tmp_path):
+    """Two processes told to use other kernels (ATen's portable ones, and AVX-512 or whatever the CPU has best) write
+    the same results: the demo pins its code paths before torch loads."""
+    outputs = []
+    for capability in ("default", None):
+        env = {name: value for name, value in os.environ.items() if name not in PINNED_ENVIRONMENT}
+        env |= {"ATEN_CPU_CAPABILITY": capability} if capability else {}
+        outputs.append(tmp_path / (capability or "best"))
+        result = subprocess.run([sys.executable, "-m", "trims_hf.cli", "demo", "--fast", "--output", str(outputs[-1])],
+                                env=env, capture_output=True, text=True, timeout=1800, check=False)
+        assert result.returncode == 0, result.stderr[-2000:]
+    first, second = (json.loads((output / "results.json").read_text()) for output in outputs)
+    assert [r["accuracy"] for r in first["results"]] == [r["accuracy"] for r in second["results"]]
+    assert without_timings(first) == without_timings(second)
+    assert (outputs[0] / "table.md").read_text() == (outputs[1] / "table.md").read_text()
+
+
+def without_timings(results: dict) -> dict:
+    """results.json less what the clock or the installation decides."""
+    if isinstance(results, dict):
+        return {key: without_timings(value) for key, value in results.items()
+                if key not in ("timings_s", "versions", "tokens_per_second", "wall_time_s", "cached")}
+    return [without_timings(value) for value in results] if isinstance(results, list) else results
+
+
+def test_main_after_torch_loaded_runs_the_command_in_a_pinned_child(monkeypatch):
+    """From Python, with torch already loaded without the pins, the code paths can no longer change in-process: the
+    command runs in a child process that has them, and its exit code is returned."""
+    import trims_hf.determinism as determinism
+
+    for name in PINNED_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    calls = []
+    monkeypatch.setattr(determinism.subprocess, "run",
+                        lambda argv, env, check: calls.append((argv, env)) or SimpleNamespace(returncode=7))
+    assert determinism.run_pinned("trims_hf.cli", ["demo", "--fast"]) == 7
+    (argv, env), = calls
+    assert argv[1:] == ["-m", "trims_hf.cli", "demo", "--fast"]
+    assert {name: env[name] for name in PINNED_ENVIRONMENT} == PINNED_ENVIRONMENT
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert determinism.run_pinned("trims_hf.cli", ["demo"]) is None and len(calls) == 1  # pinned before torch loaded
 
 
 def test_outputs_are_complete_and_consistent(demo_runs):

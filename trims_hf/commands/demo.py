@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..determinism import DEFAULT_THREADS, run_pinned
 from . import CommandParser, fail
 
 DESCRIPTION = (
@@ -44,10 +45,11 @@ class DemoArguments:
     sft_steps: int | None = field(
         default=None, metadata={"help": "Optimizer steps of each MDLM/TRIMS continuation of the base (default 150)."}
     )
-    threads: int | None = field(
-        default=None,
-        metadata={"help": "torch CPU threads (default: torch's own setting, which follows OMP_NUM_THREADS; use 1 on a "
-                  "machine shared with other jobs)."},
+    threads: int = field(
+        default=DEFAULT_THREADS,
+        metadata={"help": "CPU threads. Like the vector instruction set and MKL's and oneDNN's code paths (pinned to AVX2 "
+                  "before torch loads), they decide the float results: the same count reproduces them on any x86-64 "
+                  "machine."},
     )
 
     def __post_init__(self) -> None:
@@ -61,6 +63,9 @@ class DemoArguments:
 
 def main(argv: list[str]) -> int:
     (args,) = CommandParser(DemoArguments, prog="trims demo", description=DESCRIPTION).parse(argv)
+    code = run_pinned("trims_hf.cli", ["demo", *argv])
+    if code is not None:
+        return code
     from ..demo.pipeline import run_demo, settings_for
 
     try:

@@ -31,6 +31,7 @@ from transformers import (
 
 from ..analysis import bucket_statistics
 from ..config import MDLMConfig
+from ..determinism import DEFAULT_THREADS
 from ..errors import check_output_path
 from ..evaluation import EvalResult, evaluate_task
 from ..generation import DecodingConfig, TrajectoryRecorder
@@ -85,8 +86,8 @@ class DemoSettings:
     """Samples whose decode order and per-step teacher NLL are plotted (at the threshold nearest 0.9)."""
     teacher: str = "embedded"
     data_file: str | None = None
-    threads: int | None = None
-    """torch CPU threads; None leaves torch's setting (which follows OMP_NUM_THREADS) alone."""
+    threads: int = DEFAULT_THREADS
+    """torch CPU threads: set for the run, as they decide float results (:mod:`trims_hf.determinism`)."""
 
 
 FAST = DemoSettings(num_train=256, num_test=8, hidden_size=64, num_layers=2, num_heads=2, batch_size=16, teacher_steps=20,
@@ -303,8 +304,7 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
     output = Path(output)
     check_output_path(output, f"--output {output}")
     output.mkdir(parents=True, exist_ok=True)
-    if settings.threads is not None:
-        torch.set_num_threads(settings.threads)
+    torch.set_num_threads(settings.threads)
     run = DemoRun(settings)
     with timed(run, "data and tokenizer"):
         tokenizer = demo_tokenizer(output, settings, train + test)

@@ -1,0 +1,41 @@
+"""The CPU settings that decide float results, pinned before torch loads, so a run reproduces on any x86-64 machine.
+
+ATen's vectorised kernels (dispatched on the CPU's instruction set), MKL's and oneDNN's code paths and the number of
+threads each fix an order of floating-point operations; another order changes the last bits (~1e-8), and training
+amplifies them until every cell of a results table moves. Pinning the AVX2 paths (present on every x86-64 CPU since
+2013, AVX-512 ones included) and a thread count makes the demo's numbers a property of the code, not of the machine.
+The code paths are chosen when torch loads, so they are set in the environment first (this module imports nothing
+heavy); the thread count can change later and is set with ``torch.set_num_threads``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+DEFAULT_THREADS = 2
+"""The development machine's cores: the README's demo numbers are measured with this many threads."""
+
+
+PINNED_ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+"""Read when torch, MKL and oneDNN load: ATen's kernel dispatch, MKL's conditional numerical reproducibility branch,
+oneDNN's highest instruction set."""
+
+
+def run_pinned(module: str, argv: Sequence[str]) -> int | None:
+    """Make the rest of this command run under :func:`pinned_environment`.
+
+    Before torch loads, the variables are set here and None says "go on in this process"; likewise when they were
+    set before torch loaded. Otherwise (``main()`` called from Python after importing torch, e.g. in a notebook) they
+    can no longer take effect here: ``python -m module argv`` runs in a child process that has them, and its exit code
+    is returned.
+    """
+    if "torch" not in sys.modules:
+        os.environ.update(PINNED_ENVIRONMENT)
+        return None
+    if all(os.environ.get(name) == value for name, value in PINNED_ENVIRONMENT.items()):
+        return None
+    env = {**os.environ, **PINNED_ENVIRONMENT}
+    return subprocess.run([sys.executable, "-m", module, *argv], env=env, check=False).returncode
