@@ -4,6 +4,7 @@ reports built from the evaluation records, one-line input errors; and the librar
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import importlib.util
 import io
@@ -56,15 +57,50 @@ def study(tmp_path_factory) -> tuple[Path, Path, dict[Path, int], str]:
 
 
 def planned(protocol) -> list[tuple[str, int | None]]:
-    return [(BASE, None)] + [(name, seed) for name, _, seed, _ in recipe.variant_plan(protocol)]
+    """Every evaluated model and its seed (None: the base)."""
+    names = dict.fromkeys(name for name, _, tau, _ in recipe.models_plan(protocol) if tau is not None)
+    return [(name, None if name == BASE else protocol.seed) for name in names]
+
+
+def evaluations(protocol) -> int:
+    return sum(tau is not None for *_, tau, _ in recipe.models_plan(protocol))
 
 
 def test_the_full_protocol_is_the_issues(tmp_path):
     p = recipe.FULL
     assert (p.student, p.num_buckets, p.trajectory_ratio, p.p_context, p.p_future) == ("smollm2", 8, 0.1, 0.05, 0.95)
-    assert p.thresholds == (0.5, 0.7, 0.9, 0.95) and p.cache == "dual" and p.test_problems >= 1000
-    assert len(p.seeds) >= 2 and p.long_steps > p.variant_steps and p.target_accuracy == 0.30
-    assert {ordering for _, ordering in VARIANTS.values()} == {"hard_to_easy", "easy_to_hard", "random"}
+    assert p.thresholds == (0.7, 0.9) and p.cache == "dual" and p.test_problems >= 1000 and p.target_accuracy == 0.30
+    assert p.variants == ("MDLM", "TRIMS hard-to-easy", "TRIMS random") and p.tail_variants == ("TRIMS easy-to-hard",)
+    plan = recipe.models_plan(p)
+    tail = [unit for unit in plan if unit[3]]
+    assert plan[: len(plan) - len(tail)] == [unit for unit in plan if not unit[3]]  # the tail comes last
+    assert tail[0] == ("TRIMS easy-to-hard", "trims_easy_to_hard-seed0", None, True)
+    assert {tau for *_, tau, tail_ in plan if tail_ and tau is not None} == {*p.thresholds, *p.tail_thresholds}
+
+
+def test_stage_budgets_come_from_the_counts_and_the_main_comparison_fits_one_call():
+    p = recipe.FULL
+    budgets = recipe.stage_budgets(p)
+    main = sum(seconds for _, seconds, tail in budgets if not tail)
+    assert main <= 9 * 60 < sum(seconds for *_, seconds, _ in budgets)  # the tail is what a call may drop
+    assert [tail for *_, tail in budgets if tail] and not budgets[-1][2]  # the report is never dropped
+    longer = dataclasses.replace(p, base_steps=2 * p.base_steps)
+    base = {unit: seconds for unit, seconds, _ in budgets}["base"]
+    step = (recipe.train_s(p, 2) - recipe.train_s(p, 1))
+    assert {unit: seconds for unit, seconds, _ in recipe.stage_budgets(longer)}["base"] == pytest.approx(
+        base + p.base_steps * step)
+    step_flops = 6 * recipe.matmul_weights() * p.batch_size * recipe.TRAIN_ROW_TOKENS
+    host = 3 * recipe.FORWARD_HOST_S + recipe.TRAIN_STEP_CPU_S
+    assert step == pytest.approx(recipe.SLACK * (step_flops / recipe.gpu_flops() + host))
+    assert 134e6 < recipe.matmul_weights() < 135e6  # SmolLM2-135M: its 134.5M parameters are all matmul weights
+    wider = dataclasses.replace(p, eval_batch_size=2 * p.eval_batch_size)
+    assert recipe.eval_s(wider, p.test_problems) < recipe.eval_s(p, p.test_problems)  # host time amortised
+
+
+def test_the_budget_table_prints_without_an_output(capsys):
+    assert recipe.main(["--budgets"]) == 0
+    table = capsys.readouterr().out
+    assert "| train TRIMS easy-to-hard | tail |" in table and "main comparison" in table
 
 
 def test_every_stage_produced_its_outputs(study):
@@ -77,13 +113,13 @@ def test_every_stage_produced_its_outputs(study):
     for level in p.levels:
         assert len(recipe.read_rows(data / f"test-L{level}.jsonl")) == p.test_problems
         assert len(recipe.read_rows(data / f"selection-L{level}.jsonl")) == p.selection_per_level
-    assert (output / "teacher" / "model.safetensors").is_file()
+    assert (data / "pretrained" / "model.safetensors").is_file() and not (output / "teacher").exists()
     assert list((output / "score" / "scored").glob("**/*.parquet")) and (output / "score" / "scored" / "README.md").is_file()
     assert json.loads((output / "base" / "config.json").read_text())["trims_student"] == "dream"
     selection = json.loads((output / "select" / "unit.json").read_text())
     assert set(selection["accuracies"]) == {str(level) for level in p.levels} and selection["level"] in p.levels
-    assert len(list((output / "variants").iterdir())) == len(recipe.variant_plan(p))
-    assert len(list((output / "eval").glob("*/tau*/result.json"))) == len(planned(p)) * len(p.thresholds)
+    assert len(list((output / "variants").iterdir())) == len(p.variants) + len(p.tail_variants)
+    assert len(list((output / "eval").glob("*/tau*/result.json"))) == evaluations(p)
     traced = f"tau{p.trace_threshold()}"
     assert len(list((output / "eval").glob(f"*/{traced}/trace.json"))) == len(planned(p))
     assert len(list((output / "eval").glob(f"*/{traced}/decode_order.png"))) == len(planned(p))
@@ -97,7 +133,7 @@ def test_every_stage_produced_its_outputs(study):
 
 def test_full_size_data_holds_every_question_once(tmp_path):
     # At the full sizes level 1 repeats problems and shares some with level 2: a held-out question must never train.
-    p = recipe.Protocol(levels=(1, 2))
+    p = recipe.Protocol(student="tiny", levels=(1, 2))
     recipe.stage_data(recipe.make_run(tmp_path, p, None, "cpu"))
     rows = {path.name: recipe.read_rows(path) for path in (tmp_path / "data").glob("*.jsonl")}
     questions = [row["question"] for split in rows.values() for row in split]
@@ -114,17 +150,18 @@ def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declar
     output, *_ = study
     p, recorded = recipe.SMOKE, units(output)
     base = recorded["base"]
-    assert (base["seed"], base["trajectory_ratio"], base["steps"]) == (p.data_seed, 0.0, p.base_steps)
-    first_batches: dict[int, set[str]] = {}
-    for name, folder_name, seed, steps in recipe.variant_plan(p):
+    assert (base["seed"], base["trajectory_ratio"], base["steps"]) == (p.seed, 0.0, p.base_steps)
+    first_batches = set()
+    for name, folder_name, tau, _ in recipe.models_plan(p):
+        if tau is not None:
+            continue
         unit = recorded[f"variants/{folder_name}"]
-        ratio, ordering = VARIANTS[name.removesuffix(" (long SFT)")]
+        ratio, ordering = VARIANTS[name]
         assert unit["start_weights"] == base["saved_weights"] != base["start_weights"]
-        assert (unit["seed"], unit["steps"], unit["bucket_ordering"]) == (seed, steps, ordering)
+        assert (unit["seed"], unit["steps"], unit["bucket_ordering"]) == (p.seed, p.variant_steps, ordering)
         assert unit["trajectory_ratio"] == (p.trajectory_ratio if ratio else 0.0)
-        first_batches.setdefault(seed, set()).add(unit["first_batch"])
-    assert all(len(hashes) == 1 for hashes in first_batches.values())  # one data order per seed
-    assert len(set().union(*first_batches.values())) == len(p.seeds)  # and another for another seed
+        first_batches.add(unit["first_batch"])
+    assert len(first_batches) == 1  # one data order for every variant
 
 
 def test_the_level_is_selected_by_the_rule_on_the_selection_rows_only(study):
@@ -199,17 +236,20 @@ def test_report_has_every_variant_seed_and_threshold(study):
     output, *_ = study
     p = recipe.SMOKE
     report = json.loads((output / "report" / "results.json").read_text())
-    assert report["protocol_fingerprint"] == p.fingerprint() and report["protocol"]["seeds"] == list(p.seeds)
+    assert report["protocol_fingerprint"] == p.fingerprint() and report["protocol"]["seed"] == p.seed
     got = sorted((r["model"], r["seed"] if r["seed"] is not None else -1, r["decoding"]["threshold"])
                  for r in report["results"])
-    expected = sorted((name, -1 if seed is None else seed, tau) for name, seed in planned(p) for tau in p.thresholds)
-    assert got == expected
+    expected = sorted((name, -1 if name == BASE else p.seed, tau) for name, _, tau, _ in recipe.models_plan(p)
+                      if tau is not None)
+    assert got == expected and report["complete"] and not report["dropped"]
+    assert set(report["budget_s"]) == {unit for unit, *_ in recipe.stage_budgets(p)}
+    assert {"data", "score", "base", "select", "variant mdlm-seed0"} <= set(report["unit_wall_s"])
     assert all(r["decoding"]["cache"] == "dual" and r["decoding"]["strategy"] == "threshold" for r in report["results"])
     by_model = {(row["model"], row["threshold"]): row for row in report["study"]}
-    assert by_model[("MDLM", 0.9)]["seeds"] == list(p.seeds)
+    assert by_model[("MDLM", 0.9)]["seeds"] == [p.seed]
     assert len(report["traces"]) == len(planned(p))
     table = (output / "report" / "table.md").read_text()
-    assert all(name in table for name in VARIANTS) and "(long SFT)" in table
+    assert all(name in table for name in VARIANTS)
 
 
 def test_numbers_come_from_the_evaluation_records(study):
@@ -236,23 +276,26 @@ def test_a_report_with_missing_evaluations_says_so(study, tmp_path):
     output, *_ = study
     copy = tmp_path / "study"
     shutil.copytree(output, copy)
-    shutil.rmtree(copy / "eval" / "trims_random-seed1" / "tau0.9")
+    shutil.rmtree(copy / "eval" / "trims_random-seed0" / "tau0.9")
+    shutil.rmtree(copy / "eval" / "mdlm-seed0" / "tau0.5")  # the tail
     recipe.stage_report(recipe.make_run(copy, recipe.SMOKE, None, "cpu"), None)
     report = json.loads((copy / "report" / "results.json").read_text())
-    assert not report["complete"] and report["missing"] == ["TRIMS random (seed 1) tau 0.9"]
-    assert len(report["results"]) == len(planned(recipe.SMOKE)) * len(recipe.SMOKE.thresholds) - 1
-    assert (copy / "report" / "table.md").read_text().startswith("PARTIAL: 1 of")
+    assert not report["complete"] and not report["main_comparison_complete"]
+    assert report["missing"] == ["TRIMS random (seed 0) tau 0.9"] and report["dropped"] == ["MDLM (seed 0) tau 0.5"]
+    assert len(report["results"]) == evaluations(recipe.SMOKE) - 2
+    table = (copy / "report" / "table.md").read_text()
+    assert table.startswith("PARTIAL: 1 of") and "Dropped for time (the pre-registered tail, from its end): MDLM" in table
 
 
 def test_an_evaluation_without_its_marker_is_reported_missing(study, tmp_path):
     output, *_ = study
     copy = tmp_path / "study"
     shutil.copytree(output, copy)
-    (copy / "eval" / "mdlm-seed0" / "tau0.5" / "cache-key.json").unlink()  # its result.json is still there
+    (copy / "eval" / "mdlm-seed0" / "tau0.7" / "cache-key.json").unlink()  # its result.json is still there
     recipe.stage_report(recipe.make_run(copy, recipe.SMOKE, None, "cpu"), None)
     report = json.loads((copy / "report" / "results.json").read_text())
-    assert not report["complete"] and report["missing"] == ["MDLM (seed 0) tau 0.5"]
-    assert len(report["results"]) == len(planned(recipe.SMOKE)) * len(recipe.SMOKE.thresholds) - 1
+    assert not report["complete"] and report["missing"] == ["MDLM (seed 0) tau 0.7"]
+    assert len(report["results"]) == evaluations(recipe.SMOKE) - 1
 
 
 def test_results_record_the_resolved_settings_and_the_environment(study, monkeypatch):
@@ -290,7 +333,8 @@ def test_a_changed_protocol_is_refused_in_one_line(study, capsys):
 @pytest.mark.parametrize("flags, named", [
     (["--gguf", "missing/SmolLM2.gguf"], "--gguf"),
     (["--size", "smoke", "--set", "bogus=1"], "--set"),
-    (["--size", "smoke", "--set", "seeds=a,b"], "--set"),
+    (["--size", "smoke", "--set", "seed=a"], "--set"),
+    (["--size", "smoke", "--set", "variants=MDLM,bogus"], "--set"),
     (["--size", "smoke", "--set", "cache=full"], "--set"),
     (["--size", "smoke", "--set", "gen_length=40"], "--set"),
     (["--size", "smoke", "--threads", "0"], "--threads"),
@@ -348,27 +392,75 @@ def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monke
     assert not (tmp_path / "late").exists()
 
 
-def run_device_call(study_folder: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
-    """recipes/smollm2/device_call.sh as the GPU runbook calls it, with this interpreter and no wheels to install."""
-    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(["bash", str(RECIPE.parent / "device_call.sh"), str(out), str(study_folder), "--size", "smoke",
-                           "--threads", "1", *flags], cwd=out.parent, env=env, capture_output=True, text=True)
-
-
-def test_the_device_call_shows_the_exit_code_and_keeps_the_log(study, tmp_path):
+def test_out_of_time_drops_only_the_tail_from_its_first_unit_that_does_not_fit(study, tmp_path, capsys):
     output, *_ = study
     copy = tmp_path / "study"
     shutil.copytree(output, copy)
-    for folder in ("eval", "report"):  # selected, nothing evaluated: the budget stops before any report exists
+    shutil.rmtree(copy / "variants" / "trims_easy_to_hard-seed0")  # the tail's first unit and all after it undone
+    for folder in copy.glob("eval/*/tau0.5"):
+        shutil.rmtree(folder)
+    shutil.rmtree(copy / "eval" / "trims_easy_to_hard-seed0")
+    assert recipe.main(["--size", "smoke", "--output", str(copy), "--threads", "1", "--budget-minutes", "1e-9"]) == 0
+    printed = capsys.readouterr().out
+    tail = [recipe.unit_label(name, tau) for name, _, tau, in_tail in recipe.models_plan(recipe.SMOKE) if in_tail]
+    assert f"dropped the rest of the pre-registered tail, {len(tail)} units ({'; '.join(tail)})" in printed
+    assert f"dropped {len(tail)} of the tail for time." in printed
+    report = json.loads((copy / "report" / "results.json").read_text())
+    assert report["main_comparison_complete"] and not report["complete"] and not report["missing"]
+    assert report["dropped"] == [f"{name} (seed {None if name == BASE else 0}) tau {tau}" for name, _, tau, in_tail
+                                 in recipe.models_plan(recipe.SMOKE) if in_tail and tau is not None]
+    assert (copy / "report" / "table.md").read_text().startswith("Dropped for time")
+
+
+DEVICE_CALL = RECIPE.parent / "device_call.sh"
+
+
+def device_call(call: int, out: Path, carry: Path, *flags: str, **env: str) -> subprocess.CompletedProcess:
+    """recipes/smollm2/device_call.sh as the runbook calls it, from ``carry`` (what the call carries), with this
+    interpreter and no wheels to install."""
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "GGUF_DIR": str(carry.parent / "gguf"),
+           "SITE": str(carry.parent / "site"), **env}
+    return subprocess.run(["bash", str(DEVICE_CALL), str(call), str(out), *flags], check=False, cwd=carry, env=env,
+                          capture_output=True, text=True)
+
+
+def carried(folder: Path, weights: bytes) -> Path:
+    """The two GGUF parts and the checksum as recipes/smollm2/preflight.sh makes them."""
+    import hashlib
+
+    for name, part in ((".gguf-a", weights[:5]), (".gguf-b", weights[5:])):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "part").write_bytes(part)
+    (folder / ".gguf-b" / "sha256").write_text(hashlib.sha256(weights).hexdigest() + "\n")
+    return folder
+
+
+def test_the_two_device_calls_join_the_gguf_and_say_their_exit_code(study, tmp_path):
+    output, *_ = study
+    carry = carried(tmp_path / "carry", b"GGUF weights, in two parts")
+    smoke = ("--size", "smoke", "--threads", "1")
+    early = device_call(2, tmp_path / "out-0", carry, *smoke, STUDY=str(output))
+    assert early.returncode == 2 and "start again at call 1" in early.stdout and early.stdout.endswith("exit 2\n")
+    first = device_call(1, tmp_path / "out-1", carry)
+    assert first.returncode == 0 and first.stdout.endswith("exit 0\n"), first.stdout + first.stderr
+    assert (tmp_path / "gguf" / "a").read_bytes() == b"GGUF "
+    copy = tmp_path / "study"
+    shutil.copytree(output, copy)
+    for folder in ("eval", "report"):  # selected, nothing evaluated: the budget stops before the main comparison
         shutil.rmtree(copy / folder)
-    stopped = run_device_call(copy, tmp_path / "out-1", "--budget-minutes", "1e-9")
-    assert stopped.returncode == 3 and stopped.stdout.rstrip().endswith("exit 3"), stopped.stderr
-    assert "stopped before eval base" in (tmp_path / "out-1" / "log").read_text()
-    assert not (tmp_path / "out-1" / "results.json").exists() and (tmp_path / "out-1" / "units.txt").is_file()
-    done = run_device_call(output, tmp_path / "out-2")
-    assert done.returncode == 0 and done.stdout.rstrip().endswith("exit 0"), done.stderr
+    stopped = device_call(2, tmp_path / "out-2", carry, *smoke, "--budget-minutes", "1e-9", STUDY=str(copy))
+    assert stopped.returncode == 3 and stopped.stdout.endswith("exit 3\n"), stopped.stdout + stopped.stderr
+    assert (tmp_path / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes() == b"GGUF weights, in two parts"
+    assert "stopped before eval base" in (tmp_path / "out-2" / "log").read_text()
+    assert not (tmp_path / "out-2" / "results.json").exists() and (tmp_path / "out-2" / "units.txt").is_file()
+    done = device_call(2, tmp_path / "out-3", carry, *smoke, STUDY=str(output))
+    assert done.returncode == 0 and done.stdout.endswith("exit 0\n"), done.stdout + done.stderr
     for name in (*recipe.REPORT_FILES, "records.jsonl.gz"):
-        assert (tmp_path / "out-2" / name).read_bytes() == (output / "report" / name).read_bytes()
+        assert (tmp_path / "out-3" / name).read_bytes() == (output / "report" / name).read_bytes()
+    (carry / ".gguf-b" / "part").write_bytes(b"other weights")
+    corrupt = device_call(2, tmp_path / "out-4", carry, *smoke, STUDY=str(output))
+    assert corrupt.returncode == 1 and "sha256" in corrupt.stdout and not (tmp_path / "out-4" / "log").exists()
+    assert subprocess.run(["bash", str(DEVICE_CALL), "3", "x"], check=False, capture_output=True).returncode == 2
 
 
 def test_the_selection_rule_takes_the_hardest_level_meeting_the_target():
@@ -395,6 +487,7 @@ def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
 
     from trims_hf import prepare_student, student_logits
 
+    recipe.converted(smollm2_gguf(), tmp_path / "data" / "pretrained")
     model, tokenizer = recipe.pretrained(recipe.make_run(tmp_path, recipe.FULL, smollm2_gguf(), "cpu"))
     validate_quantization_for_training(model)  # the Trainer's own check: a GGUF model fails it until its marks go
     vocab = len(tokenizer)

@@ -17,7 +17,7 @@
 #                        real_size.jsonl of an earlier run: bench/gpu/worst_part.py), and does nothing if none did
 #
 # PYTHON (default python3) runs everything; the carried wheels WHEELS/*.whl (default .whl/, made by
-# bench/gpu/carry.sh) are installed into SITE (default /tmp/trims-site) with --no-deps --target and put first on
+# bench/gpu/carry.sh) are installed into SITE (default /tmp/trims-site) by bench/gpu/install.sh and put first on
 # PYTHONPATH, as the device has no network. --shared names
 # the folder holding fixtures/ (default: ../shared beside the repository; TRIMS_SHARED for the tests). Exit 0 when
 # every part asked for ran and passed, 1 otherwise, 2 on a usage error.
@@ -54,7 +54,6 @@ if [ -n "${worst_from:-}" ]; then
 fi
 start=$SECONDS
 python=${PYTHON:-python3}
-site=${SITE:-/tmp/trims-site}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 exec > >(tee -a "$out/log.txt") 2>&1
 cd "$root"
@@ -67,19 +66,7 @@ commit=$(cat .carry/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null
 echo "== run_all $(date -u +%FT%TZ): scale $scale, deadline ${deadline}s, parts $parts, commit $commit"
 
 # 1. What the call carries: the wheels, installed once per machine (a stamp of the wheel list).
-wheels=${WHEELS:-.whl}
-if compgen -G "$wheels/*.whl" > /dev/null; then
-  stamp=$(ls "$wheels"/*.whl | sha256sum | cut -d' ' -f1)
-  if [ "$(cat "$site/.installed" 2>/dev/null)" != "$stamp" ]; then
-    rm -rf "$site"
-    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl \
-      || { echo "error: installing $wheels/ into $site failed"; exit 1; }
-    echo "$stamp" > "$site/.installed"
-  fi
-  export PYTHONPATH=$site:$root${PYTHONPATH:+:$PYTHONPATH}
-else
-  export PYTHONPATH=$root${PYTHONPATH:+:$PYTHONPATH}
-fi
+ROOT=$root source bench/gpu/install.sh || exit 1
 echo "installed in $((SECONDS - start))s"
 
 # 2. The machine: GPU, driver, CUDA, Python and library versions.

