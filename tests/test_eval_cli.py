@@ -16,7 +16,7 @@ import trims_hf.evaluation as evaluation
 import trims_hf.students as students
 from trims_hf import lora_config
 from trims_hf.cli import main
-from trims_hf.commands.eval import StudentKind
+from trims_hf.model_config import StudentKind
 from trims_hf.tasks.sandbox import resolve_isolation
 
 GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
@@ -65,7 +65,7 @@ def without_timings(result: dict) -> dict:
 
 def test_eval_writes_result_json(saved_student, tmp_path, capsys):
     output = tmp_path / "results.json"
-    code = main(["eval", "--model", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST,
+    code = main(["eval", "--model_name_or_path", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST,
                  "--output", str(output), *SMALL])
     assert code == 0
     (result,) = read(output)  # one result: the same schema as a sweep
@@ -183,37 +183,39 @@ def no_cuda(monkeypatch):
 # (flags after --model/--output, expected error line without "error: "; {model}, {llama}, {tmp}, {adapter} filled in)
 ERRORS = {
     "missing model path": (["--model", "./no-such-model", "--task", "gsm8k", "--data-file", GSM8K_TEST],
-                           "--model ./no-such-model: no such file or folder.", None),
+                           "--model-name-or-path ./no-such-model: no such file or folder.", None),
     "model id, Hub unreachable": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
-                                  "--model me/student: not a local path, and the Hugging Face Hub is unreachable "
-                                  "(Failed to resolve 'huggingface.co'); pass a local model folder or .gguf file to --model.",
+                                  "--model-name-or-path me/student: not a local path, and the Hugging Face Hub is "
+                                  "unreachable (Failed to resolve 'huggingface.co'); pass a local model folder or .gguf "
+                                  "file to --model-name-or-path.",
                                   unreachable_hub),
     "model id, offline mode": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
-                               "--model me/student: not a local path and not in the Hugging Face cache, and HF_HUB_OFFLINE "
-                               "is set; pass a local model folder or .gguf file to --model.", hub_offline),
+                               "--model-name-or-path me/student: not a local path and not in the Hugging Face cache, "
+                               "and HF_HUB_OFFLINE is set; pass a local model folder or .gguf file to --model-name-or-path.", hub_offline),
     "task data, Hub unreachable": (["--task", "gsm8k"],
                                    "--task gsm8k reads openai/gsm8k: not a local path, and the Hugging Face Hub is "
                                    "unreachable (Failed to resolve 'huggingface.co'); pass a local copy of the benchmark "
                                    "with --data-file.", unreachable_hub),
     "plain Llama": (["--model", "{llama}", "--task", "gsm8k", "--data-file", GSM8K_TEST],
-                    "--model {llama} is a plain causal LM ('llama'); say how it was trained as a diffusion student: "
-                    "--model-kind llada (logits unshifted) or --model-kind dream (logits shifted by one).", None),
+                    "--model-name-or-path {llama} is a plain causal LM ('llama'); say how it was trained as a "
+                    "diffusion student: --model-kind llada (logits unshifted) or --model-kind dream (logits shifted by one).", None),
     "no mask id anywhere": (["--model", "{llama}", "--model-kind", "llada", "--tokenizer", "{tmp}/no-mask-tokenizer",
                              "--task", "gsm8k", "--data-file", GSM8K_TEST],
-                            "--model {llama}: no mask token id in its config or tokenizer; pass --mask-token-id.", None),
+                            "--model-name-or-path {llama}: no mask token id in its config or tokenizer; set "
+                            "--mask-token-id.", None),
     "mask id outside the vocabulary": (["--mask-token-id", "4000", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                                        "--mask-token-id 4000: mask token id 4000 is outside the vocabulary (400 tokens) "
-                                       "of --model {model}.", None),
+                                       "of --model-name-or-path {model}.", None),
     "model folder is an adapter": (["--model", "{adapter}", "--task", "gsm8k", "--data-file", GSM8K_TEST],
-                                   "--model {adapter} is a peft adapter; pass it to --adapter and its base model to --model.",
-                                   None),
+                                   "--model-name-or-path {adapter} is a peft adapter; pass it to --adapter and its base "
+                                   "model to --model-name-or-path.", None),
     "missing adapter": (["--adapter", "./no-such-adapter", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                         "--adapter ./no-such-adapter: no such file or folder.", None),
     "adapter folder without adapter_config.json": (["--adapter", "{model}", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                                                    "--adapter {model}: the folder has no adapter_config.json (a full model "
-                                                   "goes to --model).", None),
+                                                   "goes to --model-name-or-path).", None),
     "missing tokenizer": (["--tokenizer", "./no-such-tokenizer", "--task", "gsm8k", "--data-file", GSM8K_TEST],
-                          "--tokenizer ./no-such-tokenizer: no such file or folder.", None),
+                          "--tokenizer-name-or-path ./no-such-tokenizer: no such file or folder.", None),
     "unknown task": (["--task", "gsm9k"],
                      "--task gsm9k: unknown task 'gsm9k'; known tasks: gsm8k, humaneval, math500, mbpp", None),
     "code task without the opt-in": (["--task", "humaneval"],
@@ -263,6 +265,9 @@ ERRORS = {
                                               "(--prompt-format plain, tokenizer with one).", None),
     "cuda without a GPU": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "cuda"],
                            "--device cuda: no CUDA device is available here; use --device cpu.", no_cuda),
+    "end of response not a token": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--end-of-response", "<|nope|>"],
+                                    "--end-of-response: End-of-response token '<|nope|>' is not a single token of the "
+                                    "student tokenizer.", None),
     "device name": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "gpu0"],
                     "--device gpu0: not a device name (e.g. cpu, cuda, cuda:1).", None),
 }

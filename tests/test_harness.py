@@ -205,8 +205,14 @@ def test_bad_arguments_fail_before_loading(monkeypatch):
     from trims_hf.harness.__main__ import main
     from trims_hf.harness.model import TrimsLM
 
-    with pytest.raises(ValueError, match="unknown decoding argument.*treshold"):
+    with pytest.raises(ValueError, match="unknown model argument.*treshold"):
         TrimsLM("/nonexistent/model", treshold=0.9)
+    with pytest.raises(ValueError, match=r"unknown model argument\(s\) \['kind'\].*'model_kind'"):
+        TrimsLM("/nonexistent/model", kind="llada")
+    with pytest.raises(ValueError, match="model_kind='lada'; choose one of llada, dream, masked_lm"):
+        TrimsLM("/nonexistent/model", model_kind="lada")
+    with pytest.raises(ValueError, match="pretrained /nonexistent/model: no such file or folder"):
+        TrimsLM("/nonexistent/model")
     with pytest.raises(ValueError, match="multiple of block_length"):
         TrimsLM("/nonexistent/model", gen_length=100, block_length=32)
     with pytest.raises(ValueError, match="batch size"):
@@ -214,3 +220,24 @@ def test_bad_arguments_fail_before_loading(monkeypatch):
     monkeypatch.delenv("TRIMS_HARNESS_DATA", raising=False)
     with pytest.raises(FileNotFoundError, match="TRIMS_HARNESS_DATA"):
         main(["--model", "trims", "--model_args", "pretrained=/nonexistent", "--tasks", "gsm8k_cot_local"])
+
+
+def test_student_arguments_are_the_model_config_and_end_of_response_is_checked_first(tokenizer, tmp_path, monkeypatch):
+    from trims_hf.harness import model as harness_model
+
+    folder = tmp_path / "tiny"
+    tiny_student(tokenizer, "llada").save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    load_model = harness_model.load_model
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input error was found")
+
+    monkeypatch.setattr(harness_model, "load_model", never)
+    with pytest.raises(ValueError, match="End-of-response token '<|nope|>' is not a single token"):
+        harness_model.TrimsLM(str(folder), end_of_response="<|nope|>")
+    monkeypatch.setattr(harness_model, "load_model", load_model)
+    lm = harness_model.TrimsLM(str(folder), tokenizer=str(folder), model_kind="llada", dtype="float32", device="cpu",
+                               end_of_response=tokenizer.eos_token)
+    assert lm.response_format.end_of_response == [tokenizer.eos_token] and lm.spec.kind == "llada"
+    assert next(lm.model.parameters()).dtype == torch.float32

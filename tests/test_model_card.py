@@ -12,11 +12,10 @@ from transformers.trainer_utils import SchedulerType
 
 import trims_hf.hub as hub
 from trims_hf.cli import main
-from trims_hf.commands import CommandParser
-from trims_hf.commands.eval import EvalArguments
+from trims_hf.commands.eval import parser as eval_parser
 from trims_hf.model_card import eval_command, evaluation_from_logs, trims_model_card
 from trims_hf.reports import library_versions
-from trims_hf.settings import DecodingConfig, PromptFormat
+from trims_hf.settings import DecodingConfig, ResponseFormat
 
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy" / "trims_toy.yaml"
 HYPERPARAMETERS = {"TRIMS": {"num_buckets": 8, "p_context": 0.05, "p_future": 0.95, "trajectory_ratio": 0.1},
@@ -28,10 +27,6 @@ LOGS = [{"loss": 2.5, "step": 5}, {"eval_gsm8k_accuracy": 0.5, "eval_loss": 1.0,
         {"eval_gsm8k_accuracy": 0.75, "eval_gsm8k_num_samples": 8.0, "eval_gsm8k_tokens_per_step": 2.5, "step": 10},
         {"train_loss": 1.875, "train_runtime": 3.0, "step": 10}]
 DECODING = DecodingConfig(threshold=0.8, gen_length=64, block_length=16, cache="dual", early_stop=False)
-
-
-def eval_parser() -> CommandParser:
-    return CommandParser((EvalArguments, DecodingConfig, PromptFormat), prog="trims eval")
 
 
 def test_card_content_and_metadata(tmp_path):
@@ -68,17 +63,17 @@ def test_card_eval_line_runs_as_written():
                             log_history=LOGS, decoding=DECODING, eval_data_file="data/gsm8k.jsonl",
                             model_kind="llada", mask_token_id=7, model_name="out/adapter")
     (line,) = [line for line in card.text.splitlines() if line.startswith("trims eval ")]
-    args, decoding, prompt_format = eval_parser().parse(shlex.split(line)[2:])
-    assert (args.model, args.adapter, args.task, args.limit) == ("/models/my llama", "out/adapter", "gsm8k", 8)
-    assert (args.model_kind, args.mask_token_id, args.data_file) == ("llada", 7, "data/gsm8k.jsonl")
-    assert decoding == DECODING and prompt_format == PromptFormat()
+    model, args, decoding, response_format = eval_parser().parse(shlex.split(line)[2:])
+    assert (model.model_name_or_path, model.adapter, args.task, args.limit) == ("/models/my llama", "out/adapter", "gsm8k", 8)
+    assert (model.model_kind, model.mask_token_id, args.data_file) == ("llada", 7, "data/gsm8k.jsonl")
+    assert decoding == DECODING and response_format == ResponseFormat()
     assert "kind='llada', mask_token_id=7" in card.text  # the Python lines load the base the same way
 
 
 def test_eval_command_for_code_tasks_and_other_strategies():
     line = eval_command("base", "me/adapter", "mbpp", DecodingConfig(strategy="fixed_steps", steps=128, temperature=0.5,
                                                                      seed=3, stop_token_ids=[5, 6]))
-    args, decoding, _ = eval_parser().parse(shlex.split(line)[2:])
+    _, args, decoding, _ = eval_parser().parse(shlex.split(line)[2:])
     assert args.allow_code_execution and args.task == "mbpp" and args.limit is None
     assert decoding == DecodingConfig(strategy="fixed_steps", steps=128, temperature=0.5, seed=3, stop_token_ids=[5, 6])
 
@@ -90,7 +85,7 @@ def test_card_for_local_inputs_and_the_baseline():
     assert "base_model" not in data and "datasets" not in data and "model-index" not in data  # local paths are not Hub links
     assert "plain MDLM objective" in card.text and "No decoding evaluation" in card.text
     assert "No training loss was logged." in card.text
-    assert "trims eval --model /no/such/student --adapter trims-adapter --task gsm8k" in card.text
+    assert "trims eval --model-name-or-path /no/such/student --adapter trims-adapter --task gsm8k" in card.text
 
 
 def never_called(*args, **kwargs):
@@ -103,7 +98,7 @@ def never_called(*args, **kwargs):
     ("offline", "HF_HUB_OFFLINE"),
 ])
 def test_push_access_fails_before_training(tmp_path, monkeypatch, capsys, case, message):
-    monkeypatch.setattr("trims_hf.jobs.train.AutoTokenizer.from_pretrained", never_called)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", never_called)
     monkeypatch.setattr(hub, "get_token", lambda: None if case == "no_token" else "hf_fake")
     monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", case == "offline")
     whoami = {"name": "me", "orgs": [], "auth": {"accessToken": {"role": "read", "displayName": "ro"}}}

@@ -90,6 +90,17 @@ def test_overrides_win_and_are_typed():
     assert not model_args.init_from_config and data_args.dataset_name == "outputs/toy/scored"
 
 
+def test_recipe_values_are_parser_defaults_typed_as_on_the_command_line(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model_name_or_path: m\ndataset_name: d\nlearning_rate: 1e-4\nuse_lora: false\nlora_r: 8\n"
+                      "lora_target_modules: q_proj\nend_of_response: [a, b]\ndecode_eval_decoding: {threshold: 0.5}\n")
+    model_args, data_args, args = parse_recipe(recipe, ["--lora_r", "16", "--use_lora"])
+    assert args.learning_rate == 1e-4 and isinstance(args.learning_rate, float)  # YAML 1.1 reads 1e-4 as text
+    assert (model_args.use_lora, model_args.lora_r, model_args.lora_target_modules) == (True, 16, ["q_proj"])
+    assert args.end_of_response == ["a", "b"] and data_args.decoding_config().threshold == 0.5
+    assert parse_recipe(recipe, ["--model", "other"])[0].model_name_or_path == "other"  # trims eval's spelling too
+
+
 def test_unknown_keys_are_errors(tmp_path, toy, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text(TOY.read_text() + "lerning_rate: 0.1\n")
@@ -138,7 +149,8 @@ MISTAKES = [
     ("model-hub-unreachable", None, {"model_name_or_path": "org/student"}, [],
      r"^model_name_or_path org/student: not a local path, and the Hugging Face Hub is unreachable .*pass a local model folder"),
     ("model-kind-unknown", None, {"model_kind": None}, [],
-     r"^model_name_or_path .*student: cannot tell which student family a 'llama' model is; set model_kind to llada"),
+     r"^model_name_or_path .*student is a plain causal LM \('llama'\); say how it was trained as a diffusion student: "
+     r"model_kind llada \(logits unshifted\) or model_kind dream"),
     ("no-mask-token", None, {"model_name_or_path": "{w}/student-no-mask"}, [], r"^model_name_or_path .*student-no-mask: no mask token"),
     ("data-missing", None, {"dataset_name": "{w}/rows.jsonl"}, [], r"^dataset_name .*rows\.jsonl: no such file or folder\.$"),
     ("data-csv", None, {"dataset_name": "{w}/rows.csv"}, [], r"^dataset_name .*rows\.csv: unsupported file type '\.csv'"),

@@ -53,6 +53,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "callbacks": ("DecodeEvalCallback",),
     "model_card": ("eval_command", "trims_model_card"),
     "jobs.train": ("DataArguments", "ModelArguments", "parse_recipe", "train"),
+    "model_config": ("ModelConfig", "ResolvedStudent", "load_model", "resolve_student"),
 }
 _OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_OWNER)

@@ -83,7 +83,7 @@ def eval_command(base_model: str, adapter: str, task: str = "gsm8k", decoding: D
     decoding = decoding or DecodingConfig()
     default = DecodingConfig()
     shown = {"strategy", SWEEP_PARAMETER[decoding.strategy], "gen_length", "block_length"}
-    words = ["trims", "eval", "--model", base_model]
+    words = ["trims", "eval", *_flag("model_name_or_path", base_model)]
     optional = {"model_revision": base_model_revision, "adapter": adapter, "model_kind": model_kind,
                 "mask_token_id": mask_token_id, "task": task, "data_file": data_file, "limit": limit}
     for name, value in optional.items():

@@ -36,7 +36,7 @@ PROMPT_FORMATS = ("chat_template", "plain", "verbatim")
 SEQUENCE_LENGTH = 1024  # the paper's training sequence length (§4)
 
 
-def _check_choice(name: str, value: Any, kind: Any) -> None:
+def check_choice(name: str, value: Any, kind: Any) -> None:
     if value not in get_args(kind):
         raise ValueError(f"{name}={value!r}; choose one of {', '.join(get_args(kind))}.")
 
@@ -136,7 +136,7 @@ class ScoringOptions(PromptFormat):
         for name in ("train_max_length", "max_tokens_per_batch", "rows_per_work_chunk", "min_work_chunks", "logits_chunk_elements"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
-        _check_choice("padding_side", self.padding_side, PaddingSide)
+        check_choice("padding_side", self.padding_side, PaddingSide)
 
     def rows_per_chunk(self, num_rows: int) -> int:
         """Rows per work chunk for a run of ``num_rows``: at most ``rows_per_work_chunk``, and small enough for at
@@ -165,9 +165,9 @@ class BucketConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.num_buckets <= MAX_BUCKETS:
             raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {self.num_buckets}.")
-        _check_choice("bucket_ordering", self.bucket_ordering, Ordering)
-        _check_choice("metric", self.metric, Metric)
-        _check_choice("quantile_tokens", self.quantile_tokens, QuantileTokens)
+        check_choice("bucket_ordering", self.bucket_ordering, Ordering)
+        check_choice("metric", self.metric, Metric)
+        check_choice("quantile_tokens", self.quantile_tokens, QuantileTokens)
 
     @property
     def end_bucket(self) -> int:
@@ -222,10 +222,10 @@ class MaskingConfig(BucketConfig):
         super().__post_init__()
         for name in ("p_context", "p_future", "trajectory_ratio"):
             _check_probability(name, getattr(self, name))
-        _check_choice("trajectory_selection", self.trajectory_selection, TrajectorySelection)
-        _check_choice("trajectory_loss_weight", self.trajectory_loss_weight, TrajectoryLossWeight)
-        _check_choice("noise_schedule", self.noise_schedule, NoiseScheduleName)
-        _check_choice("padding", self.padding, Padding)
+        check_choice("trajectory_selection", self.trajectory_selection, TrajectorySelection)
+        check_choice("trajectory_loss_weight", self.trajectory_loss_weight, TrajectoryLossWeight)
+        check_choice("noise_schedule", self.noise_schedule, NoiseScheduleName)
+        check_choice("padding", self.padding, Padding)
         if not 0.0 < self.min_t < 1.0:
             raise ValueError(f"min_t must be in (0, 1), got {self.min_t}.")
 
@@ -260,8 +260,8 @@ class DecodingConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_choice("strategy", self.strategy, StrategyName)
-        _check_choice("cache", self.cache, CacheMode)
+        check_choice("strategy", self.strategy, StrategyName)
+        check_choice("cache", self.cache, CacheMode)
         if self.block_length < 1 or self.gen_length < 1 or self.gen_length % self.block_length:
             raise ValueError(f"gen_length={self.gen_length} must be a positive multiple of block_length={self.block_length}.")
         _check_probability("threshold", self.threshold)

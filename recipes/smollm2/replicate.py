@@ -317,11 +317,19 @@ def stage_score(run: Run) -> None:
     run.units.done(folder, "score", started)
 
 
+def student_model(run: Run, folder: Path) -> Any:
+    """A saved student of this study: its weights in ``folder``, the tokenizer with the mask token saved with the base
+    (the variants save none)."""
+    from trims_hf.model_config import ModelConfig
+
+    return ModelConfig(str(folder), tokenizer_name_or_path=str(run.output / "base"))
+
+
 def student_tokenizer(run: Run) -> Any:
     """The pretrained tokenizer with the student's mask token (saved with the base)."""
-    from transformers import AutoTokenizer
+    from trims_hf.model_config import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(run.output / "base")
+    return load_tokenizer(student_model(run, run.output / "base"))
 
 
 def prepared(run: Run, tokenizer: Any, ordering: str) -> Any:
@@ -346,13 +354,12 @@ def student_args(run: Run, folder: Path, steps: int, lr: float, seed: int, ratio
                       bucket_seed=p.data_seed)
 
 
-def load_student_folder(folder: Path) -> Any:
-    """A saved Dream-style student (its config carries the kind and the mask id)."""
-    from transformers import AutoModelForCausalLM
+def load_student_folder(run: Run, folder: Path) -> Any:
+    """A saved Dream-style student (its config carries the kind and the mask id), loaded as ``trims eval`` loads it."""
+    from trims_hf.model_config import load_model, resolve_student
 
-    from trims_hf.students import prepare_student
-
-    return prepare_student(AutoModelForCausalLM.from_pretrained(folder), "dream")
+    model = student_model(run, folder)
+    return load_model(model, resolve_student(model))
 
 
 def stage_base(run: Run) -> None:
@@ -375,7 +382,7 @@ def stage_base(run: Run) -> None:
     train_student(model, tokenizer, data, args, record)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    record["saved_weights"] = weights_fingerprint(load_student_folder(folder))  # what every variant must start from
+    record["saved_weights"] = weights_fingerprint(load_student_folder(run, folder))  # what every variant must start from
     run.units.done(folder, "base", started, {**record, "buckets": buckets})
 
 
@@ -576,7 +583,7 @@ def stage_select(run: Run) -> None:
     if not run.units.unit(folder, "select"):
         return
     started = time.perf_counter()
-    model, tokenizer = on_device(load_student_folder(run.output / "base"), run.device), student_tokenizer(run)
+    model, tokenizer = on_device(load_student_folder(run, run.output / "base"), run.device), student_tokenizer(run)
     accuracies = {}
     for level in p.levels:
         task = DemoTask(read_rows(run.output / "data" / f"selection-L{level}.jsonl"), name=f"arith-L{level} selection")
@@ -673,7 +680,7 @@ def train_variant(run: Run, name: str, folder_name: str, context: dict[str, Any]
     ratio, ordering = variant_settings(name, p)
     if ordering not in context:
         context[ordering] = prepared(run, tokenizer, ordering)
-    model = load_student_folder(run.output / "base")
+    model = load_student_folder(run, run.output / "base")
     args = student_args(run, run.output / "work" / folder_name, p.variant_steps, p.variant_lr, p.seed, ratio, ordering)
     record = training_record(args, p.variant_steps, weights_fingerprint(model))
     train_student(model, tokenizer, context[ordering], args, record)
@@ -699,7 +706,7 @@ def evaluate_unit(run: Run, name: str, folder_name: str, tau: float, context: di
     started = time.perf_counter()
     tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
     if context.get("model", (None,))[0] != folder_name:
-        context["model"] = (folder_name, on_device(load_student_folder(model_folder(run, folder_name)), run.device))
+        context["model"] = (folder_name, on_device(load_student_folder(run, model_folder(run, folder_name)), run.device))
     recorder = TrajectoryRecorder()
     # A traced evaluation decodes every problem afresh (resumed records would leave gaps in the traces).
     records = None if traced else run.output / "work" / "records" / f"{folder_name}-tau{tau}.jsonl"

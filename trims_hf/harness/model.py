@@ -1,6 +1,10 @@
 """The ``trims`` model of lm-evaluation-harness: a masked-diffusion student decoded by trims_hf.
 
-``--model trims --model_args pretrained=PATH[,adapter=LORA][,<any DecodingConfig field>=VALUE...]``.
+``--model trims --model_args pretrained=PATH[,tokenizer=PATH][,<any ModelConfig field>=VALUE...]
+[,end_of_response=TOKEN[ TOKEN...]][,<any DecodingConfig field>=VALUE...]``: the student is a
+:class:`~trims_hf.model_config.ModelConfig` (``pretrained`` and ``tokenizer``, the harness's names, are its
+``model_name_or_path`` and ``tokenizer_name_or_path``), resolved and loaded as ``trims eval`` does (an adapter is
+merged), and ``end_of_response`` is the student's training :class:`~trims_hf.settings.ResponseFormat` setting.
 Generation goes through :func:`trims_hf.generation.generate_text` (prompts verbatim: chat formatting is
 the harness's ``--apply_chat_template``), answers are cut at the request's ``until`` strings, and a
 :class:`~trims_hf.generation.TokensPerStepRecorder` per task counts tokens and forwards the same way
@@ -22,11 +26,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, normalize_gen_kwargs
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from ..generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text
+from ..model_config import ModelConfig, check_model_sources, load_model, resolve_student
+from ..prompts import end_of_response_ids
 from ..settings import ResponseFormat
-from ..students import load_student, student_spec
+from ..students import student_spec
 from .likelihood import masked_diffusion_loglikelihood
 
 logger = logging.getLogger(__name__)
@@ -34,14 +40,20 @@ logger = logging.getLogger(__name__)
 DECODING_ARGS = frozenset(f.name for f in fields(DecodingConfig))
 """Model arguments (and ``--gen_kwargs`` keys) that set the decoder: every :class:`DecodingConfig` field."""
 
+HARNESS_NAMES = {"model_name_or_path": "pretrained", "tokenizer_name_or_path": "tokenizer"}
+"""The :class:`ModelConfig` fields lm-evaluation-harness names its own way; every other field is a model argument."""
+MODEL_ARGS = frozenset(f.name for f in fields(ModelConfig)) - set(HARNESS_NAMES)
+
+
+def harness_name(field: str) -> str:
+    """A :class:`ModelConfig` field as a ``--model_args`` key."""
+    return HARNESS_NAMES.get(field, field)
+
 ESTIMATOR = "LLaDA Monte Carlo ELBO: l ~ U{1..L} masks on the continuation, (L/l)-weighted log-probs, mean"
 
 
 def _decoding_config(arguments: dict[str, Any], base: DecodingConfig | None = None) -> DecodingConfig:
-    """A :class:`DecodingConfig` from harness arguments (lists become tuples); rejects unknown keys."""
-    unknown = sorted(set(arguments) - DECODING_ARGS)
-    if unknown:
-        raise ValueError(f"unknown decoding argument(s) {unknown}; accepted: {sorted(DECODING_ARGS)}")
+    """A :class:`DecodingConfig` from harness arguments (lists become tuples)."""
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in arguments.items()}
     return replace(base, **values) if base is not None else DecodingConfig(**values)
 
@@ -54,51 +66,53 @@ class TrimsLM(TemplateLM):
         self,
         pretrained: str | nn.Module,
         tokenizer: str | PreTrainedTokenizerBase | None = None,
-        adapter: str | None = None,
-        kind: str | None = None,
-        dtype: str = "auto",
         device: str | None = None,
         batch_size: int | str = 1,
         max_batch_size: int | None = None,
         mc_samples: int = 128,
         mc_batch_size: int = 32,
         mc_seed: int = 0,
-        revision: str | None = None,
-        **decoding: Any,
+        end_of_response: str | list[str] | None = None,
+        **arguments: Any,
     ) -> None:
         super().__init__()
         # Every argument is checked before the (possibly 8B) model is loaded.
-        self.decoding = _decoding_config(decoding)
+        unknown = sorted(set(arguments) - MODEL_ARGS - DECODING_ARGS)
+        if unknown:
+            raise ValueError(f"unknown model argument(s) {unknown}; accepted: pretrained, tokenizer, the ModelConfig "
+                             f"fields {sorted(MODEL_ARGS)}, end_of_response, and the DecodingConfig fields "
+                             f"{sorted(DECODING_ARGS)}")
+        model_args = {k: v for k, v in arguments.items() if k in MODEL_ARGS}
+        self.decoding = _decoding_config({k: v for k, v in arguments.items() if k in DECODING_ARGS})
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size={batch_size!r}: the trims model takes a positive integer batch size")
         if int(mc_samples) < 1 or int(mc_batch_size) < 1:
             raise ValueError(f"mc_samples={mc_samples} and mc_batch_size={mc_batch_size} must be positive")
-        if tokenizer is None and not isinstance(pretrained, str):
-            raise ValueError("a model object needs its tokenizer: pass tokenizer=...")
         self.batch_size = int(batch_size)
         self.mc_samples, self.mc_batch_size = int(mc_samples), int(mc_batch_size)
         self.generator = torch.Generator().manual_seed(int(mc_seed))
+        # lm-eval's model_args are comma-separated, so several end tokens are separated by spaces.
+        ends = end_of_response.split() if isinstance(end_of_response, str) else end_of_response
+        self.response_format = ResponseFormat("verbatim", end_of_response=ends)
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             # The harness CLI asks for cuda by default; like its hf model, run where the machine can.
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self._device = torch.device(device)
+        given_tokenizer = tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else None
         if isinstance(pretrained, str):
-            model = load_student(pretrained, kind, revision=revision, dtype=dtype)
+            config = ModelConfig(pretrained, tokenizer_name_or_path=None if given_tokenizer else tokenizer, **model_args)
+            check_model_sources(config, harness_name)
+            student = resolve_student(config, harness_name, given_tokenizer)
+            end_of_response_ids(student.tokenizer, ends)
+            model, self.tokenizer = load_model(config, student), student.tokenizer
+        elif given_tokenizer is None or model_args:
+            raise ValueError(f"a model object needs its tokenizer object and no model arguments ({sorted(MODEL_ARGS)})")
         else:
-            model = pretrained
-        if adapter is not None:
-            from peft import PeftModel
-
-            # Merged: the decoder then runs the plain student, as fast as without an adapter.
-            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+            model, self.tokenizer = pretrained, given_tokenizer
         self.model = model.to(self._device).eval()
         self.spec = student_spec(self.model)
-        if isinstance(tokenizer, PreTrainedTokenizerBase):
-            self.tokenizer = tokenizer
-        else:
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or adapter or pretrained, revision=revision)
         self.names = {"pretrained": pretrained if isinstance(pretrained, str) else type(pretrained).__name__,
-                      "adapter": adapter}
+                      "adapter": model_args.get("adapter")}
         self.recorders: dict[str, TokensPerStepRecorder] = {}
         self.generate_overrides: dict[str, dict[str, Any]] = {}
         self.loglikelihood_forwards = 0
@@ -157,7 +171,7 @@ class TrimsLM(TemplateLM):
                 recorder.stop_strings = tuple(until)
                 contexts = [context for _, context, _ in batch]
                 texts = generate_text(self.model, self.tokenizer, contexts, config, [recorder],
-                                      prompt_format=ResponseFormat("verbatim"), stop_strings=until)
+                                      prompt_format=self.response_format, stop_strings=until)
                 for (index, context, gen_kwargs), text in zip(batch, texts):
                     answers[index] = text
                     self.cache_hook.add_partial("generate_until", (context, gen_kwargs), answers[index])
@@ -212,4 +226,4 @@ class TrimsLM(TemplateLM):
         }
 
 
-__all__ = ["DECODING_ARGS", "ESTIMATOR", "TrimsLM"]
+__all__ = ["DECODING_ARGS", "ESTIMATOR", "MODEL_ARGS", "TrimsLM"]

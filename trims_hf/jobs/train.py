@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import re
 import signal
 import sys
 import threading
@@ -31,9 +29,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
-    AutoTokenizer,
     HfArgumentParser,
-    PreTrainedConfig,
     TrainerCallback,
     set_seed,
 )
@@ -47,45 +43,36 @@ from ..evaluation import check_task_inputs
 from ..hub import check_push_access, load_source_dataset
 from ..lora import lora_config
 from ..model_card import trims_model_card
+from ..model_config import (
+    ModelConfig,
+    ResolvedStudent,
+    check_model_sources,
+    load_model,
+    resolve_student,
+)
 from ..preparation import is_prepared
 from ..schema import COMPLETION, MESSAGES, PROMPT, SchemaError, has_teacher_scores
 from ..settings import DecodingConfig
-from ..sources import SourceError, check_dataset_source, check_model_source
-from ..students import (
-    STUDENTS,
-    MaskTokenError,
-    check_sequence_length,
-    detect_student_kind,
-    load_student,
-    prepare_student,
-    student_mask_token_id,
-)
+from ..sources import SourceError, check_dataset_source
+from ..students import STUDENTS, check_sequence_length, prepare_student
 from ..tasks import CodeExecutionDisabled, get_task
 from ..trainer import MDLMTrainer
 
-DTYPES = ("auto", "bfloat16", "float16", "float32")
-
 
 @dataclass
-class ModelArguments:
-    """Which student to train and how to wrap it (paper: LoRA r = 32, alpha = 32)."""
+class ModelArguments(ModelConfig):
+    """Which student to train (:class:`~trims_hf.model_config.ModelConfig`) and how to wrap it (paper: LoRA r = 32,
+    alpha = 32)."""
 
-    model_name_or_path: str = field(metadata={"help": "Student Hub id or local folder (weights, config and tokenizer)."})
-    model_kind: str | None = field(
-        default=None, metadata={"help": "Student family; default: detected from the config.", "choices": sorted(STUDENTS)}
-    )
-    mask_token_id: int | None = field(
-        default=None, metadata={"help": "Mask token id; default: the student config's, else its tokenizer's mask token."}
-    )
-    model_revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit) of the student."})
-    dtype: str = field(default="auto", metadata={"help": "Weight dtype to load the student in.", "choices": list(DTYPES)})
-    attn_implementation: str | None = field(default=None, metadata={"help": "e.g. sdpa, flash_attention_2, eager."})
     init_from_config: bool = field(
         default=False,
         metadata={"help": "Build the student with random weights from the transformers config at model_name_or_path "
                   "(toy runs and smoke tests; no weights are read)."},
     )
-    use_lora: bool = field(default=True, metadata={"help": "Train a LoRA adapter (paper) instead of all weights."})
+    use_lora: bool = field(
+        default=True,
+        metadata={"help": "Train a LoRA adapter (paper; with adapter set, that adapter) instead of all weights."},
+    )
     lora_r: int = field(default=32, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout (the paper does not state one)."})
@@ -173,36 +160,36 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
 class _RecipeParser(HfArgumentParser):
     """``HfArgumentParser`` whose usage errors raise (for one ``error:`` line) instead of printing the whole usage."""
 
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(RECIPE_TYPES, prog=f"trims train --config {path}", allow_abbrev=False, exit_on_error=False)
+
     def error(self, message: str) -> NoReturn:
         raise InputError(message)
 
+    def actions(self) -> dict[str, argparse.Action]:
+        """Each key's first action (a boolean's ``--no_<key>`` comes after it)."""
+        actions: dict[str, argparse.Action] = {}
+        for action in self._actions:
+            actions.setdefault(action.dest, action)
+        return actions
 
-def _recipe_argv(parser: HfArgumentParser, recipe: dict[str, Any], path: str | Path) -> list[str]:
-    """The recipe as ``--key=value`` arguments, so its values are typed and checked exactly like overrides.
-
-    ``null`` (for keys that accept it) and empty lists, which have no command-line spelling, become parser defaults.
-    """
-    actions: dict[str, argparse.Action] = {}
-    for action in parser._actions:  # the first action of a key (a boolean's --no_<key> comes after it)
-        actions.setdefault(action.dest, action)
-    hints = {name: hint for dtype in RECIPE_TYPES for name, hint in typing.get_type_hints(dtype).items()}
-    argv, defaults = [], {}
-    for key, value in recipe.items():
-        action, option = actions[key], f"--{key}"
+    def typed(self, action: argparse.Action, hint: Any, value: Any) -> Any:
+        """A recipe value typed and checked as the same value given on the command line would be (so ``1e-4``, which
+        YAML reads as text, is the number it is there too); raises ``ValueError`` naming what was expected."""
+        if value is None:
+            if type(None) not in typing.get_args(hint):
+                raise ValueError(f"null is not allowed; expected {_expected(action)}.")
+            return None
+        if isinstance(value, dict) and dict in typing.get_args(hint):
+            return value
         listed = action.nargs in ("+", "*")
-        if value is None or (value == [] and listed):
-            if value is None and type(None) not in typing.get_args(hints[key]):
-                raise InputError(f"{key} in {path}: null is not allowed; expected {_expected(action)}.")
-            defaults[key] = value
-            action.required = False
-        elif isinstance(value, list):
-            if not listed:
-                raise InputError(f"{key} in {path}: expected one {_expected(action)}, got the list {value}.")
-            argv += [option, *map(_scalar, value)]
-        else:
-            argv.append(f"{option}={json.dumps(value) if isinstance(value, dict) else _scalar(value)}")
-    parser.set_defaults(**defaults)
-    return argv
+        if isinstance(value, list) and not listed:
+            raise ValueError(f"expected one {_expected(action)}, got the list {value}.")
+        words = [_scalar(item) for item in (value if isinstance(value, list) else [value])]
+        try:
+            return self._get_values(action, words)
+        except argparse.ArgumentError as error:
+            raise ValueError(error.message) from None
 
 
 def _scalar(value: Any) -> str:
@@ -216,37 +203,37 @@ def _expected(action: argparse.Action) -> str:
     return "true or false" if kind == "string_to_bool" else kind
 
 
-def _locate(message: str, overrides: Sequence[str], path: str | Path) -> str:
-    """Rephrase an argparse message in recipe terms: which key, and whether the recipe or an override set it."""
-    if message.startswith("the following arguments are required: "):
-        keys = [option.split("/")[0].lstrip("-") for option in message.split(": ", 1)[1].split(", ")]
-        return f"{path} sets no {', '.join(keys)}: add to the recipe or pass {' '.join(f'--{k} VALUE' for k in keys)}."
-    match = re.match(r"argument --([\w-]+)(?:/--[\w-]+)*: (.*)", message)
-    if not match:
-        return message
-    key, detail = match.group(1), match.group(2)
-    spellings = {f"--{key}", f"--{key.replace('_', '-')}"}
-    if any(arg.split("=", 1)[0] in spellings for arg in overrides):
-        return f"--{key}: {detail}"
-    return f"{key} in {path}: {detail}"
-
-
 def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[ModelArguments, DataArguments, MDLMConfig]:
     """Parse a recipe plus ``--key value`` overrides into the three argument dataclasses.
 
-    The recipe's values go through the same parser as the overrides (recipe first, so the overrides win),
-    so a bad value is the same one-line error wherever it was written.
+    As TRL's ``TrlParser``, the recipe's values become the parser's defaults and the command line overrides them;
+    each value is first typed and checked by the parser as its command-line spelling would be, so a bad value is one
+    error line naming the key and the file (or the flag) wherever it was written.
     """
     recipe = read_recipe(path)
-    parser = _RecipeParser(RECIPE_TYPES, prog=f"trims train --config {path}", allow_abbrev=False)
+    parser = _RecipeParser(path)
+    actions = parser.actions()
+    hints = {name: hint for dtype in RECIPE_TYPES for name, hint in typing.get_type_hints(dtype).items()}
+    defaults = {}
+    for key, value in recipe.items():
+        try:
+            defaults[key] = parser.typed(actions[key], hints[key], value)
+        except ValueError as error:
+            raise InputError(f"{key} in {path}: {error}") from None
+    parser.set_defaults(**defaults)
+    required = [action.dest for action in actions.values() if action.required and action.dest not in recipe]
+    for action in parser._actions:  # a required key the recipe leaves out is reported below, in recipe terms
+        action.required = False
     try:
-        *parsed, rest = parser.parse_args_into_dataclasses(
-            args=_recipe_argv(parser, recipe, path) + list(overrides), return_remaining_strings=True
-        )
-    except InputError as error:
-        raise InputError(_locate(str(error), overrides, path)) from None
+        *parsed, rest = parser.parse_args_into_dataclasses(args=list(overrides), return_remaining_strings=True)
+    except argparse.ArgumentError as error:  # only the command line is left for argparse to reject
+        raise InputError(f"{error.argument_name.split('/')[0]}: {error.message}") from None
     except ValueError as error:  # a dataclass rejected a value (range, combination)
         raise InputError(_one_line(error)) from None
+    unset = [key for key in required if any(getattr(args, key, None) is None for args in parsed if hasattr(args, key))]
+    if unset:
+        raise InputError(f"{path} sets no {', '.join(unset)}: add to the recipe or pass "
+                         f"{' '.join(f'--{key} VALUE' for key in unset)}.")
     for token in rest:
         if token.startswith("-"):
             raise InputError(f"{token.split('=')[0]}: no such recipe key{_did_you_mean(token, '--')}; "
@@ -256,39 +243,25 @@ def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Model
     return tuple(parsed)
 
 
-def student_kind(model_args: ModelArguments) -> str:
-    """``model_kind``, or the family detected from the student's ``config.json`` (no weights are read)."""
-    if model_args.model_kind:
-        return model_args.model_kind
-    config, _ = PreTrainedConfig.get_config_dict(model_args.model_name_or_path, revision=model_args.model_revision)
-    try:
-        return detect_student_kind(config)
-    except ValueError:
-        raise InputError(f"model_name_or_path {model_args.model_name_or_path}: cannot tell which student family a "
-                          f"'{config.get('model_type')}' model is; set model_kind to llada (logits not shifted) or dream "
-                          "(logits shifted by one).") from None
-
-
-def check_student_length(model_args: ModelArguments, kind: str, args: MDLMConfig) -> None:
+def check_student_length(student: ResolvedStudent, model_args: ModelArguments, args: MDLMConfig) -> None:
     """``max_length`` fits the student's position embeddings (its config alone, no weights)."""
-    config, _ = PreTrainedConfig.get_config_dict(model_args.model_name_or_path, revision=model_args.model_revision)
     try:
-        check_sequence_length(config, kind, args.max_length)
+        check_sequence_length(student.config, student.kind, args.max_length)
     except ValueError as error:
         raise InputError(f"{error} (model_name_or_path {model_args.model_name_or_path}).") from None
 
 
-def build_student(model_args: ModelArguments, kind: str, tokenizer: Any) -> nn.Module:
-    """Load (or, with ``init_from_config``, randomly initialise) the student, marked and bidirectional."""
-    dtype = model_args.dtype if model_args.dtype == "auto" else getattr(torch, model_args.dtype)
-    kwargs = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+def build_student(model_args: ModelArguments, student: ResolvedStudent) -> nn.Module:
+    """Load (or, with ``init_from_config``, randomly initialise) the student, marked and bidirectional; a given
+    adapter stays trainable when LoRA is trained, else it is merged."""
     if not model_args.init_from_config:
-        return load_student(model_args.model_name_or_path, kind, revision=model_args.model_revision,
-                            mask_token_id=model_args.mask_token_id, dtype=dtype, **kwargs)
+        return load_model(model_args, student, train_adapter=model_args.use_lora)
+    kwargs = model_args.from_pretrained_kwargs()
+    if kwargs["dtype"] == "auto":  # random weights have no checkpoint dtype to follow
+        del kwargs["dtype"]
     config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
-    auto_class = AutoModelForCausalLM if STUDENTS[kind].decoder else AutoModelForMaskedLM
-    model = auto_class.from_config(config, dtype=None if dtype == "auto" else dtype, **kwargs)
-    return prepare_student(model, kind, student_mask_token_id(config.to_dict(), kind, model_args.mask_token_id, tokenizer))
+    auto_class = AutoModelForCausalLM if STUDENTS[student.kind].decoder else AutoModelForMaskedLM
+    return prepare_student(auto_class.from_config(config, **kwargs), student.kind, student.mask_token_id)
 
 
 def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointing: bool) -> nn.Module:
@@ -296,6 +269,8 @@ def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointi
         return model
     if gradient_checkpointing:
         model.enable_input_require_grads()  # frozen embeddings would otherwise cut the checkpointed graph
+    if model_args.adapter:  # build_student loaded it trainable
+        return model
     config = lora_config(model, r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
                          lora_dropout=model_args.lora_dropout, target_modules=model_args.lora_target_modules)
     return get_peft_model(model, config)
@@ -312,8 +287,8 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
         "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
         "bf16": args.bf16, "seed": args.seed,
     }
-    lora = {"use_lora": model_args.use_lora}
-    if model_args.use_lora:
+    lora = {"use_lora": model_args.use_lora, **({"adapter": model_args.adapter} if model_args.adapter else {})}
+    if model_args.use_lora and not model_args.adapter:
         lora |= {"r": model_args.lora_r, "alpha": model_args.lora_alpha, "dropout": model_args.lora_dropout,
                  "target_modules": model_args.lora_target_modules or "attention + MLP projections"}
     return {
@@ -372,7 +347,9 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
                       advice=", or continue its run with --resume_from_checkpoint true")
     if args.push_to_hub:  # so a long run never ends in an auth error
         check_push_access(args.hub_model_id or Path(args.output_dir).absolute().name, args.hub_token)
-    check_model_source("model_name_or_path", model_args.model_name_or_path, model_args.model_revision)
+    if model_args.adapter and model_args.init_from_config:
+        raise InputError("adapter: an adapter goes on trained weights; init_from_config builds random ones.")
+    check_model_sources(model_args)
     check_dataset_source("dataset_name", data_args.dataset_name)
     check_decode_eval(data_args, args)
     return resume
@@ -417,21 +394,6 @@ def prepare_rows(dataset: Dataset | None, key: str, split: str | None, source: s
         return MDLMTrainer.prepare_rows(dataset, tokenizer, args.student_format(), args.masking(), args)
     except SchemaError as error:
         raise InputError(f"dataset_name {source}, {key} {split}: {error}") from None
-
-
-def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
-    """The student's tokenizer, with a mask token id for the student (``mask_token_id``, its config's or the tokenizer's)."""
-    path, revision = model_args.model_name_or_path, model_args.model_revision
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
-    except (OSError, ValueError) as error:
-        raise InputError(f"model_name_or_path {path}: cannot load its tokenizer ({_one_line(error)}).") from None
-    config, _ = PreTrainedConfig.get_config_dict(path, revision=revision)
-    try:
-        student_mask_token_id(config, kind, model_args.mask_token_id, tokenizer)
-    except MaskTokenError as error:
-        raise InputError(f"model_name_or_path {path}: {error}; set mask_token_id.") from None
-    return tokenizer
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -492,14 +454,14 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
 
     Ctrl-C raises :class:`TrainingInterrupted` (the first one after saving a checkpoint at the end of the step)."""
     resume = check_run(model_args, data_args, args)
-    kind = student_kind(model_args)
-    check_student_length(model_args, kind, args)
+    student = resolve_student(model_args)
+    check_student_length(student, model_args, args)
     train_dataset, eval_dataset = load_data(data_args, args)
-    tokenizer = load_tokenizer(model_args, kind)
+    tokenizer = student.tokenizer
     train_dataset = prepare_rows(train_dataset, "train_split", data_args.train_split, data_args.dataset_name, tokenizer, args)
     eval_dataset = prepare_rows(eval_dataset, "eval_split", data_args.eval_split, data_args.dataset_name, tokenizer, args)
     set_seed(args.seed)
-    model = wrap_lora(build_student(model_args, kind, tokenizer), model_args, args.gradient_checkpointing)
+    model = wrap_lora(build_student(model_args, student), model_args, args.gradient_checkpointing)
     trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
     if data_args.decode_eval_task:
         DecodeEvalCallback(data_args.decode_eval_task, tokenizer, data_args.decoding_config(), limit=data_args.decode_eval_limit,

@@ -44,8 +44,9 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Literal
 
 Status = Literal["passed", "failed", "timeout"]
@@ -56,221 +57,18 @@ _BWRAP_UID = "65534"  # "nobody"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _KILL_GRACE_S = 2.0
 
-# Shared by both children: the wire format of values (JSON with tagged containers).
-_CODEC = r'''
-import builtins, json, os, resource, sys
+@functools.cache
+def _child_script(name: str) -> str:
+    """The program of a sandboxed child: the shared wire format (``_sandbox_codec.py``) then ``_sandbox_<name>.py``.
 
-
-def encode(x, other):
-    """Plain values by content; an instance of a subclass (Counter, namedtuple, an int with an odd
-    ``__eq__``) as its base type, read through the base type's own methods; builtin types by name."""
-    if x is None or type(x) is bool:
-        return x
-    for base, plain in ((int, int.__int__), (float, float.__float__), (str, str.__str__)):
-        if isinstance(x, base):
-            return plain(x)
-    if isinstance(x, list):
-        return [encode(i, other) for i in list.__iter__(x)]
-    for base, tag in ((tuple, "t"), (set, "s"), (frozenset, "f")):
-        if isinstance(x, base):
-            return {tag: [encode(i, other) for i in base.__iter__(x)]}
-    if isinstance(x, dict):
-        return {"d": [[encode(k, other), encode(v, other)] for k, v in dict.items(x)]}
-    if isinstance(x, bytes):
-        return {"b": bytes.hex(x)}
-    if isinstance(x, complex):
-        return {"c": [complex.real.__get__(x), complex.imag.__get__(x)]}
-    if isinstance(x, type) and getattr(builtins, x.__name__, None) is x:
-        return {"y": x.__name__}
-    return other(x)
-
-
-def decode(x, handle):
-    if isinstance(x, list):
-        return [decode(i, handle) for i in x]
-    if not isinstance(x, dict):
-        return x
-    (tag, value), = x.items()
-    if tag == "h":
-        return handle(value)
-    if tag == "b":
-        return bytes.fromhex(value)
-    if tag == "c":
-        return complex(*value)
-    if tag == "y":
-        kind = getattr(builtins, value)
-        if not isinstance(kind, type):
-            raise TypeError(f"not a builtin type: {value!r}")
-        return kind
-    if tag == "d":
-        return {decode(k, handle): decode(v, handle) for k, v in value}
-    return {"t": tuple, "s": set, "f": frozenset}[tag](decode(i, handle) for i in value)
-
-
-def setup():
-    """Limits from argv[1]; returns the two RPC fds from argv[2:4]."""
-    for name, value in json.loads(sys.argv[1]).items():
-        resource.setrlimit(getattr(resource, name), (value, value))
-    sys.set_int_max_str_digits(0)
-    return int(sys.argv[2]), int(sys.argv[3])
-'''
-
-# Executed with ``python -I -B -c``; argv: limits (JSON), request fd, reply fd. Source on stdin.
-_SOLUTION = _CODEC + r'''
-
-def _make_guard(root):
-    # Everything the hook consults is bound in this closure: the untrusted code could rebind
-    # module globals (`import __main__`), but not these.
-    blocked = frozenset({
-        "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.startfile",
-        "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "os.setuid", "os.chroot",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.call_function", "socket.connect",
-        "socket.bind", "socket.sendto", "socket.sendmsg",
-    })
-    # Allowed only on paths inside the sandbox (tempfile, for one, creates and removes files there).
-    path_events = frozenset({
-        "os.remove", "os.rmdir", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.chflags",
-        "os.link", "os.symlink", "shutil.rmtree", "shutil.chown",
-    })
-    blocked_imports = frozenset({"_posixsubprocess", "_ctypes", "ctypes", "subprocess", "multiprocessing"})
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    realpath, fspath, path_like, prefix = os.path.realpath, os.fspath, os.PathLike, root + os.sep
-
-    def inside(path):
-        resolved = realpath(fspath(path))
-        if isinstance(resolved, bytes):
-            resolved = resolved.decode("utf-8", "surrogateescape")
-        return resolved == root or resolved.startswith(prefix) or resolved == "/dev/null"
-
-    def guard(event, args):
-        if event in blocked:
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and args[0] in blocked_imports:
-            raise PermissionError(f"sandbox: import of {args[0]} is not allowed")
-        if event in path_events:
-            paths = [a for a in args if isinstance(a, (str, bytes, path_like))]
-            if isinstance(args[0], int) or not all(map(inside, paths)):
-                raise PermissionError(f"sandbox: {event} outside the sandbox is not allowed: {args!r}")
-        if event == "open" and isinstance(args[0], (str, bytes)) and args[2] & write_flags and not inside(args[0]):
-            raise PermissionError(f"sandbox: writing {args[0]!r} outside the sandbox is not allowed")
-
-    return guard
-
-
-def _main():
-    request_fd, reply_fd = setup()
-    requests, replies = os.fdopen(request_fd, "rb"), os.fdopen(reply_fd, "wb")
-    source = sys.stdin.read()
-    sys.stdin.close()
-    objects = []  # handle -> object, for everything that is not a plain value
-
-    def handle(obj):
-        if isinstance(obj, type(sys)) and obj.__name__ in sys.stdlib_module_names:
-            return {"m": obj.__name__}
-        objects.append(obj)
-        return {"h": len(objects) - 1}
-
-    def send(message):
-        replies.write(json.dumps(message).encode() + b"\n")
-        replies.flush()
-
-    def failure(error):
-        return {"raise": [type(error).__name__, str(error)]}
-
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    try:
-        code = compile(source, "solution.py", "exec")
-        sys.addaudithook(_make_guard(os.getcwd()))
-        exec(code, namespace)
-        send({"ready": {k: encode(v, handle) for k, v in namespace.items() if not k.startswith("__")}})
-    except BaseException as error:
-        send(failure(error))
-        raise
-    sys.stdout.flush()
-    for line in requests:
-        try:
-            call = json.loads(line)
-            function = objects[call["call"]]
-            args = decode(call["args"], objects.__getitem__)
-            kwargs = decode(call["kwargs"], objects.__getitem__)
-            reply = {"ok": encode(function(*args, **kwargs), handle)}
-        except BaseException as error:
-            reply = failure(error)
-        sys.stdout.flush()
-        send(reply)
-
-
-_main()
-'''
-
-# Executed with ``python -I -B -c``; argv: limits (JSON), request fd, reply fd. Tests on stdin.
-_JUDGE = _CODEC + r'''
-import importlib, types
-
-# Standard-library modules whose import does something (opens a browser, prints).
-_NOISY_MODULES = frozenset({"antigravity", "this", "__hello__", "__phello__"})
-
-
-class SolutionError(Exception):
-    """The solution raised an exception that is not a builtin one, or its process went away."""
-
-
-class Remote:
-    """A name or object of the solution: calling it asks the solution process."""
-
-    __slots__ = ("handle",)
-
-    def __init__(self, handle):
-        self.handle = handle
-
-    def __call__(self, *args, **kwargs):
-        _requests.write(json.dumps({"call": self.handle, "args": encode(list(args), _reference),
-                                    "kwargs": encode(kwargs, _reference)}).encode() + b"\n")
-        _requests.flush()
-        return decode(_receive()["ok"], Remote)
-
-    def __repr__(self):
-        return f"<solution object #{self.handle}>"
-
-
-def _reference(obj):
-    if isinstance(obj, Remote):
-        return {"h": obj.handle}
-    raise TypeError(f"a test passed a {type(obj).__name__} to the solution; only plain values can cross")
-
-
-def _receive():
-    line = _replies.readline()
-    if not line:
-        raise SolutionError("the solution process ended before answering (it exited, was killed or hit a limit)")
-    message = json.loads(line)
-    if "raise" in message:
-        name, text = message["raise"]
-        kind = getattr(builtins, str(name), None)
-        if not (isinstance(kind, type) and issubclass(kind, Exception)):
-            kind, text = SolutionError, f"{name}: {text}"
-        raise kind(text)
-    return message
-
-
-request_fd, reply_fd = setup()
-_requests, _replies = os.fdopen(request_fd, "wb"), os.fdopen(reply_fd, "rb")
-_entry_points = set(json.loads(sys.stdin.readline()))  # may shadow builtins' names: they are under test
-_tests = sys.stdin.read()
-sys.stdin.close()
-_names = {}
-for _key, _value in _receive()["ready"].items():
-    _key = str(_key)
-    if _key.startswith("__") or (hasattr(builtins, _key) and _key not in _entry_points):
-        continue
-    if not (isinstance(_value, dict) and set(_value) == {"m"}):
-        _names[_key] = decode(_value, Remote)
-    elif _value["m"] == _key and _key in sys.stdlib_module_names and _key not in _NOISY_MODULES:
-        _names[_key] = importlib.import_module(_key)  # the solution's `import math`: the judge's own copy
-_namespace = {"__name__": "__main__", "__builtins__": builtins, "__solution__": types.SimpleNamespace(**_names)}
-_namespace.update(_names)
-exec(compile(_tests, "tests.py", "exec"), _namespace)
-'''
+    Real files, so linters and readers see them as code, but read here and handed to the child as
+    ``python -I -B -c TEXT``: under bubblewrap only the system and Python folders are mounted, and an editable or
+    source checkout of trims_hf lies outside them, so the child never opens a file of ours, and nothing new is
+    mounted into the sandbox (the security model is unchanged: the child holds only this text, its stdin and
+    the two RPC pipes).
+    """
+    folder = Path(__file__).parent
+    return (folder / "_sandbox_codec.py").read_text() + "\n\n" + (folder / f"_sandbox_{name}.py").read_text()
 
 
 @dataclass(frozen=True)
@@ -464,8 +262,8 @@ def run_tests(solution: str, tests: str, limits: SandboxLimits | None = None, is
     start = time.monotonic()
     try:
         try:
-            solver = _Child(_SOLUTION, solution, (request_r, reply_w), limits, prefix, workdir)
-            judge = _Child(_JUDGE, json.dumps(sorted(entry_points)) + "\n" + tests, (request_w, reply_r), limits,
+            solver = _Child(_child_script("solution"), solution, (request_r, reply_w), limits, prefix, workdir)
+            judge = _Child(_child_script("judge"), json.dumps(sorted(entry_points)) + "\n" + tests, (request_w, reply_r), limits,
                            prefix, workdir)
         finally:
             for fd in (request_r, request_w, reply_r, reply_w):
