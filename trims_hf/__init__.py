@@ -16,8 +16,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "settings": ("DEFAULT_TEACHER", "BucketConfig", "DecodingConfig", "MaskingConfig", "PromptFormat", "ScoringOptions",
                  "StudentFormat"),
     "prompts": ("prompt_token_ids", "render_prompt"),
-    "students": ("MaskTokenError", "StudentKindError", "StudentSpec", "add_mask_token", "detect_student_kind", "load_student",
-                 "mask_token_id", "prepare_student", "student_logits", "student_mask_token_id", "student_spec"),
+    "students": ("AdapterError", "MaskTokenError", "StudentKindError", "StudentSpec", "add_mask_token", "detect_student_kind",
+                 "load_adapter", "load_student", "mask_token_id", "prepare_student", "student_logits", "student_mask_token_id", "student_spec"),
     "buckets": ("bucket_rows", "equal_mass_buckets", "project_scores", "teacher_coverage", "threshold_buckets"),
     "collator": ("TrimsDataCollator",),
     "config": ("MDLMConfig",),
@@ -51,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                  "study_rows", "teacher_nll_scorer"),
     "reports": ("library_versions", "markdown_table"),
     "callbacks": ("DecodeEvalCallback",),
+    "export": ("export", "export_adapter", "export_merged"),
     "model_card": ("eval_command", "trims_model_card"),
     "jobs.train": ("DataArguments", "ModelArguments", "parse_recipe", "train"),
 }

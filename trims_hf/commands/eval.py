@@ -30,6 +30,8 @@ class EvalArguments:
     output: str = field(metadata={"help": "JSON file to write the result(s) to."})
     model_revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit) of --model."})
     adapter: str | None = field(default=None, metadata={"help": "Hub id or folder of a peft adapter to load on top of --model."})
+    allow_base_mismatch: bool = field(default=False, metadata={"help": "Accept an --adapter recorded as trained on a base "
+                                                                      "of another name (the same model renamed)."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer id or folder (default: --model)."})
     model_kind: StudentKind | None = field(
         default=None,
@@ -112,6 +114,18 @@ def _check_sources(args: EvalArguments, task: Any) -> None:
                                  "to --model).")
         else:
             check_model_source("--adapter", args.adapter)
+        from ..students.adapters import (
+            AdapterError,
+            adapter_folder,
+            check_adapter_base,
+            read_adapter,
+        )
+
+        try:
+            check_adapter_base(read_adapter(adapter_folder(args.adapter))[0], args.model, args.adapter,
+                               args.allow_base_mismatch)
+        except AdapterError as error:
+            raise InputError(str(error)) from None
     if args.tokenizer is not None and not Path(args.tokenizer).expanduser().is_dir():
         check_model_source("--tokenizer", args.tokenizer)
     if args.data_file is not None:
@@ -229,16 +243,13 @@ def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int
         plot_frontier,
         save_results,
     )
-    from ..students import load_student
+    from ..students import AdapterError, load_student
 
     records = args.records_file()
     try:
         model = load_student(args.model, inputs.kind, revision=args.model_revision, mask_token_id=inputs.mask_token_id,
+                             adapter=args.adapter, allow_base_mismatch=args.allow_base_mismatch,
                              **({} if args.dtype is None else {"dtype": args.dtype}))
-        if args.adapter:
-            from peft import PeftModel
-
-            model = PeftModel.from_pretrained(model, args.adapter)
         model = model.to(inputs.device).eval()
         name = args.model + (f" + {args.adapter}" if args.adapter else "")
         results = [evaluate_task(model, inputs.tokenizer, inputs.task, config, execute_code=args.allow_code_execution,
@@ -250,6 +261,8 @@ def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int
             return fail("interrupted before the first problem was graded; nothing was written.", INTERRUPTED)
         return fail(f"interrupted: {stop.done} of {stop.total} {stop.task} problems ({stop.setting}) saved in "
                     f"{stop.records_file}; rerun the same command to resume.", INTERRUPTED)
+    except AdapterError as error:
+        return fail(str(error))
     except KeyboardInterrupt:
         return fail("interrupted while loading the model; nothing was written.", INTERRUPTED)
     output = save_results(results, args.output)

@@ -26,7 +26,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from ..generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text
 from ..settings import ResponseFormat
-from ..students import load_student, student_spec
+from ..students import load_adapter, load_student, student_spec
 from .likelihood import masked_diffusion_loglikelihood
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ class TrimsLM(TemplateLM):
         mc_batch_size: int = 32,
         mc_seed: int = 0,
         revision: str | None = None,
+        allow_base_mismatch: bool = False,
         **decoding: Any,
     ) -> None:
         super().__init__()
@@ -87,10 +88,8 @@ class TrimsLM(TemplateLM):
         else:
             model = pretrained
         if adapter is not None:
-            from peft import PeftModel
-
             # Merged: the decoder then runs the plain student, as fast as without an adapter.
-            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+            model = load_adapter(model, adapter, allow_base_mismatch=allow_base_mismatch).merge_and_unload()
         self.model = model.to(self._device).eval()
         self.spec = student_spec(self.model)
         if isinstance(tokenizer, PreTrainedTokenizerBase):

@@ -14,6 +14,13 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+from .adapters import (
+    AdapterError,
+    adapter_folder,
+    check_adapter_base,
+    load_adapter,
+    read_adapter,
+)
 from .base import StudentSpec, make_bidirectional, use_mdlm_loss
 from .dream import dream_config_from_qwen2, qwen2_config_from_dream
 from .layout import OriginalLayout, use_original_layout
@@ -186,6 +193,8 @@ def load_student(
     revision: str | None = None,
     token: str | bool | None = None,
     mask_token_id: int | None = None,
+    adapter: str | None = None,
+    allow_base_mismatch: bool = False,
     **from_pretrained_kwargs: Any,
 ) -> nn.Module:
     """Load a LLaDA, Dream or masked-LM student from the Hub or a folder, ready for training or decoding.
@@ -196,9 +205,16 @@ def load_student(
     such as Llama or Qwen2 needs it: :class:`StudentKindError`). The mask id comes from ``mask_token_id``, else
     the config, else the tokenizer (:func:`student_mask_token_id`), before any weight is read. Extra keyword
     arguments (``dtype``, ``device_map``, ``attn_implementation``...) go to ``from_pretrained``.
+
+    ``adapter`` (a LoRA folder or Hub id, with the original or the native module names) is loaded on top and the
+    ``PeftModel`` returned (:func:`~trims_hf.students.adapters.load_adapter`); one recorded as trained on another base
+    fails before any weight is read, unless ``allow_base_mismatch``.
     """
     hub_kwargs = {"revision": revision, "token": token}
     config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **hub_kwargs)
+    if adapter is not None:
+        check_adapter_base(read_adapter(adapter_folder(adapter, token=token))[0], name_or_path, adapter,
+                           allow_base_mismatch)
     spec = STUDENTS[kind] if kind is not None else STUDENTS[detect_student_kind(config_dict)]
     try:
         mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id)
@@ -218,17 +234,22 @@ def load_student(
             use_original_layout(model, OriginalLayout(config_dict, name_or_path, revision, token))
     else:
         model = AutoModelForMaskedLM.from_pretrained(name_or_path, **hub_kwargs, **from_pretrained_kwargs)
-    return prepare_student(model, spec.kind, mask_token_id)
+    model = prepare_student(model, spec.kind, mask_token_id)
+    if adapter is not None:
+        return load_adapter(model, adapter, token=token, allow_base_mismatch=True)  # the base was checked above
+    return model
 
 
 __all__ = [
     "STUDENTS",
+    "AdapterError",
     "MaskTokenError",
     "StudentKindError",
     "StudentSpec",
     "add_mask_token",
     "check_sequence_length",
     "detect_student_kind",
+    "load_adapter",
     "load_student",
     "make_bidirectional",
     "mask_token_id",

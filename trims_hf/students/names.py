@@ -53,3 +53,7 @@ class ModuleNames:
     def is_original(self, name: str) -> bool:
         """True when ``name`` contains an original module path (it would be renamed on the way in)."""
         return self.to_native(name) != name
+
+
+SAME_NAMES = ModuleNames(())
+"""The table of a family whose original module names already are the native class's (Dream's are Qwen2's)."""
