@@ -167,7 +167,8 @@ def _tokenizer(args: EvalArguments) -> Any:
 
     flag, source = ("--tokenizer", args.tokenizer) if args.tokenizer else ("--model", args.model)
     try:
-        return AutoTokenizer.from_pretrained(source, revision=None if args.tokenizer else args.model_revision)
+        return AutoTokenizer.from_pretrained(source, revision=None if args.tokenizer else args.model_revision,
+                                             trust_remote_code=False)
     except (OSError, ValueError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         hint = "" if args.tokenizer else "; pass --tokenizer"

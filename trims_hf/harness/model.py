@@ -95,7 +95,8 @@ class TrimsLM(TemplateLM):
         if isinstance(tokenizer, PreTrainedTokenizerBase):
             self.tokenizer = tokenizer
         else:
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or adapter or pretrained, revision=revision)
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or adapter or pretrained, revision=revision,
+                                                           trust_remote_code=False)
         self.names = {"pretrained": pretrained if isinstance(pretrained, str) else type(pretrained).__name__,
                       "adapter": adapter}
         self.recorders: dict[str, TokensPerStepRecorder] = {}

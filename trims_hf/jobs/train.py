@@ -285,7 +285,8 @@ def build_student(model_args: ModelArguments, kind: str, tokenizer: Any) -> nn.M
     if not model_args.init_from_config:
         return load_student(model_args.model_name_or_path, kind, revision=model_args.model_revision,
                             mask_token_id=model_args.mask_token_id, dtype=dtype, **kwargs)
-    config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+    config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                        trust_remote_code=False)
     auto_class = AutoModelForCausalLM if STUDENTS[kind].decoder else AutoModelForMaskedLM
     model = auto_class.from_config(config, dtype=None if dtype == "auto" else dtype, **kwargs)
     return prepare_student(model, kind, student_mask_token_id(config.to_dict(), kind, model_args.mask_token_id, tokenizer))
@@ -423,7 +424,7 @@ def load_tokenizer(model_args: ModelArguments, kind: str) -> Any:
     """The student's tokenizer, with a mask token id for the student (``mask_token_id``, its config's or the tokenizer's)."""
     path, revision = model_args.model_name_or_path, model_args.model_revision
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=False)
     except (OSError, ValueError) as error:
         raise InputError(f"model_name_or_path {path}: cannot load its tokenizer ({_one_line(error)}).") from None
     config, _ = PreTrainedConfig.get_config_dict(path, revision=revision)

@@ -221,7 +221,7 @@ def load_student(
     except MaskTokenError:  # none given or on the config: the tokenizer's (read only when needed)
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **hub_kwargs)
         mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id, tokenizer)
     if spec.decoder:
         native = _native(config_dict, spec)
