@@ -39,7 +39,12 @@ def adapter_folder(adapter: str, revision: str | None = None, token: str | bool 
         return folder
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(adapter, revision=revision, token=token, allow_patterns=[ADAPTER_CONFIG, ADAPTER_WEIGHTS]))
+    try:
+        return Path(snapshot_download(adapter, revision=revision, token=token,
+                                      allow_patterns=[ADAPTER_CONFIG, ADAPTER_WEIGHTS]))
+    except Exception as error:  # noqa: BLE001 - a bad id, no network, no such repo: one line, the cause named
+        raise AdapterError(f"adapter {adapter}: no such folder, and not loadable from the Hub "
+                           f"({type(error).__name__})") from None
 
 
 def read_adapter(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
