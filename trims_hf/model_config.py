@@ -59,6 +59,10 @@ class ModelConfig:
         metadata={"help": "Hub id or folder of a peft adapter on top of the student: merged into it for decoding, "
                   "trained further by trims train (merged first with use_lora false)."},
     )
+    allow_base_mismatch: bool = field(
+        default=False, metadata={"help": "Accept an adapter recorded as trained on a base of another name (the same "
+                                 "model renamed)."}
+    )
     tokenizer_name_or_path: str | None = field(
         default=None, metadata={"help": "Tokenizer Hub id or folder, when not the student's.", "aliases": ["--tokenizer"]}
     )
@@ -116,6 +120,13 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
                                  f"model goes to {name('model_name_or_path')}).")
         else:
             check_model_source(name("adapter"), model.adapter)
+        from .students.adapters import AdapterError, adapter_folder, check_adapter_base, read_adapter
+
+        try:
+            check_adapter_base(read_adapter(adapter_folder(model.adapter))[0], model.model_name_or_path, model.adapter,
+                               model.allow_base_mismatch)
+        except AdapterError as error:
+            raise InputError(str(error)) from None
     if model.tokenizer_name_or_path is not None and not Path(model.tokenizer_name_or_path).expanduser().is_dir():
         check_model_source(name("tokenizer_name_or_path"), model.tokenizer_name_or_path)
 
@@ -171,9 +182,12 @@ def load_model(model: ModelConfig, student: ResolvedStudent, *, train_adapter: b
                           mask_token_id=student.mask_token_id, **model.from_pretrained_kwargs())
     if model.adapter is None:
         return loaded
-    from peft import PeftModel
+    from .students import AdapterError, load_adapter
 
-    with_adapter = PeftModel.from_pretrained(loaded, model.adapter, is_trainable=train_adapter)
+    try:  # every tensor loaded, with the original or the native module names, or an error naming the keys
+        with_adapter = load_adapter(loaded, model.adapter, revision=None, allow_base_mismatch=model.allow_base_mismatch)
+    except AdapterError as error:
+        raise InputError(str(error)) from None
     return with_adapter if train_adapter else with_adapter.merge_and_unload()
 
 

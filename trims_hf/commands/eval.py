@@ -193,6 +193,8 @@ def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseF
             return fail("interrupted before the first problem was graded; nothing was written.", INTERRUPTED)
         return fail(f"interrupted: {stop.done} of {stop.total} {stop.task} problems ({stop.setting}) saved in "
                     f"{stop.records_file}; rerun the same command to resume.", INTERRUPTED)
+    except InputError as error:  # an adapter that does not fit, found while its tensors load
+        return fail(str(error))
     except KeyboardInterrupt:
         return fail("interrupted while loading the model; nothing was written.", INTERRUPTED)
     output = save_results(results, args.output)

@@ -30,6 +30,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     HfArgumentParser,
+    PreTrainedConfig,
     TrainerCallback,
     set_seed,
 )
@@ -54,7 +55,7 @@ from ..preparation import is_prepared
 from ..schema import COMPLETION, MESSAGES, PROMPT, SchemaError, has_teacher_scores
 from ..settings import DecodingConfig
 from ..sources import SourceError, check_dataset_source
-from ..students import STUDENTS, check_sequence_length, prepare_student
+from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
 from ..tasks import CodeExecutionDisabled, get_task
 from ..trainer import MDLMTrainer
 
@@ -259,7 +260,10 @@ def build_student(model_args: ModelArguments, student: ResolvedStudent) -> nn.Mo
     kwargs = model_args.from_pretrained_kwargs()
     if kwargs["dtype"] == "auto":  # random weights have no checkpoint dtype to follow
         del kwargs["dtype"]
-    config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+    config = student_config(student.config, student.kind)  # an original LLaDA/Dream config translated: no remote code
+    if type(config) is PreTrainedConfig:  # a transformers config.json: its own class
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                            trust_remote_code=False)
     auto_class = AutoModelForCausalLM if STUDENTS[student.kind].decoder else AutoModelForMaskedLM
     return prepare_student(auto_class.from_config(config, **kwargs), student.kind, student.mask_token_id)
 

@@ -14,19 +14,28 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+from .adapters import (
+    AdapterError,
+    adapter_folder,
+    check_adapter_base,
+    load_adapter,
+    read_adapter,
+)
 from .base import StudentSpec, make_bidirectional, use_mdlm_loss
-from .dream import qwen2_config_from_dream
-from .llada import KEY_MAPPING as LLADA_KEY_MAPPING
-from .llada import llama_config_from_llada
+from .dream import dream_config_from_qwen2, qwen2_config_from_dream
+from .layout import OriginalLayout, use_original_layout
+from .llada import MODULE_NAMES as LLADA_MODULE_NAMES
+from .llada import llada_config_from_llama, llama_config_from_llada
 
 _DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 STUDENTS: dict[str, StudentSpec] = {
     "llada": StudentSpec(kind="llada", shift_logits=False, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
                          native_model_type="llada", translate_config=llama_config_from_llada,
-                         key_mapping=LLADA_KEY_MAPPING),
+                         original_config=llada_config_from_llama, module_names=LLADA_MODULE_NAMES),
     "dream": StudentSpec(kind="dream", shift_logits=True, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
-                         native_model_type="dream", translate_config=qwen2_config_from_dream),
+                         native_model_type="dream", translate_config=qwen2_config_from_dream,
+                         original_config=dream_config_from_qwen2),
     "masked_lm": StudentSpec(kind="masked_lm", shift_logits=False, lora_target_modules="all-linear", decoder=False),
 }
 
@@ -167,6 +176,16 @@ def student_mask_token_id(config_dict: dict[str, Any], kind: str, mask_token_id:
     return _checked_mask_id(candidate, getattr(config.get_text_config(), "vocab_size", None))
 
 
+def _check_all_weights_loaded(name_or_path: str, info: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose weights do not all land in the model (transformers only warns and keeps the random
+    init, e.g. a LLaDA saved by earlier trims_hf with corrupted norm names)."""
+    missing, unexpected = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    if missing or unexpected:
+        raise ValueError(f"{name_or_path}: checkpoint weights do not match the model: missing {missing[:4]}"
+                         f"{' ...' if len(missing) > 4 else ''}, unexpected {unexpected[:4]}"
+                         f"{' ...' if len(unexpected) > 4 else ''}")
+
+
 def load_student(
     name_or_path: str,
     kind: str | None = None,
@@ -174,51 +193,69 @@ def load_student(
     revision: str | None = None,
     token: str | bool | None = None,
     mask_token_id: int | None = None,
+    adapter: str | None = None,
+    allow_base_mismatch: bool = False,
     **from_pretrained_kwargs: Any,
 ) -> nn.Module:
     """Load a LLaDA, Dream or masked-LM student from the Hub or a folder, ready for training or decoding.
 
     LLaDA and Dream checkpoints load into transformers' native Llama/Qwen2 classes (weights renamed for
-    LLaDA), so ``trust_remote_code`` is never needed. ``kind`` is detected from the config (a plain causal LM
+    LLaDA), so ``trust_remote_code`` is never needed; a student read from such an original checkpoint saves back in
+    its layout (:mod:`trims_hf.students.layout`), and one saved natively reads back natively. ``kind`` is detected from the config (a plain causal LM
     such as Llama or Qwen2 needs it: :class:`StudentKindError`). The mask id comes from ``mask_token_id``, else
     the config, else the tokenizer (:func:`student_mask_token_id`), before any weight is read. Extra keyword
     arguments (``dtype``, ``device_map``, ``attn_implementation``...) go to ``from_pretrained``.
+
+    ``adapter`` (a LoRA folder or Hub id, with the original or the native module names) is loaded on top and the
+    ``PeftModel`` returned (:func:`~trims_hf.students.adapters.load_adapter`); one recorded as trained on another base
+    fails before any weight is read, unless ``allow_base_mismatch``.
     """
     hub_kwargs = {"revision": revision, "token": token}
     config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **hub_kwargs)
+    if adapter is not None:
+        check_adapter_base(read_adapter(adapter_folder(adapter, token=token))[0], name_or_path, adapter,
+                           allow_base_mismatch)
     spec = STUDENTS[kind] if kind is not None else STUDENTS[detect_student_kind(config_dict)]
     try:
         mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id)
     except MaskTokenError:  # none given or on the config: the tokenizer's (read only when needed)
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **hub_kwargs)
         mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id, tokenizer)
     if spec.decoder:
-        # Also for checkpoints we saved: transformers writes weights back under the checkpoint's original names.
-        model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, config=spec.translate_config(config_dict) if _native(config_dict, spec) else None,
-            key_mapping=spec.key_mapping, **hub_kwargs, **from_pretrained_kwargs,
+        native = _native(config_dict, spec)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            name_or_path, config=spec.translate_config(config_dict) if native else None,
+            key_mapping=spec.key_mapping, output_loading_info=True, **hub_kwargs, **from_pretrained_kwargs,
         )
+        _check_all_weights_loaded(name_or_path, info)
+        if native:
+            use_original_layout(model, OriginalLayout(config_dict, name_or_path, revision, token))
     else:
         model = AutoModelForMaskedLM.from_pretrained(name_or_path, **hub_kwargs, **from_pretrained_kwargs)
-    return prepare_student(model, spec.kind, mask_token_id)
+    model = prepare_student(model, spec.kind, mask_token_id)
+    if adapter is not None:
+        return load_adapter(model, adapter, token=token, allow_base_mismatch=True)  # the base was checked above
+    return model
 
 
 __all__ = [
     "STUDENTS",
-    "add_mask_token",
-    "check_sequence_length",
+    "AdapterError",
     "MaskTokenError",
     "StudentKindError",
     "StudentSpec",
+    "add_mask_token",
+    "check_sequence_length",
     "detect_student_kind",
+    "load_adapter",
     "load_student",
     "make_bidirectional",
     "mask_token_id",
     "prepare_student",
-    "student_logits",
     "student_config",
+    "student_logits",
     "student_mask_token_id",
     "student_spec",
 ]

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..collator import EPOCH_KEY, UNFOLLOWED_EPOCH
 from ..loss import LOSS_KEYS, mdlm_loss
+from .names import SAME_NAMES, ModuleNames
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,16 @@ class StudentSpec:
     """``model_type`` of the family's original checkpoints, whose config :attr:`translate_config` converts."""
     translate_config: Callable[[dict[str, Any]], Any] | None = None
     """Original ``config.json`` dict -> the equivalent transformers config."""
-    key_mapping: Mapping[str, str] | None = None
-    """Checkpoint weight renames applied at every load (``from_pretrained(key_mapping=...)``)."""
+    module_names: ModuleNames = SAME_NAMES
+    """Original module paths <-> native ones where they differ (LLaDA's; none for Dream, whose names are Qwen2's)."""
+    original_config: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    """(native config, the original ``config.json`` dict it was loaded from) -> the original dict to save: the
+    inverse of :attr:`translate_config`, so a trained student is written as the original model is."""
+
+    @property
+    def key_mapping(self) -> dict[str, str] | None:
+        """Checkpoint weight renames applied at every load (``from_pretrained(key_mapping=...)``)."""
+        return self.module_names.key_mapping() or None
 
     def source_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """Positions whose logits predict the tokens at ``positions`` (position 0 reads itself)."""

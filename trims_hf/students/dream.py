@@ -10,6 +10,8 @@ from typing import Any
 
 from transformers import Qwen2Config
 
+from .layout import overlay
+
 DEFAULT_MASK_TOKEN_ID = 151666
 
 _COPIED_FIELDS = (
@@ -41,3 +43,16 @@ def qwen2_config_from_dream(dream: dict[str, Any]) -> Qwen2Config:
         rope_parameters={"rope_type": "default", "rope_theta": dream.get("rope_theta", 10000.0)},
         mask_token_id=dream.get("mask_token_id", DEFAULT_MASK_TOKEN_ID),
     )
+
+
+def dream_config_from_qwen2(qwen2: Qwen2Config, original: dict[str, Any]) -> dict[str, Any]:
+    """The Dream ``config.json`` dict of ``qwen2``: ``original`` (the base's, with its ``auto_map``) with the fields
+    :func:`qwen2_config_from_dream` reads set from ``qwen2``; ``rope_theta`` stays top level, where Dream's own
+    config class reads it (without it, that class falls back to 10,000)."""
+    rope = qwen2.rope_parameters or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_parameters={rope!r}: Dream's original code has no RoPE scaling; save with "
+                         "layout='native'")
+    fields = {key: getattr(qwen2, key) for key in _COPIED_FIELDS}
+    return overlay(original, {**fields, "rope_theta": rope.get("rope_theta", original.get("rope_theta")),
+                              "mask_token_id": qwen2.mask_token_id})

@@ -11,23 +11,26 @@ from typing import Any
 
 from transformers import LlamaConfig
 
+from .layout import overlay
+from .names import ModuleNames
+
 DEFAULT_MASK_TOKEN_ID = 126336
 
-# Checkpoint name (after the leading "model.") -> Llama name. Applied by from_pretrained(key_mapping=...).
-KEY_MAPPING = {
-    r"model\.transformer\.ff_out\.": "lm_head.",
-    r"transformer\.wte\.": "embed_tokens.",
-    r"transformer\.ln_f\.": "norm.",
-    r"transformer\.blocks\.(\d+)\.attn_norm\.": r"layers.\1.input_layernorm.",
-    r"transformer\.blocks\.(\d+)\.ff_norm\.": r"layers.\1.post_attention_layernorm.",
-    r"transformer\.blocks\.(\d+)\.q_proj\.": r"layers.\1.self_attn.q_proj.",
-    r"transformer\.blocks\.(\d+)\.k_proj\.": r"layers.\1.self_attn.k_proj.",
-    r"transformer\.blocks\.(\d+)\.v_proj\.": r"layers.\1.self_attn.v_proj.",
-    r"transformer\.blocks\.(\d+)\.attn_out\.": r"layers.\1.self_attn.o_proj.",
-    r"transformer\.blocks\.(\d+)\.ff_proj\.": r"layers.\1.mlp.gate_proj.",
-    r"transformer\.blocks\.(\d+)\.up_proj\.": r"layers.\1.mlp.up_proj.",
-    r"transformer\.blocks\.(\d+)\.ff_out\.": r"layers.\1.mlp.down_proj.",
-}
+# Original LLaDA module path -> native Llama path (REFERENCE.md §2): the one table behind every rename.
+MODULE_NAMES = ModuleNames((
+    ("model.transformer.wte", "model.embed_tokens"),
+    ("model.transformer.blocks.{i}.attn_norm", "model.layers.{i}.input_layernorm"),
+    ("model.transformer.blocks.{i}.ff_norm", "model.layers.{i}.post_attention_layernorm"),
+    ("model.transformer.blocks.{i}.q_proj", "model.layers.{i}.self_attn.q_proj"),
+    ("model.transformer.blocks.{i}.k_proj", "model.layers.{i}.self_attn.k_proj"),
+    ("model.transformer.blocks.{i}.v_proj", "model.layers.{i}.self_attn.v_proj"),
+    ("model.transformer.blocks.{i}.attn_out", "model.layers.{i}.self_attn.o_proj"),
+    ("model.transformer.blocks.{i}.ff_proj", "model.layers.{i}.mlp.gate_proj"),
+    ("model.transformer.blocks.{i}.up_proj", "model.layers.{i}.mlp.up_proj"),
+    ("model.transformer.blocks.{i}.ff_out", "model.layers.{i}.mlp.down_proj"),
+    ("model.transformer.ln_f", "model.norm"),
+    ("model.transformer.ff_out", "lm_head"),  # the LM head: same leaf name as a block's MLP output
+))
 
 # Features of the LLaDA code base that a Llama block cannot express.
 _REQUIRED = {
@@ -70,3 +73,30 @@ def llama_config_from_llada(llada: dict[str, Any]) -> LlamaConfig:
         bos_token_id=llada.get("bos_token_id"),
         mask_token_id=llada.get("mask_token_id", DEFAULT_MASK_TOKEN_ID),
     )
+
+
+def llada_config_from_llama(llama: LlamaConfig, original: dict[str, Any]) -> dict[str, Any]:
+    """The LLaDA ``config.json`` dict of ``llama``: ``original`` (the base's, with its ``auto_map`` and every field
+    the Llama port does not use) with the fields :func:`llama_config_from_llada` reads set from ``llama``."""
+    rope = llama.rope_parameters or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_parameters={rope!r}: LLaDA's original code has only the default RoPE; save with "
+                         "layout='native'")
+    return overlay(original, {
+        "embedding_size": llama.vocab_size,
+        "vocab_size": min(int(original.get("vocab_size") or llama.vocab_size), llama.vocab_size),
+        "d_model": llama.hidden_size,
+        "mlp_hidden_size": llama.intermediate_size,
+        "n_layers": llama.num_hidden_layers,
+        "n_heads": llama.num_attention_heads,
+        "n_kv_heads": llama.num_key_value_heads,
+        "max_sequence_length": llama.max_position_embeddings,
+        "rms_norm_eps": llama.rms_norm_eps,
+        "rope_theta": rope.get("rope_theta", original.get("rope_theta")),
+        "include_qkv_bias": bool(llama.attention_bias),
+        "weight_tying": bool(llama.tie_word_embeddings),
+        "pad_token_id": llama.pad_token_id,
+        "eos_token_id": llama.eos_token_id,
+        "bos_token_id": llama.bos_token_id,
+        "mask_token_id": llama.mask_token_id,
+    })

@@ -1,0 +1,148 @@
+"""Adapters in either naming load exactly or fail naming the keys; exports load into the original code (issue 21)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from original_reference import load_reference
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
+
+from trims_hf import AdapterError, load_student, lora_config
+from trims_hf.cli import main as cli
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+def fixture(kind: str) -> str:
+    path = FIXTURES / f"{kind}_tiny"
+    if not path.is_dir():
+        pytest.skip(f"{path} is missing")
+    return str(path)
+
+
+def input_ids(kind: str) -> torch.Tensor:
+    return load_file(Path(fixture(kind)) / "parity.safetensors")["input_ids"]
+
+
+def randomise(model: torch.nn.Module) -> None:
+    """Non-zero LoRA B matrices, so a loaded adapter changes the logits."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+
+
+def native_adapter(kind: str, folder: Path) -> torch.Tensor:
+    """A trims_hf adapter (native names) saved to ``folder``; the logits of the student with it."""
+    student = load_student(fixture(kind))
+    model = get_peft_model(student, lora_config(student, r=4)).eval()
+    randomise(model)
+    model.save_pretrained(folder)
+    with torch.no_grad():
+        return model(input_ids=input_ids(kind)).logits
+
+
+def original_adapter(folder: Path, targets: list[str] | str) -> torch.Tensor:
+    """An adapter trained on the original LLaDA code (original names) saved to ``folder``; the reference's logits."""
+    model = get_peft_model(load_reference(fixture("llada"), "llada"), LoraConfig(r=4, target_modules=targets)).eval()
+    randomise(model)
+    model.save_pretrained(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "GSAI-ML/llada_tiny"}))
+    with torch.no_grad():
+        return model(input_ids("llada"))
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_exported_adapter_loads_with_peft_onto_the_original_model(kind: str, tmp_path: Path) -> None:
+    ours = native_adapter(kind, tmp_path / "native")
+    assert cli(["export", "--model", fixture(kind), "--adapter", str(tmp_path / "native"), "--output",
+                str(tmp_path / "original"), "--format", "adapter"]) == 0
+    config = json.loads((tmp_path / "original" / "adapter_config.json").read_text())
+    assert config["task_type"] is None
+    if kind == "llada":
+        assert "model.transformer.blocks.1.ff_out" in config["target_modules"]
+        assert "model.transformer.ff_out" not in config["target_modules"]  # the head stays unwrapped
+        assert "model.transformer.blocks.0.attn_out" in config["target_modules"]
+    reference = PeftModel.from_pretrained(load_reference(fixture(kind), kind), tmp_path / "original")
+    with torch.no_grad():
+        torch.testing.assert_close(reference(input_ids(kind)), ours, atol=1e-4, rtol=1e-4)
+
+
+def test_adapter_with_original_names_loads_every_tensor_head_included(tmp_path: Path) -> None:
+    """A target list with "ff_out" wraps LLaDA's head too (the name clash); it becomes lm_head, every tensor lands."""
+    expected = original_adapter(tmp_path, ["q_proj", "attn_out", "ff_out"])
+    model = load_student(fixture("llada"), adapter=str(tmp_path))
+    assert "lm_head" in model.peft_config["default"].target_modules
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=input_ids("llada")).logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_adapter_of_another_base_fails_before_loading_unless_allowed(tmp_path: Path) -> None:
+    original_adapter(tmp_path, ["q_proj"])
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    (tmp_path / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "someone/other-8b"}))
+    with pytest.raises(AdapterError, match="trained on 'someone/other-8b'.*--allow-base-mismatch"):
+        load_student(fixture("llada"), adapter=str(tmp_path))
+    assert load_student(fixture("llada"), adapter=str(tmp_path), allow_base_mismatch=True) is not None
+
+
+def test_adapter_of_other_shapes_or_modules_fails_naming_the_keys(tmp_path: Path) -> None:
+    original_adapter(tmp_path, ["q_proj"])
+    tensors = load_file(tmp_path / "adapter_model.safetensors")
+    key = "base_model.model.model.transformer.blocks.0.q_proj.lora_A.weight"
+    save_file({**tensors, key: torch.zeros(4, 32)}, tmp_path / "adapter_model.safetensors")
+    with pytest.raises(AdapterError, match=r"do not fit.*blocks\.0\.q_proj\.lora_A"):
+        load_student(fixture("llada"), adapter=str(tmp_path))
+    stray = "base_model.model.model.transformer.blocks.0.gate.lora_A.weight"
+    save_file({**tensors, stray: torch.zeros(4, 64)}, tmp_path / "adapter_model.safetensors")
+    with pytest.raises(AdapterError, match=r"name no module.*blocks\.0\.gate\.lora_A"):
+        load_student(fixture("llada"), adapter=str(tmp_path))
+
+
+def test_merged_export_is_the_original_layout_with_our_logits(tmp_path: Path) -> None:
+    ours = native_adapter("llada", tmp_path / "native")
+    assert cli(["export", "--model", fixture("llada"), "--adapter", str(tmp_path / "native"), "--output",
+                str(tmp_path / "merged")]) == 0
+    assert set(load_file(tmp_path / "merged" / "model.safetensors")) == set(
+        load_file(Path(fixture("llada")) / "model.safetensors"))
+    with torch.no_grad():
+        torch.testing.assert_close(load_reference(str(tmp_path / "merged"), "llada")(input_ids("llada")), ours,
+                                   atol=1e-4, rtol=1e-4)
+    card = (tmp_path / "merged" / "README.md").read_text()
+    assert "trust_remote_code=True" in card and f'load_student("{tmp_path / "merged"}")' in card
+
+
+def test_push_to_hub_uploads_the_export_with_its_card(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trims_hf.commands.export  # noqa: F401 - the command's module, whose push is patched below
+    import trims_hf.export as export_module
+    from trims_hf import hub
+
+    calls: list[tuple[str, dict]] = []
+
+    class FakeApi:
+        def __init__(self, token: str | None = None) -> None:
+            pass
+
+        def create_repo(self, repo_id: str, **kwargs: object) -> None:
+            calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+
+        def upload_folder(self, **kwargs: object) -> str:
+            calls.append(("upload_folder", {**kwargs, "files": sorted(p.name for p in Path(kwargs["folder_path"]).iterdir())}))
+            return "https://huggingface.co/me/llada-trims/commit/0"
+
+    monkeypatch.setattr(export_module, "HfApi", FakeApi)
+    monkeypatch.setattr(hub, "check_push_access", lambda repo_id, token=None: "me")
+    native_adapter("llada", tmp_path / "native")
+    assert cli(["export", "--model", fixture("llada"), "--adapter", str(tmp_path / "native"), "--output",
+                str(tmp_path / "out"), "--format", "adapter", "--push-to-hub", "me/llada-trims"]) == 0
+    assert calls[0] == ("create_repo", {"repo_id": "me/llada-trims", "exist_ok": True})
+    assert calls[1][1]["repo_id"] == "me/llada-trims"
+    assert calls[1][1]["files"] == ["README.md", "adapter_config.json", "adapter_model.safetensors"]
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "base_model:" in card and 'PeftModel.from_pretrained(base, "me/llada-trims")' in card
+    assert 'load_student("' + fixture("llada") + '", adapter="me/llada-trims")' in card

@@ -1,0 +1,111 @@
+"""Trained LLaDA / Dream students save as the original checkpoints are, and read back both ways (issue 21, item 1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from original_reference import load_reference
+from peft import get_peft_model
+from safetensors.torch import load_file, save_file
+
+from trims_hf import load_student, lora_config
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+KINDS = ("llada", "dream")
+
+
+def fixture(kind: str) -> Path:
+    path = FIXTURES / f"{kind}_tiny"
+    if not path.is_dir():
+        pytest.skip(f"{path} is missing")
+    return path
+
+
+def shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    return {key: tuple(value.shape) for key, value in load_file(folder / "model.safetensors").items()}
+
+
+def parity(kind: str) -> dict[str, torch.Tensor]:
+    return load_file(fixture(kind) / "parity.safetensors")
+
+
+def base_folder(kind: str, tmp_path: Path) -> Path:
+    """The fixture with the files an original Hub folder has beside the weights (code, tokenizer)."""
+    folder = tmp_path / f"{kind}-base"
+    shutil.copytree(fixture(kind), folder)
+    (folder / f"modeling_{kind}.py").write_text("# the original modeling code\n")
+    (folder / "tokenizer_config.json").write_text("{}\n")
+    return folder
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_saved_student_has_the_original_keys_config_and_files(kind: str, tmp_path: Path) -> None:
+    base = base_folder(kind, tmp_path)
+    load_student(str(base)).save_pretrained(tmp_path / "saved")
+    saved = tmp_path / "saved"
+    assert shapes(saved) == shapes(base)
+    assert json.loads((saved / "config.json").read_text()) == json.loads((base / "config.json").read_text())
+    assert (saved / f"modeling_{kind}.py").read_text() == "# the original modeling code\n"
+    assert (saved / "tokenizer_config.json").is_file()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_saved_student_gives_the_parity_logits_in_the_original_reference(kind: str, tmp_path: Path) -> None:
+    load_student(str(fixture(kind))).save_pretrained(tmp_path)
+    expected = parity(kind)
+    with torch.no_grad():
+        logits = load_reference(str(tmp_path), kind)(expected["input_ids"])
+    torch.testing.assert_close(logits, expected["logits"], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_merged_lora_student_saves_loadable_by_the_original_reference(kind: str, tmp_path: Path) -> None:
+    student = load_student(str(fixture(kind)))
+    peft_model = get_peft_model(student, lora_config(student, r=4))
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    merged = peft_model.merge_and_unload()
+    merged.save_pretrained(tmp_path / "merged")
+    input_ids = parity(kind)["input_ids"]
+    with torch.no_grad():
+        ours = merged(input_ids=input_ids).logits
+        reference = load_reference(str(tmp_path / "merged"), kind)(input_ids)
+    assert (ours - parity(kind)["logits"]).abs().max() > 1e-2  # the adapter changed the model
+    torch.testing.assert_close(reference, ours, atol=1e-4, rtol=1e-4)
+    again = load_student(str(tmp_path / "merged"))
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=input_ids).logits, ours, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_native_layout_saves_and_reads_back(kind: str, tmp_path: Path) -> None:
+    load_student(str(fixture(kind))).save_pretrained(tmp_path, layout="native")
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == {"llada": "llama", "dream": "qwen2"}[kind]
+    assert "model.layers.0.input_layernorm.weight" in shapes(tmp_path)
+    expected = parity(kind)
+    with torch.no_grad():
+        logits = load_student(str(tmp_path))(input_ids=expected["input_ids"]).logits
+    torch.testing.assert_close(logits, expected["logits"], atol=1e-4, rtol=1e-4)
+
+
+def test_dream_saved_with_top_level_rope_theta(tmp_path: Path) -> None:
+    load_student(str(fixture("dream"))).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["model_type"], config["rope_theta"], config["mask_token_id"]) == ("Dream", 1e6, 255)
+    assert config["auto_map"]["AutoModel"] == "modeling_dream.DreamModel"
+
+
+def test_checkpoint_with_unknown_weight_names_is_refused(tmp_path: Path) -> None:
+    """A LLaDA saved with the corrupted norm names of earlier versions fails naming them, not with random norms."""
+    shutil.copy(fixture("llada") / "config.json", tmp_path / "config.json")
+    state = load_file(fixture("llada") / "model.safetensors")
+    state = {key.replace(".attn_norm.", ".attn_transformer.ln_f."): value for key, value in state.items()}
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="attn_transformer.ln_f"):
+        load_student(str(tmp_path))
