@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SHARED
 import torch
 from original_reference import load_reference
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -14,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from trims_hf import AdapterError, load_student, lora_config
 from trims_hf.cli import main as cli
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = SHARED / "fixtures"
 
 
 def fixture(kind: str) -> str:

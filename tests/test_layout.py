@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SHARED
 from original_reference import load_reference
 from peft import get_peft_model
 from safetensors.torch import load_file, save_file
 
 from trims_hf import load_student, lora_config
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = SHARED / "fixtures"
 KINDS = ("llada", "dream")
 
 
@@ -109,3 +110,20 @@ def test_checkpoint_with_unknown_weight_names_is_refused(tmp_path: Path) -> None
     save_file(state, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="attn_transformer.ln_f"):
         load_student(str(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("strict", [True, False])
+def test_weights_saved_in_the_original_layout_load_back_through_load_state_dict(kind, strict, tmp_path):
+    """The Trainer resumes a full fine-tune (and loads its best model) with ``load_state_dict(strict=False)``: a
+    checkpoint it wrote in the original layout must restore every weight, not leave the loaded ones with a warning."""
+    trained = load_student(str(fixture(kind)))
+    with torch.no_grad():
+        for parameter in trained.parameters():
+            parameter.add_(0.01)
+    trained.save_pretrained(tmp_path)
+    fresh = load_student(str(fixture(kind)))
+    result = fresh.load_state_dict(load_file(tmp_path / "model.safetensors"), strict=strict)
+    assert not result.missing_keys and not result.unexpected_keys
+    for (name, expected), actual in zip(trained.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(expected, actual), name

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SHARED
 
 from trims_hf.tasks import (
     BOXED_INSTRUCTION,
@@ -22,7 +23,7 @@ from trims_hf.tasks import (
 )
 from trims_hf.tasks.extraction import code_block, last_boxed
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = SHARED / "data"
 GSM8K_FILE = str(DATA / "gsm8k" / "test.jsonl")
 MATH_FILE = str(DATA / "math500" / "test.jsonl")
 MBPP_FILE = str(DATA / "mbpp" / "mbpp.jsonl")

@@ -49,9 +49,23 @@ def overlay(original: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def use_original_layout(model: nn.Module, layout: OriginalLayout) -> None:
-    """Make ``model.save_pretrained`` write ``layout`` by default (in place; survives ``merge_and_unload``)."""
+    """Make ``model.save_pretrained`` write ``layout`` by default (in place; survives ``merge_and_unload``), and
+    ``model.load_state_dict`` read it back: the Trainer resumes a full fine-tune (and loads its best model) with
+    ``load_state_dict(strict=False)``, which would otherwise skip every original-layout key with a mere warning."""
     model._trims_original_layout = layout
     model.save_pretrained = types.MethodType(save_student, model)
+    model.register_load_state_dict_pre_hook(_native_names)
+
+
+def _native_names(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """A ``load_state_dict`` pre-hook: keys in the original layout renamed in place to the native ones."""
+    from . import student_spec
+
+    rename = student_spec(module).module_names.to_native
+    for key in [key for key in state_dict if key.startswith(prefix)]:
+        native = prefix + rename(key[len(prefix):])
+        if native != key:
+            state_dict[native] = state_dict.pop(key)
 
 
 def original_layout(model: nn.Module) -> OriginalLayout | None:
