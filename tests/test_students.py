@@ -110,11 +110,13 @@ def test_mask_token_id_comes_from_the_caller_then_config_then_tokenizer(tokenize
 
 def test_recipes_take_the_mask_token_id(plain_llama_folder, tokenizer, tmp_path):
     from trims_hf.jobs.train import ModelArguments, build_student, parse_recipe
+    from trims_hf.model_config import resolve_student
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"model_name_or_path: {plain_llama_folder}\nmodel_kind: llada\ndataset_name: rows.jsonl\n"
                       f"output_dir: {tmp_path / 'out'}\n")
     model_args, _, _ = parse_recipe(recipe, ["--mask_token_id", "7"])
-    assert model_args.mask_token_id == 7 and mask_token_id(build_student(model_args, "llada", tokenizer)) == 7
+    built = build_student(model_args, resolve_student(model_args, tokenizer=tokenizer))
+    assert model_args.mask_token_id == 7 and mask_token_id(built) == 7
     scratch = ModelArguments(plain_llama_folder, model_kind="llada", init_from_config=True, mask_token_id=6)
-    assert mask_token_id(build_student(scratch, "llada", tokenizer)) == 6
+    assert mask_token_id(build_student(scratch, resolve_student(scratch, tokenizer=tokenizer))) == 6
