@@ -10,15 +10,15 @@ import torch
 
 from helpers_teachers import make_teacher
 from helpers_tokenizers import make_tokenizer
-from trims_hf import (
-    EvalResult,
+from trims_hf import EvalResult
+from trims_hf.analysis import (
+    TeacherNLL,
     bucket_statistics,
     format_study,
     hard_first_correlation,
     spearman_correlation,
     steps_into_block,
     study_rows,
-    TeacherNLL,
     teacher_nll_scorer,
 )
 from trims_hf.generation.hooks import Trajectory

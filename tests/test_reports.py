@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trims_hf import markdown_table
+from trims_hf.reports import markdown_table
 
 
 def test_markdown_table():

@@ -11,7 +11,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# submodule -> the public names it defines
+# submodule -> the public names it defines: what a user imports. Analysis, report writers and the commands' own
+# plumbing (pre-flight checks, cards, recipe parsing) stay in their modules (e.g. ``trims_hf.analysis``).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "settings": ("DEFAULT_TEACHER", "BucketConfig", "DecodingConfig", "MaskingConfig", "PromptFormat", "ScoringOptions",
                  "StudentFormat"),
@@ -38,22 +39,15 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ConfidenceFactor", "ConfidenceThreshold", "EntropyThreshold", "FixedSteps", "GenerationOutput",
         "TokensPerStepRecorder", "TrajectoryRecorder", "generate", "generate_text", "teacher_nll_per_step",
     ),
-    "hub": ("HubAccessError", "check_push_access", "load_source_dataset", "read_card_metadata", "save_dataset_folder",
-            "scored_dataset_card"),
-    "scoring": ("token_scores",),
-    "teacher": ("load_teacher", "load_teacher_tokenizer", "teacher_identity"),
-    "errors": ("InputError", "check_output_folder"),
-    "sources": ("SourceError", "check_dataset_source", "check_model_source"),
-    "jobs.score": ("ScoringInterrupted", "add_teacher_buckets", "build_scored_dataset", "score_dataset"),
-    "evaluation": ("EvalResult", "EvaluationInterrupted", "SampleRecord", "evaluate_task", "format_table", "load_examples",
-                   "plot_frontier", "save_results", "sweep"),
-    "analysis": ("TeacherNLL", "bucket_statistics", "format_study", "hard_first_correlation", "spearman_correlation", "steps_into_block",
-                 "study_rows", "teacher_nll_scorer"),
-    "reports": ("library_versions", "markdown_table"),
+    "hub": ("HubAccessError", "load_source_dataset"),
+    "teacher": ("load_teacher", "load_teacher_tokenizer"),
+    "errors": ("InputError",),
+    "sources": ("SourceError",),
+    "jobs.score": ("ScoringInterrupted", "build_scored_dataset"),
+    "evaluation": ("EvalResult", "EvaluationInterrupted", "SampleRecord", "evaluate_task", "sweep"),
+    "reports": ("library_versions",),
     "callbacks": ("DecodeEvalCallback",),
     "export": ("export", "export_adapter", "export_merged"),
-    "model_card": ("eval_command", "trims_model_card"),
-    "jobs.train": ("DataArguments", "ModelArguments", "parse_recipe", "train"),
     "model_config": ("ModelConfig", "ResolvedStudent", "load_model", "resolve_student"),
 }
 _OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
