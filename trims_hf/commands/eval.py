@@ -5,6 +5,10 @@ Flags come from :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfi
 data and columns, the sweep, the output) is checked before the model loads, so a mistake costs seconds and one
 ``error:`` line, and nothing is written. Graded problems are appended to ``<output>.progress.jsonl`` as they
 finish: after Ctrl-C or a crash, the same command resumes there.
+
+Under ``accelerate launch`` / ``torchrun`` the problems (and the settings of a sweep) are shared across the
+processes (:func:`trims_hf.evaluation.evaluate_settings`), each process saves its records in its own
+``<output>.progress.rank-<k>.jsonl``, and the main process writes the one results file, equal to a one-process run's.
 """
 
 from __future__ import annotations
@@ -222,16 +226,21 @@ def main(argv: list[str]) -> int:
 
 def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int:
     """Load the student (and adapter), decode every setting, write the JSON (and the frontier plot of a sweep)."""
+    from ..distributed import announce, process_state
     from ..evaluation import (
         EvaluationInterrupted,
-        evaluate_task,
+        evaluate_settings,
         format_table,
         plot_frontier,
+        records_files,
         save_results,
     )
     from ..students import load_student
 
     records = args.records_file()
+    state = process_state(inputs.device)
+    announce("trims eval", state)
+    device = state.device if state.num_processes > 1 and inputs.device != "cpu" else inputs.device  # a GPU each
     try:
         model = load_student(args.model, inputs.kind, revision=args.model_revision, mask_token_id=inputs.mask_token_id,
                              **({} if args.dtype is None else {"dtype": args.dtype}))
@@ -239,25 +248,30 @@ def run(args: EvalArguments, prompt_format: PromptFormat, inputs: Inputs) -> int
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, args.adapter)
-        model = model.to(inputs.device).eval()
+        model = model.to(device).eval()
         name = args.model + (f" + {args.adapter}" if args.adapter else "")
-        results = [evaluate_task(model, inputs.tokenizer, inputs.task, config, execute_code=args.allow_code_execution,
-                                 batch_size=args.batch_size, progress=args.progress, model_name=name,
-                                 prompt_format=prompt_format, examples=inputs.examples, records_file=records)
-                   for config in inputs.configs]
+        results = evaluate_settings(model, inputs.tokenizer, inputs.task, inputs.configs,
+                                    execute_code=args.allow_code_execution, batch_size=args.batch_size,
+                                    progress=args.progress, model_name=name, prompt_format=prompt_format,
+                                    examples=inputs.examples, records_file=records)
     except EvaluationInterrupted as stop:
-        if not stop.records_file.exists():
+        if not state.is_main_process:  # the main process reports for all
+            return INTERRUPTED
+        if stop.done == 0:
             return fail("interrupted before the first problem was graded; nothing was written.", INTERRUPTED)
         return fail(f"interrupted: {stop.done} of {stop.total} {stop.task} problems ({stop.setting}) saved in "
                     f"{stop.records_file}; rerun the same command to resume.", INTERRUPTED)
     except KeyboardInterrupt:
         return fail("interrupted while loading the model; nothing was written.", INTERRUPTED)
+    if not state.is_main_process:  # the main process writes the one results file
+        return 0
     output = save_results(results, args.output)
     print(format_table(results))
     if args.sweep is not None:
         plot_frontier(results, output.with_suffix(".png"))
         print(f"Frontier plot written to {output.with_suffix('.png')}")
-    records.unlink(missing_ok=True)  # the results file holds every record now
+    for path in records_files(records):  # the results file holds every record now
+        path.unlink(missing_ok=True)
     print(f"Results written to {output}")
     return 0
 

@@ -116,10 +116,12 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
                           advice=" or pass --overwrite")
     except InputError as error:
         return fail(in_user_terms(str(error), parser, fields))
+    from ..distributed import announce, process_state
     from ..hub import HubAccessError
     from ..jobs.score import ScoringInterrupted, build_scored_dataset, work_dir_for
     from ..schema import SchemaError
 
+    announce(parser.prog, process_state())
     handler = _job_messages()
     try:
         folder = build_scored_dataset(
