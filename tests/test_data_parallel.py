@@ -165,3 +165,14 @@ def test_two_process_harness_matches_one_process(tokenizer, tmp_path):
 def load_samples(folder: Path) -> list[dict]:
     (samples,) = folder.rglob("samples_gsm8k_cot_*.jsonl")
     return [json.loads(line) for line in samples.read_text().splitlines()]
+
+
+# --- the multi-node configurations --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["multinode_ddp", "multinode_zero2"])
+def test_multinode_configurations_are_2_nodes_of_8(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(TESTS.parent / "recipes" / "accelerate" / f"{name}.yaml"))
+    assert (config.num_machines, config.num_processes, config.machine_rank) == (2, 16, 0)
+    assert config.main_process_ip and config.main_process_port and not config.use_cpu

@@ -117,7 +117,7 @@ def score_dataset(
     this data set's :func:`encode_dataset` result when the caller already has it. Ctrl-C raises
     :class:`ScoringInterrupted`, which says how many chunks are saved.
     """
-    barrier: Callable[[], None] = lambda: None  # noqa: E731 - explicit indices mean the caller synchronises
+    barrier: Callable[[], None] = lambda: None  # explicit indices mean the caller synchronises
     if process_index is None or num_processes is None:
         state = process_state(model.device.type)
         process_index, num_processes, barrier = state.process_index, state.num_processes, state.wait_for_everyone
