@@ -217,9 +217,23 @@ def _saved_records(files: Sequence[Path], fingerprints: set[str]) -> dict[tuple[
     return saved
 
 
-def _line_count(files: Sequence[Path]) -> int:
-    """Lines in ``files``: one per record appended, so the growth of the count is every process's progress."""
-    return sum(path.read_bytes().count(b"\n") for path in files if path.is_file())
+class _AppendedLines:
+    """Lines appended to ``files`` since it was made (one per record: every process's progress), reading only the
+    bytes added since its last call."""
+
+    def __init__(self, files: Sequence[Path]) -> None:
+        self.offsets = {path: path.stat().st_size if path.is_file() else 0 for path in files}
+        self.lines = 0
+
+    def __call__(self) -> int:
+        for path, offset in self.offsets.items():
+            if path.is_file():
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    added = handle.read()
+                self.offsets[path] = offset + len(added)
+                self.lines += added.count(b"\n")
+        return self.lines
 
 
 def _append_records(records_file: Path, fingerprint: str, records: Sequence[SampleRecord]) -> None:
@@ -318,11 +332,13 @@ def evaluate_settings(
                    if (record := saved.get((fingerprint, e.id)))
                    and (record.prompt, record.reference) == (texts[e.id], task.reference(e))}
         own_file = process_records_file(records_file, state.process_index, state.num_processes)
-        files = sorted({*files, own_file})
+        files = sorted({*files, *(process_records_file(records_file, k, state.num_processes)
+                                  for k in range(state.num_processes))})
         if records and state.is_main_process:
             print(f"resuming: {len(records)} of {total} {task.name} problems done ({settings}; {records_file})",
                   file=sys.stderr)
-    resumed, lines_before = len(records), _line_count(files)
+    state.wait_for_everyone()  # every process has read the saved records before any appends new ones
+    resumed, appended = len(records), _AppendedLines(files)
     recorders = [TokensPerStepRecorder(tokenizer, task.stop_strings) for _ in configs]
     decode_seconds = [0.0] * len(configs)  # this process's share of each setting's decoding
     bar = tqdm(total=total, initial=resumed, desc=task.name, disable=not progress or not state.is_main_process)
@@ -337,12 +353,12 @@ def evaluate_settings(
                     _append_records(own_file, fingerprints[c], graded)
                 records.update(((c, r.prompt_id), r) for r in graded)
             decode_seconds[c] += sum(records[c, e.id].decode_time_s for e in batches[b])
-            bar.update((resumed + _line_count(files) - lines_before if files else len(records)) - bar.n)
+            bar.update((resumed + appended() if files else len(records)) - bar.n)
     except KeyboardInterrupt:
         if records_file is None:
             raise
         shown = records_file if state.num_processes == 1 else _rank_file(records_file, "*")
-        raise EvaluationInterrupted(task.name, settings, resumed + _line_count(files) - lines_before, total,
+        raise EvaluationInterrupted(task.name, settings, resumed + appended(), total,
                                     shown) from None
     shares = gather(({(c, e.id): records[c, e.id] for c, b in map(units.__getitem__, mine) for e in batches[b]},
                      decode_seconds))

@@ -47,17 +47,13 @@ def main(argv: list[str]) -> int:
         return fail("trims train needs --config RECIPE.yaml (see `trims train --help`; recipes/ has examples).")
     if not Path(config).is_file():  # before the seconds of importing torch and transformers
         return fail(f"--config {config}: no such file.")
-    from ..distributed import announce
     from ..errors import InputError
     from ..hub import HubAccessError
     from ..jobs.train import TrainingInterrupted, parse_recipe, train
     from ..schema import SchemaError
 
     try:
-        recipe = parse_recipe(config, overrides)
-        recipe[-1].device  # noqa: B018 - sets up (once, cached) the processes that distributed_state describes
-        announce("trims train", recipe[-1].distributed_state)
-        train(*recipe)
+        train(*parse_recipe(config, overrides))
     except (InputError, HubAccessError, SchemaError) as error:
         return fail(str(error))
     except TrainingInterrupted as stop:
