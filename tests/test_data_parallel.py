@@ -18,8 +18,9 @@ from helpers_teachers import save_teacher
 from test_eval_cli import read, without_timings
 
 from trims_hf.cli import main
-from trims_hf.distributed import CPU_LAUNCH_ADVICE, balanced_shards
+from trims_hf.distributed import CPU_LAUNCH_ADVICE, balanced_shards, gather_recorders
 from trims_hf.evaluation import unit_costs
+from trims_hf.generation import TokensPerStepRecorder
 from trims_hf.jobs.score import work_dir_for
 
 TESTS = Path(__file__).resolve().parent
@@ -52,6 +53,13 @@ def test_balanced_shards_edge_cases():
 
 def test_unit_costs_are_padded_batch_tokens_per_setting():
     assert unit_costs([[10, 30], [5]], [64, 128]) == [2 * 94, 69, 2 * 158, 133]
+
+
+def test_gathered_recorders_on_one_process_keep_the_counts():
+    recorder = TokensPerStepRecorder()
+    recorder.samples = {0: {"tokens": 7, "non_eos_tokens": 8, "nfe": 3}, 1: {"tokens": 2, "non_eos_tokens": 2, "nfe": 2}}
+    recorder.model_forwards, recorder.wall_time_s, recorder.early_stop = 4, 1.5, True
+    assert gather_recorders({"gsm8k": recorder})["gsm8k"].summary() == recorder.summary()
 
 
 # --- trims eval ---------------------------------------------------------------------------------------------------

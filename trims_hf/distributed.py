@@ -74,14 +74,16 @@ def gather(value: Any) -> list[Any]:
 def gather_recorders(recorders: dict[str, TokensPerStepRecorder]) -> dict[str, TokensPerStepRecorder]:
     """Per task, one recorder holding every process's samples (keyed by process and sample id) and forwards, and the
     slowest process's decoding time: its summary is a one-process run's (tokens per second aside). Every process
-    calls it, with the same tasks."""
+    calls it (a process may lack a task that others decoded)."""
     from .generation import TokensPerStepRecorder
 
     shares = gather({task: (r.samples, r.model_forwards, r.wall_time_s, r.early_stop) for task, r in recorders.items()})
     merged = {}
-    for task in recorders:
+    for task in dict.fromkeys(task for share in shares for task in share):
         recorder = merged[task] = TokensPerStepRecorder()
         for process, share in enumerate(shares):
+            if task not in share:
+                continue
             samples, forwards, seconds, recorder.early_stop = share[task]
             recorder.samples.update(((process, key), counts) for key, counts in samples.items())
             recorder.model_forwards += forwards
