@@ -334,8 +334,9 @@ def evaluate_settings(
         own_file = process_records_file(records_file, state.process_index, state.num_processes)
         files = sorted({*files, *(process_records_file(records_file, k, state.num_processes)
                                   for k in range(state.num_processes))})
+        shown = records_file if state.num_processes == 1 else _rank_file(records_file, "*")  # where they are saved
         if records and state.is_main_process:
-            print(f"resuming: {len(records)} of {total} {task.name} problems done ({settings}; {records_file})",
+            print(f"resuming: {len(records)} of {total} {task.name} problems done ({settings}; {shown})",
                   file=sys.stderr)
     state.wait_for_everyone()  # every process has read the saved records before any appends new ones
     resumed, appended = len(records), _AppendedLines(files)
@@ -357,7 +358,6 @@ def evaluate_settings(
     except KeyboardInterrupt:
         if records_file is None:
             raise
-        shown = records_file if state.num_processes == 1 else _rank_file(records_file, "*")
         raise EvaluationInterrupted(task.name, settings, resumed + appended(), total,
                                     shown) from None
     shares = gather(({(c, e.id): records[c, e.id] for c, b in map(units.__getitem__, mine) for e in batches[b]},
