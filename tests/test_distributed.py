@@ -1,23 +1,20 @@
 """Distributed training on CPU (2 gloo processes): DDP, and DeepSpeed ZeRO-2 from the shipped launch configuration.
 
-``accelerate launch --cpu --num_processes 2`` starts a single process (accelerate's multi-CPU mode needs
-mpirun), so the test launches with ``--multi_gpu``, i.e. torchrun; ``use_cpu=True`` in the training
-arguments then gives a gloo process group on CPU.
+The processes are launched as :mod:`helpers_launch` explains; ``use_cpu=True`` in the training arguments then
+gives a gloo process group on CPU.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers_launch import free_port, launch, two_processes
 
 from trims_hf.jobs.train import parse_recipe
 
@@ -26,17 +23,8 @@ SCRIPT = TESTS / "ddp_train_script.py"
 ACCELERATE = TESTS.parent / "recipes" / "accelerate"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run(command: list[str], cwd: Path = TESTS) -> None:
-    # This checkout's trims_hf (not whichever is installed) and the test helpers.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    launch(command, cwd, timeout=120)
 
 
 METRICS = ("loss", "mask_ratio", "trajectory_share", "loss_standard", "loss_trajectory")
@@ -52,9 +40,7 @@ def single_process(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("per_device,accumulation", [(4, 1), (2, 2)])
 def test_two_processes_match_one_with_the_same_global_batch(tmp_path, single_process, per_device, accumulation):
     """Rows of different lengths, not pre-padded: 1 x 8 == 2 processes x 4 == 2 processes x 2 x GA 2."""
-    run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-         str(SCRIPT), str(tmp_path), str(per_device), str(accumulation)])
+    run([*two_processes(), str(SCRIPT), str(tmp_path), str(per_device), str(accumulation)])
     reference = single_process
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     assert reference["world_size"] == 1 and ranks[0]["world_size"] == 2 and len(reference["logs"]) == 3

@@ -57,9 +57,10 @@ RESULT_UNITS = {
     "accuracy": "fraction of num_samples graded correct, 0-1 (tables, plots and model cards show percent)",
     "tokens_per_step": "counted tokens (before EOS and task stop strings) per forward pass, ratio of totals",
     "tokens_per_forward_non_eos": "non-EOS response tokens before a task stop string per forward pass, ratio of totals",
-    "tokens_per_second": "counted tokens per second of decoding wall time",
-    "decode_time_s": "seconds of decoding (model calls), summed over batches",
-    "wall_time_s": "seconds of the evaluate_task call that finished the result (data, decoding, grading)",
+    "tokens_per_second": "counted tokens per second of decoding wall time (the slowest process's decoding)",
+    "decode_time_s": "seconds of decoding (model calls), summed over batches and processes",
+    "wall_time_s": "seconds of the evaluation run that finished the result (data, decoding and grading of every "
+                   "setting evaluated together)",
 }
 """What each number of a result file measures; written at the top of every file :func:`save_results` writes."""
 
@@ -116,6 +117,8 @@ class EvalResult:
     early_stop: bool
     prompt_format: dict[str, Any]
     decoding: dict[str, Any]
+    num_processes: int = 1
+    """Processes that shared the work (the numbers do not depend on it, timings aside)."""
     samples: list[SampleRecord] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=library_versions)
     """Library versions the result was computed with (:func:`trims_hf.reports.library_versions`)."""
@@ -181,19 +184,56 @@ def run_fingerprint(model: nn.Module, model_name: str, task: Task, tokenizer: Pr
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _saved_records(records_file: Path, fingerprint: str) -> dict[str, SampleRecord]:
-    """Records of this run already in ``records_file``; a line cut short by a crash is skipped (decoded again)."""
-    saved: dict[str, SampleRecord] = {}
-    if not records_file.is_file():
-        return saved
-    for line in records_file.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+def _rank_file(records_file: Path, rank: int | str) -> Path:
+    return records_file.with_name(f"{records_file.stem}.rank-{rank}{records_file.suffix}")
+
+
+def records_files(records_file: Path) -> list[Path]:
+    """``records_file`` and the per-process files beside it (:func:`process_records_file`): a resumed run reads
+    them all, whatever number of processes wrote them, since the units of work do not depend on it."""
+    return [records_file, *sorted(records_file.parent.glob(_rank_file(records_file, "*").name))]
+
+
+def process_records_file(records_file: Path, process_index: int, num_processes: int) -> Path:
+    """Where one process appends its records: ``records_file`` itself when it is alone, else
+    ``<stem>.rank-<k><suffix>``, so that processes never write to the same file."""
+    return records_file if num_processes == 1 else _rank_file(records_file, process_index)
+
+
+def _saved_records(files: Sequence[Path], fingerprints: set[str]) -> dict[tuple[str, str], SampleRecord]:
+    """Records of these runs already in ``files``, by (fingerprint, prompt id); a line cut short by a crash is
+    skipped (decoded again)."""
+    saved: dict[tuple[str, str], SampleRecord] = {}
+    for path in files:
+        if not path.is_file():
             continue
-        if isinstance(row, dict) and row.pop("run", None) == fingerprint:
-            saved[row["prompt_id"]] = SampleRecord(**row)
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and (run := row.pop("run", None)) in fingerprints:
+                saved[run, row["prompt_id"]] = SampleRecord(**row)
     return saved
+
+
+class _AppendedLines:
+    """Lines appended to ``files`` since it was made (one per record: every process's progress), reading only the
+    bytes added since its last call."""
+
+    def __init__(self, files: Sequence[Path]) -> None:
+        self.offsets = {path: path.stat().st_size if path.is_file() else 0 for path in files}
+        self.lines = 0
+
+    def __call__(self) -> int:
+        for path, offset in self.offsets.items():
+            if path.is_file():
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    added = handle.read()
+                self.offsets[path] = offset + len(added)
+                self.lines += added.count(b"\n")
+        return self.lines
 
 
 def _append_records(records_file: Path, fingerprint: str, records: Sequence[SampleRecord]) -> None:
@@ -213,11 +253,28 @@ def _append_records(records_file: Path, fingerprint: str, records: Sequence[Samp
         os.fsync(handle.fileno())
 
 
-def evaluate_task(
+def _model_device(model: nn.Module) -> str:
+    return next((p.device.type for p in model.parameters()), "cpu")
+
+
+def unit_costs(prompt_tokens: Sequence[Sequence[int]], gen_lengths: Sequence[int]) -> list[int]:
+    """The cost of decoding each (setting, batch) unit, settings outer: the batch's rows times its left-padded
+    length (longest prompt plus the setting's generation length), what every forward of the batch processes."""
+    return [len(batch) * (max(batch) + gen_length) for gen_length in gen_lengths for batch in prompt_tokens]
+
+
+def evaluate_task(model: nn.Module, tokenizer: PreTrainedTokenizerBase, task: Task | str,
+                  config: DecodingConfig | None = None, **options: Any) -> EvalResult:
+    """Decode and grade ``limit`` examples of ``task`` (or the given ``examples``, from :func:`load_examples`)
+    under one decoding setting: :func:`evaluate_settings` (which takes ``options``) with one setting."""
+    return evaluate_settings(model, tokenizer, task, [config or DecodingConfig()], **options)[0]
+
+
+def evaluate_settings(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     task: Task | str,
-    config: DecodingConfig | None = None,
+    configs: Sequence[DecodingConfig],
     limit: int | None = None,
     data_file: str | None = None,
     execute_code: bool = False,
@@ -228,81 +285,132 @@ def evaluate_task(
     prompt_format: PromptFormat | None = None,
     examples: Sequence[Example] | None = None,
     records_file: str | Path | None = None,
-) -> EvalResult:
-    """Decode and grade ``limit`` examples of ``task`` (or the given ``examples``, from :func:`load_examples`).
+) -> list[EvalResult]:
+    """One :class:`EvalResult` per decoding setting in ``configs``, on every process of the launch.
 
-    Extra ``hooks`` (e.g. a ``TrajectoryRecorder``) see every decoded batch, with the examples' ids as sample ids.
-    With ``records_file`` (JSONL), every graded sample is appended as its batch finishes, samples already saved
-    by a run with the same :func:`run_fingerprint` (and the same prompt and gold answer) are not decoded again,
-    and Ctrl-C raises :class:`EvaluationInterrupted`; the result equals an uninterrupted run's (timings aside).
+    The work is cut into units, one per setting and batch of ``batch_size`` consecutive problems (the batches of a
+    one-process run, so records do not depend on the number of processes), and the units are shared across the
+    processes of ``accelerate launch`` / ``torchrun`` by their cost (:func:`unit_costs`,
+    :func:`trims_hf.distributed.my_share`). Each process decodes its units; the records are gathered, and the
+    result is a one-process run's: the same records in problem order, accuracy, tokens per step and NFE from
+    summed totals, and tokens per second over the decoding wall time (the slowest process's).
+
+    Extra ``hooks`` (e.g. a ``TrajectoryRecorder``) see every batch this process decodes, with the examples' ids as
+    sample ids. With ``records_file`` (JSONL), every graded sample is appended as its batch finishes (by each
+    process to its own :func:`process_records_file`), samples already saved by a run with the same
+    :func:`run_fingerprint` (and the same prompt and gold answer) are not decoded again, and Ctrl-C raises
+    :class:`EvaluationInterrupted`; the result equals an uninterrupted run's (timings aside).
     """
+    from .distributed import gather, my_share, process_state
+
     task = get_task(task) if isinstance(task, str) else task
-    config = config or DecodingConfig()
     fmt = prompt_format or PromptFormat()
     started = time.perf_counter()
     if examples is None:
         examples = load_examples(task, data_file, limit, execute_code)
     else:
         check_task_inputs(task, None, execute_code)
+    state = process_state(_model_device(model))
     name = model_name or _model_name(model)
-    setting = decoding_setting(config)
+    settings = ", ".join(decoding_setting(config) for config in configs)
     prompts = {e.id: task.prompt(e, tokenizer, fmt) for e in examples}
     texts = {e.id: task.build_prompt(e, tokenizer, fmt) for e in examples}
-    records: dict[str, SampleRecord] = {}
+    batches = [examples[begin : begin + batch_size] for begin in range(0, len(examples), batch_size)]
+    units = [(c, b) for c in range(len(configs)) for b in range(len(batches))]
+    lengths = {e.id: len(tokenizer(texts[e.id], add_special_tokens=False)["input_ids"]) for e in examples}
+    costs = unit_costs([[lengths[e.id] for e in batch] for batch in batches], [c.gen_length for c in configs])
+    mine = my_share(costs, state)
+    total = len(examples) * len(configs)
+    records: dict[tuple[int, str], SampleRecord] = {}
+    files: list[Path] = []
     if records_file is not None:
         records_file = Path(records_file)
-        fingerprint = run_fingerprint(model, name, task, tokenizer, config, fmt, batch_size)
-        records = {e.id: saved for e in examples if (saved := _saved_records(records_file, fingerprint).get(e.id))
-                   and (saved.prompt, saved.reference) == (texts[e.id], task.reference(e))}
-        if records:
-            print(f"resuming: {len(records)} of {len(examples)} {task.name} problems done ({setting}; {records_file})",
+        fingerprints = [run_fingerprint(model, name, task, tokenizer, c, fmt, batch_size) for c in configs]
+        files = records_files(records_file)
+        saved = _saved_records(files, set(fingerprints))
+        records = {(c, e.id): record for c, fingerprint in enumerate(fingerprints) for e in examples
+                   if (record := saved.get((fingerprint, e.id)))
+                   and (record.prompt, record.reference) == (texts[e.id], task.reference(e))}
+        own_file = process_records_file(records_file, state.process_index, state.num_processes)
+        files = sorted({*files, *(process_records_file(records_file, k, state.num_processes)
+                                  for k in range(state.num_processes))})
+        shown = records_file if state.num_processes == 1 else _rank_file(records_file, "*")  # where they are saved
+        if records and state.is_main_process:
+            print(f"resuming: {len(records)} of {total} {task.name} problems done ({settings}; {shown})",
                   file=sys.stderr)
-    todo = [e for e in examples if e.id not in records]
-    recorder = TokensPerStepRecorder(tokenizer, task.stop_strings)
+    state.wait_for_everyone()  # every process has read the saved records before any appends new ones
+    resumed, appended = len(records), _AppendedLines(files)
+    recorders = [TokensPerStepRecorder(tokenizer, task.stop_strings) for _ in configs]
+    decode_seconds = [0.0] * len(configs)  # this process's share of each setting's decoding
+    bar = tqdm(total=total, initial=resumed, desc=task.name, disable=not progress or not state.is_main_process)
     try:
-        for begin in tqdm(range(0, len(todo), batch_size), desc=task.name, disable=not progress):
-            batch = todo[begin : begin + batch_size]
-            decoding_before = recorder.wall_time_s
-            completions = generate_text(model, tokenizer, [prompts[e.id] for e in batch], config, [recorder, *hooks],
-                                        [e.id for e in batch], fmt, task.stop_strings)
-            share = (recorder.wall_time_s - decoding_before) / len(batch)
-            graded = []
-            for example, completion in zip(batch, completions):
-                grade = task.grade(example, completion, execute_code=execute_code)
-                counts = recorder.samples[example.id]
-                graded.append(SampleRecord(
-                    prompt_id=example.id, prompt=texts[example.id], reference=task.reference(example),
-                    completion=completion, extracted=grade["extracted"], correct=bool(grade["correct"]),
-                    error=grade["error"], generated_tokens=counts["tokens"], non_eos_tokens=counts["non_eos_tokens"],
-                    nfe=counts["nfe"], decode_time_s=share, isolation=grade.get("isolation"),
-                ))
-            if records_file is not None:
-                _append_records(records_file, fingerprint, graded)
-            records.update((r.prompt_id, r) for r in graded)
+        for unit in mine:
+            c, b = units[unit]
+            batch = [e for e in batches[b] if (c, e.id) not in records]
+            if batch:
+                graded = _decode_and_grade(model, tokenizer, task, configs[c], batch, prompts, texts, fmt,
+                                           [recorders[c], *hooks], execute_code)
+                if records_file is not None:
+                    _append_records(own_file, fingerprints[c], graded)
+                records.update(((c, r.prompt_id), r) for r in graded)
+            decode_seconds[c] += sum(records[c, e.id].decode_time_s for e in batches[b])
+            bar.update((resumed + appended() if files else len(records)) - bar.n)
     except KeyboardInterrupt:
         if records_file is None:
             raise
-        raise EvaluationInterrupted(task.name, setting, len(records), len(examples), records_file) from None
-    samples = [records[e.id] for e in examples]
-    tokens, nfe = sum(r.generated_tokens for r in samples), sum(r.nfe for r in samples)
-    non_eos, decode_time = sum(r.non_eos_tokens for r in samples), sum(r.decode_time_s for r in samples)
-    return EvalResult(
-        model=name,
-        task=task.name,
-        accuracy=sum(r.correct for r in samples) / len(samples),
-        **throughput(tokens, non_eos, nfe, decode_time),
-        nfe=nfe,
-        generated_tokens=tokens,
-        non_eos_tokens=non_eos,
-        num_samples=len(samples),
-        decode_time_s=decode_time,
-        wall_time_s=time.perf_counter() - started,
-        early_stop=config.early_stop,
-        prompt_format={**task.prompt_format(tokenizer), "template": resolved_format(tokenizer, fmt),
-                       "system_prompt": fmt.system_prompt},
-        decoding=asdict(config),
-        samples=samples,
-    )
+        raise EvaluationInterrupted(task.name, settings, resumed + appended(), total,
+                                    shown) from None
+    shares = gather(({(c, e.id): records[c, e.id] for c, b in map(units.__getitem__, mine) for e in batches[b]},
+                     decode_seconds))
+    bar.update(total - bar.n)
+    bar.close()
+    merged = {key: record for share, _ in shares for key, record in share.items()}
+    results = []
+    for c, config in enumerate(configs):
+        samples = [merged[c, e.id] for e in examples]
+        tokens, nfe = sum(r.generated_tokens for r in samples), sum(r.nfe for r in samples)
+        non_eos, decode_time = sum(r.non_eos_tokens for r in samples), sum(r.decode_time_s for r in samples)
+        results.append(EvalResult(
+            model=name,
+            task=task.name,
+            accuracy=sum(r.correct for r in samples) / len(samples),
+            **throughput(tokens, non_eos, nfe, max(seconds[c] for _, seconds in shares)),
+            nfe=nfe,
+            generated_tokens=tokens,
+            non_eos_tokens=non_eos,
+            num_samples=len(samples),
+            decode_time_s=decode_time,
+            wall_time_s=time.perf_counter() - started,
+            early_stop=config.early_stop,
+            prompt_format={**task.prompt_format(tokenizer), "template": resolved_format(tokenizer, fmt),
+                           "system_prompt": fmt.system_prompt},
+            decoding=asdict(config),
+            num_processes=state.num_processes,
+            samples=samples,
+        ))
+    return results
+
+
+def _decode_and_grade(model: nn.Module, tokenizer: PreTrainedTokenizerBase, task: Task, config: DecodingConfig,
+                      batch: Sequence[Example], prompts: dict[str, Any], texts: dict[str, str], fmt: PromptFormat,
+                      hooks: Sequence[DecodeHook], execute_code: bool) -> list[SampleRecord]:
+    """Decode one batch (``hooks[0]`` is the setting's :class:`TokensPerStepRecorder`) and grade every answer."""
+    recorder = hooks[0]
+    decoding_before = recorder.wall_time_s
+    completions = generate_text(model, tokenizer, [prompts[e.id] for e in batch], config, hooks,
+                                [e.id for e in batch], fmt, task.stop_strings)
+    share = (recorder.wall_time_s - decoding_before) / len(batch)
+    graded = []
+    for example, completion in zip(batch, completions):
+        grade = task.grade(example, completion, execute_code=execute_code)
+        counts = recorder.samples[example.id]
+        graded.append(SampleRecord(
+            prompt_id=example.id, prompt=texts[example.id], reference=task.reference(example),
+            completion=completion, extracted=grade["extracted"], correct=bool(grade["correct"]),
+            error=grade["error"], generated_tokens=counts["tokens"], non_eos_tokens=counts["non_eos_tokens"],
+            nfe=counts["nfe"], decode_time_s=share, isolation=grade.get("isolation"),
+        ))
+    return graded
 
 
 def sweep_configs(config: DecodingConfig, values: Sequence[float]) -> list[DecodingConfig]:
@@ -321,8 +429,8 @@ def sweep(
     config: DecodingConfig | None = None,
     **kwargs: Any,
 ) -> list[EvalResult]:
-    """One :func:`evaluate_task` per value of the strategy's knob (threshold tau by default), for a frontier."""
-    return [evaluate_task(model, tokenizer, task, c, **kwargs) for c in sweep_configs(config or DecodingConfig(), values)]
+    """:func:`evaluate_settings` over the values of the strategy's knob (threshold tau by default), for a frontier."""
+    return evaluate_settings(model, tokenizer, task, sweep_configs(config or DecodingConfig(), values), **kwargs)
 
 
 def save_results(results: Sequence[EvalResult], path: str | Path) -> Path:

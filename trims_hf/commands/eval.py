@@ -6,6 +6,10 @@ describe it), :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfig`
 Hub ids, the student's kind and mask id, the task's data and columns, the sweep, the output) is checked before the
 model loads, so a mistake costs seconds and one ``error:`` line, and nothing is written. Graded problems are appended to ``<output>.progress.jsonl`` as they
 finish: after Ctrl-C or a crash, the same command resumes there.
+
+Under ``accelerate launch`` / ``torchrun`` the problems (and the settings of a sweep) are shared across the
+processes (:func:`trims_hf.evaluation.evaluate_settings`), each process saves its records in its own
+``<output>.progress.rank-<k>.jsonl``, and the main process writes the one results file, equal to a one-process run's.
 """
 
 from __future__ import annotations
@@ -171,25 +175,32 @@ def main(argv: list[str]) -> int:
 
 def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseFormat, inputs: Inputs) -> int:
     """Load the student (and adapter), decode every setting, write the JSON (and the frontier plot of a sweep)."""
+    from ..distributed import announce, process_state
     from ..evaluation import (
         EvaluationInterrupted,
-        evaluate_task,
+        evaluate_settings,
         format_table,
         plot_frontier,
+        records_files,
         save_results,
     )
     from ..model_config import load_model
 
     records = args.records_file()
+    state = process_state(inputs.device)
+    announce("trims eval", state)
+    device = state.device if state.num_processes > 1 and inputs.device != "cpu" else inputs.device  # a GPU each
     try:
-        model = load_model(model_config, inputs.student).to(inputs.device).eval()
+        model = load_model(model_config, inputs.student).to(device).eval()
         name = model_config.model_name_or_path + (f" + {model_config.adapter}" if model_config.adapter else "")
-        results = [evaluate_task(model, inputs.student.tokenizer, inputs.task, config, execute_code=args.allow_code_execution,
-                                 batch_size=args.batch_size, progress=args.progress, model_name=name,
-                                 prompt_format=prompt_format, examples=inputs.examples, records_file=records)
-                   for config in inputs.configs]
+        results = evaluate_settings(model, inputs.student.tokenizer, inputs.task, inputs.configs,
+                                    execute_code=args.allow_code_execution, batch_size=args.batch_size,
+                                    progress=args.progress, model_name=name, prompt_format=prompt_format,
+                                    examples=inputs.examples, records_file=records)
     except EvaluationInterrupted as stop:
-        if not stop.records_file.exists():
+        if not state.is_main_process:  # the main process reports for all
+            return INTERRUPTED
+        if stop.done == 0:
             return fail("interrupted before the first problem was graded; nothing was written.", INTERRUPTED)
         return fail(f"interrupted: {stop.done} of {stop.total} {stop.task} problems ({stop.setting}) saved in "
                     f"{stop.records_file}; rerun the same command to resume.", INTERRUPTED)
@@ -197,12 +208,15 @@ def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseF
         return fail(str(error))
     except KeyboardInterrupt:
         return fail("interrupted while loading the model; nothing was written.", INTERRUPTED)
+    if not state.is_main_process:  # the main process writes the one results file
+        return 0
     output = save_results(results, args.output)
     print(format_table(results))
     if args.sweep is not None:
         plot_frontier(results, output.with_suffix(".png"))
         print(f"Frontier plot written to {output.with_suffix('.png')}")
-    records.unlink(missing_ok=True)  # the results file holds every record now
+    for path in records_files(records):  # the results file holds every record now
+        path.unlink(missing_ok=True)
     print(f"Results written to {output}")
     return 0
 

@@ -116,10 +116,13 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
                           advice=" or pass --overwrite")
     except InputError as error:
         return fail(in_user_terms(str(error), parser, fields))
+    from ..distributed import announce, process_state
     from ..hub import HubAccessError
     from ..jobs.score import ScoringInterrupted, build_scored_dataset, work_dir_for
     from ..schema import SchemaError
 
+    state = process_state()
+    announce(parser.prog, state)
     handler = _job_messages()
     try:
         folder = build_scored_dataset(
@@ -130,11 +133,13 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
     except (SchemaError, InputError, HubAccessError) as error:
         return fail(in_user_terms(str(error), parser, fields))
     except ScoringInterrupted as stop:
-        print(f"interrupted: {stop}", file=sys.stderr)
+        if state.is_main_process:  # one line for all processes: the count is of the chunks they all saved
+            print(f"interrupted: {stop}", file=sys.stderr)
         return INTERRUPTED
     except KeyboardInterrupt:
-        print(f"interrupted: nothing was written to {out.output}; scoring work saved so far (if any) stays in "
-              f"{work_dir_for(out.output)}; rerun the same command to resume.", file=sys.stderr)
+        if state.is_main_process:
+            print(f"interrupted: nothing was written to {out.output}; scoring work saved so far (if any) stays in "
+                  f"{work_dir_for(out.output)}; rerun the same command to resume.", file=sys.stderr)
         return INTERRUPTED
     finally:
         logging.getLogger("trims_hf.jobs.score").removeHandler(handler)

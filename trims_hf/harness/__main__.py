@@ -3,7 +3,8 @@
 Every flag is the harness's own (its ``run`` parser reads them); this entry only registers the model,
 puts the ``*_local`` task folder on ``--include_path`` when the user gave none, checks local data
 before any model loads, and after the run writes ``trims_<stamp>.json`` next to each new
-``results_<stamp>.json``: the tokens-per-step figures and decoding settings of ``config.trims``.
+``results_<stamp>.json``: the tokens-per-step figures and decoding settings of ``config.trims`` (under
+``accelerate launch``, once, by the main process, with every process's counts).
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         cli_evaluate()
     finally:
         sys.argv = saved_argv
+    from ..distributed import process_state
+
+    if not process_state().is_main_process:  # the main process writes the harness's results file, and ours
+        return
     new = sorted(p for p in _results_files(output_path) - before if not p.name.startswith("trims_"))
     for path in write_trims_files(new):
         print(f"trims tokens per step and decoding settings: {path}")

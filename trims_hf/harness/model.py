@@ -10,6 +10,8 @@ the harness's ``--apply_chat_template``), answers are cut at the request's ``unt
 :class:`~trims_hf.generation.TokensPerStepRecorder` per task counts tokens and forwards the same way
 ``trims eval`` does. The counts and the decoding settings land in the results file under
 ``config.trims`` (the harness asks the model for :meth:`TrimsLM.get_model_info` after evaluating).
+Under ``accelerate launch`` / ``torchrun`` the harness shares the documents across processes by this model's
+``rank`` / ``world_size`` (as with its ``hf`` model), and the counts are gathered over the processes.
 Importing this module registers the model; it needs the ``lm_eval`` package.
 """
 
@@ -21,6 +23,7 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 import torch
+from accelerate.utils import gather as accelerate_gather
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, normalize_gen_kwargs
@@ -28,6 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from ..distributed import announce, gather, gather_recorders, process_state
 from ..generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text
 from ..model_config import ModelConfig, check_model_sources, load_model, resolve_student
 from ..prompts import end_of_response_ids
@@ -97,7 +101,11 @@ class TrimsLM(TemplateLM):
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             # The harness CLI asks for cuda by default; like its hf model, run where the machine can.
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self._device = torch.device(device)
+        # Under accelerate launch / torchrun the harness shares the documents by rank::world_size, like its hf model.
+        self.state = process_state(device)
+        self._rank, self._world_size = self.state.process_index, self.state.num_processes
+        announce("the trims harness model", self.state)
+        self._device = self.state.device if self._world_size > 1 and self.state.device.type != "cpu" else torch.device(device)
         given_tokenizer = tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else None
         if isinstance(pretrained, str):
             config = ModelConfig(pretrained, tokenizer_name_or_path=None if given_tokenizer else tokenizer, **model_args)
@@ -114,8 +122,12 @@ class TrimsLM(TemplateLM):
         self.names = {"pretrained": pretrained if isinstance(pretrained, str) else type(pretrained).__name__,
                       "adapter": model_args.get("adapter")}
         self.recorders: dict[str, TokensPerStepRecorder] = {}
+        self.gathered: dict[str, TokensPerStepRecorder] = {}
+        """The recorders with every process's samples: what the tokens-per-step figures are computed from."""
         self.generate_overrides: dict[str, dict[str, Any]] = {}
         self.loglikelihood_forwards = 0
+        self.gathered_loglikelihood_forwards = 0
+        """Every process's log-likelihood forwards (each draws its own Monte Carlo masks from ``mc_seed``)."""
 
     @property
     def eot_token_id(self) -> int:
@@ -128,6 +140,15 @@ class TrimsLM(TemplateLM):
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         """Token ids of ``string``; no special tokens unless asked (chat templates carry their own BOS)."""
         return self.tokenizer(string, add_special_tokens=bool(add_special_tokens))["input_ids"]
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return accelerate_gather(tensor)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any]:
+        return gather(obj)
+
+    def barrier(self) -> None:
+        self.state.wait_for_everyone()
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
@@ -153,6 +174,16 @@ class TrimsLM(TemplateLM):
         by_task: dict[str, list[int]] = {}
         for index, request in enumerate(requests):
             by_task.setdefault(request.task_name or "", []).append(index)
+        # lm-eval pads a process's requests to the longest share with copies of its last one: each request is
+        # decoded (and counted) only as often as it repeats, and a padding copy takes its original's answer.
+        first: dict[int, int] = {}
+        padding: dict[int, int] = {}
+        for index, request in enumerate(requests):
+            first.setdefault(id(request), index)
+            if index - first[id(request)] >= request.repeats:
+                padding[index] = first[id(request)]
+        for indices in by_task.values():
+            indices[:] = [i for i in indices if i not in padding]
         answers: list[str] = [""] * len(requests)
         progress = tqdm(total=len(requests), desc="trims generate_until", disable=disable_tqdm)
         for task, indices in by_task.items():
@@ -177,6 +208,9 @@ class TrimsLM(TemplateLM):
                     self.cache_hook.add_partial("generate_until", (context, gen_kwargs), answers[index])
                 progress.update(len(batch))
         progress.close()
+        for index, original in padding.items():
+            answers[index] = answers[original]
+        self.gathered = gather_recorders(self.recorders)
         return answers
 
     def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
@@ -190,6 +224,7 @@ class TrimsLM(TemplateLM):
             self.loglikelihood_forwards += -(-self.mc_samples // self.mc_batch_size) + len(continuation)
             results.append((score, greedy))
             self.cache_hook.add_partial("loglikelihood", key, (score, greedy))
+        self.gathered_loglikelihood_forwards = sum(gather(self.loglikelihood_forwards))
         return results
 
     def _is_greedy(self, context: Sequence[int], continuation: Sequence[int]) -> bool:
@@ -209,7 +244,7 @@ class TrimsLM(TemplateLM):
     def tokens_per_step(self) -> dict[str, dict[str, Any]]:
         """Per task: tokens per step (counted tokens / charged forwards), NFE, forwards and counts so far."""
         return {task: recorder.summary() | {"decoding_overrides": self.generate_overrides.get(task, {})}
-                for task, recorder in self.recorders.items()}
+                for task, recorder in self.gathered.items()}
 
     def get_model_info(self) -> dict[str, Any]:
         """What the harness writes under ``config`` of its results file: our settings and counts."""
@@ -221,7 +256,7 @@ class TrimsLM(TemplateLM):
                 "decoding": asdict(self.decoding),
                 "tokens_per_step": self.tokens_per_step(),
                 "loglikelihood": {"estimator": ESTIMATOR, "mc_samples": self.mc_samples,
-                                  "forwards": self.loglikelihood_forwards},
+                                  "forwards": self.gathered_loglikelihood_forwards},
             }
         }
 

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..analysis import bucket_statistics
 from ..buckets import bucket_rows
+from ..distributed import balanced_shards, process_state
 from ..errors import check_output_folder
 from ..hub import (
     check_push_access,
@@ -108,19 +109,17 @@ def score_dataset(
 ) -> Dataset | None:
     """Score ``dataset`` and return it with the per-teacher-token span, NLL and entropy columns added.
 
-    Work is cut into chunks of :meth:`ScoringOptions.rows_per_chunk` rows; this process scores chunks
-    ``process_index, process_index + num_processes, ...`` that are not already saved under ``work_dir``
-    and saves each atomically. The main process (index 0) then merges all chunks in the original row
+    Work is cut into chunks of :meth:`ScoringOptions.rows_per_chunk` rows; this process scores its shard of the
+    chunks, balanced by tokens (:func:`trims_hf.distributed.balanced_shards`), that is not already saved under
+    ``work_dir``, and saves each chunk atomically. The main process (index 0) then merges all chunks in the original row
     order and returns the dataset; other processes return ``None``. Without explicit indices they come
-    from ``accelerate.PartialState`` (and processes wait for each other before the merge). ``rows`` are
+    from :func:`trims_hf.distributed.process_state` (gloo on the CPU; processes wait for each other before the merge). ``rows`` are
     this data set's :func:`encode_dataset` result when the caller already has it. Ctrl-C raises
     :class:`ScoringInterrupted`, which says how many chunks are saved.
     """
-    barrier: Callable[[], None] = lambda: None  # noqa: E731 - explicit indices mean the caller synchronises
+    barrier: Callable[[], None] = lambda: None  # explicit indices mean the caller synchronises
     if process_index is None or num_processes is None:
-        from accelerate import PartialState
-
-        state = PartialState()
+        state = process_state(model.device.type)
         process_index, num_processes, barrier = state.process_index, state.num_processes, state.wait_for_everyone
     if rows is None:
         rows = encode_dataset(dataset, tokenizer, options, context_length(model.config, options.max_length))
@@ -133,7 +132,9 @@ def score_dataset(
     if done and process_index == 0:
         logger.info("resuming: %d of %d chunks done (saved in %s)", done, num_chunks, work_dir)
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    mine = [c for c in range(process_index, num_chunks, num_processes) if not _chunk_path(work_dir, c).exists()]
+    tokens = [sum(len(r.input_ids) for r in rows[c * size : (c + 1) * size])
+              for c in range(num_chunks)]
+    mine = [c for c in balanced_shards(tokens, num_processes)[process_index] if not _chunk_path(work_dir, c).exists()]
     total = sum(len(r.completion_ids) for c in mine for r in rows[c * size : (c + 1) * size])
     temporary = work_dir / f".chunk.{process_index}.tmp"
     try:
