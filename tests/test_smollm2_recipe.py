@@ -160,10 +160,10 @@ def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declar
         if tau is not None:
             continue
         unit = recorded[f"variants/{folder_name}"]
-        ratio, ordering = VARIANTS[name]
+        trajectory, ordering = VARIANTS[name]
         assert unit["start_weights"] == base["saved_weights"] != base["start_weights"]
         assert (unit["seed"], unit["steps"], unit["bucket_ordering"]) == (p.seed, p.variant_steps, ordering)
-        assert unit["trajectory_ratio"] == (p.masking.trajectory_ratio if ratio else 0.0)
+        assert unit["trajectory_ratio"] == (p.masking.trajectory_ratio if trajectory else 0.0)
         first_batches.add(unit["first_batch"])
     assert len(first_batches) == 1  # one data order for every variant
 

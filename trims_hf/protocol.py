@@ -31,13 +31,15 @@ if TYPE_CHECKING:
 
     from .config import MDLMConfig
 
-# name -> (TRIMS trajectory ratio, bucket ordering); the MDLM baseline uses the same collator with ratio 0.
-VARIANTS: dict[str, tuple[float, str]] = {
-    "MDLM": (0.0, "hard_to_easy"),
-    "TRIMS hard-to-easy": (0.1, "hard_to_easy"),
-    "TRIMS easy-to-hard": (0.1, "easy_to_hard"),
-    "TRIMS random": (0.1, "random"),
+
+VARIANTS: dict[str, tuple[bool, str]] = {
+    "MDLM": (False, "hard_to_easy"),
+    "TRIMS hard-to-easy": (True, "hard_to_easy"),
+    "TRIMS easy-to-hard": (True, "easy_to_hard"),
+    "TRIMS random": (True, "random"),
 }
+"""name -> (trajectory masking, bucket ordering): the TRIMS variants mask with the protocol's ``trajectory_ratio``,
+the MDLM baseline uses the same collator with ratio 0."""
 BASE = "base (before SFT)"
 
 
@@ -219,8 +221,8 @@ class StudyProtocol:
 
     def variant(self, name: str) -> tuple[float, str]:
         """(trajectory ratio, bucket ordering) of a variant of :data:`VARIANTS`: MDLM 0, TRIMS the masking's ratio."""
-        ratio, ordering = VARIANTS[name]
-        return (self.masking.trajectory_ratio if ratio else 0.0), ordering
+        trajectory, ordering = VARIANTS[name]
+        return (self.masking.trajectory_ratio if trajectory else 0.0), ordering
 
     def student_args(self, folder: Path, name: str, seed: int, device: str = "cpu") -> MDLMConfig:
         """The MDLMConfig of the base (``name`` :data:`BASE`: MDLM masking, the base's steps) or of a variant."""
