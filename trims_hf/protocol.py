@@ -1,0 +1,240 @@
+"""A study's protocol: every setting it is run with, declared once before it runs, and its fingerprint.
+
+:class:`StudyProtocol` holds the library's settings (masking, decoding, student format) rather than copies of their
+fields, plus what a study adds (steps, thresholds, the trace policy); ``trims demo`` and ``recipes/smollm2`` extend
+it. The fingerprint of every field, and of the library defaults they resolve to, is recorded with each output, and a
+study folder refuses another protocol. This module imports neither torch nor transformers, so a study's command line
+checks its protocol in a moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .reports import write_atomic
+from .settings import (
+    BucketConfig,
+    DecodingConfig,
+    MaskingConfig,
+    ScoringOptions,
+    StudentFormat,
+    settings_of,
+)
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
+    from .config import MDLMConfig
+
+
+VARIANTS: dict[str, tuple[bool, str]] = {
+    "MDLM": (False, "hard_to_easy"),
+    "TRIMS hard-to-easy": (True, "hard_to_easy"),
+    "TRIMS easy-to-hard": (True, "easy_to_hard"),
+    "TRIMS random": (True, "random"),
+}
+"""name -> (trajectory masking, bucket ordering): the TRIMS variants mask with the protocol's ``trajectory_ratio``,
+the MDLM baseline uses the same collator with ratio 0."""
+BASE = "base (before SFT)"
+
+
+Protocol = TypeVar("Protocol")
+
+
+def flat(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested record with dotted keys (``masking.p_future``), so that a changed setting is named by its path."""
+    items: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, Mapping):
+            items.update(flat(value, f"{prefix}{key}."))
+        else:
+            items[f"{prefix}{key}"] = value
+    return items
+
+
+def protocol_record(protocol: Any) -> dict[str, Any]:
+    """Every field of a (dataclass) protocol, those of the settings it holds included, plus what its ``resolved()``
+    returns when it has one (the library defaults the settings resolve to), so that a changed library default is a
+    changed protocol too."""
+    record = dataclasses.asdict(protocol)
+    if callable(resolved := getattr(protocol, "resolved", None)):
+        record["resolved"] = resolved()
+    return flat(json.loads(json.dumps(record, default=str)))
+
+
+def fingerprint(protocol: Any) -> str:
+    """A short hash of :func:`protocol_record`: what each output of a study records."""
+    return hashlib.sha256(json.dumps(protocol_record(protocol), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def with_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
+    """``protocol`` with ``FIELD=VALUE`` assignments applied (tuple fields comma-separated, each value of the type
+    of the field's current value; ``masking.p_future=0.9`` sets a field of a setting the protocol holds); ValueError
+    names the assignment. The checks of the protocol and of the settings it holds run on the result."""
+    types = {f.name: type(getattr(protocol, f.name)) for f in dataclasses.fields(protocol)}
+    changes: dict[str, Any] = {}
+    for assignment in assignments:
+        name, sep, text = assignment.partition("=")
+        head, dot, rest = name.partition(".")
+        if dot and head in types and dataclasses.is_dataclass(getattr(protocol, head)):
+            try:
+                changes[head] = with_overrides(changes.get(head, getattr(protocol, head)), [f"{rest}={text}"])
+            except ValueError as error:
+                raise ValueError(f"{head}.{error}") from None
+            continue
+        if not sep or name not in types:
+            raise ValueError(f"{assignment}: expected FIELD=VALUE with FIELD one of {', '.join(types)}.")
+        try:
+            if types[name] is tuple:
+                element = type(getattr(protocol, name)[0])
+                changes[name] = tuple(element(part) for part in text.split(","))
+            else:
+                changes[name] = types[name](text)
+        except ValueError:
+            raise ValueError(f"{assignment}: {text!r} is not a valid {types[name].__name__}.") from None
+    return dataclasses.replace(protocol, **changes)
+
+
+PROTOCOL_FILE = "protocol.json"
+
+
+def check_protocol(folder: Path, protocol: Any) -> None:
+    """Refuse a study folder started under another protocol, naming each changed field (nothing is written):
+    a pre-registered protocol is never mixed with a changed one, so a change is a new study in a new folder."""
+    path = folder / PROTOCOL_FILE
+    if not path.is_file():
+        return
+    recorded = json.loads(path.read_text())
+    if recorded["fingerprint"] == fingerprint(protocol):
+        return
+    now = protocol_record(protocol)
+    changed = [f"{k} ({recorded['protocol'].get(k)} -> {now[k]})" for k in now if recorded["protocol"].get(k) != now[k]]
+    raise ValueError(f"holds the study of protocol {recorded['fingerprint']}; this protocol ({fingerprint(protocol)}) "
+                     f"differs in {', '.join(changed)}. A changed protocol is a new study: use a new folder.")
+
+
+def record_protocol(folder: Path, protocol: Any, sources: Mapping[str, str] | None = None) -> None:
+    """Write the protocol, its fingerprint and the ``sources`` it ran on (e.g. a weights file's sha256) into the
+    study folder (what :func:`check_protocol` and :func:`changed_sources` compare with)."""
+    write_atomic(folder / PROTOCOL_FILE, json.dumps({"fingerprint": fingerprint(protocol),
+                                                     "protocol": protocol_record(protocol),
+                                                     "sources": dict(sources or {})}, indent=1))
+
+
+def changed_sources(folder: Path, sources: Mapping[str, str]) -> list[str]:
+    """``name (recorded -> now)`` of each source that differs from the one the study in ``folder`` started on:
+    the same protocol on other weights is another study too."""
+    path = folder / PROTOCOL_FILE
+    recorded = json.loads(path.read_text()).get("sources", {}) if path.is_file() else {}
+    return [f"{k} ({recorded[k]} -> {v})" for k, v in sources.items() if k in recorded and recorded[k] != v]
+
+
+TRAINING_DEFAULTS: dict[str, Any] = {"lr_scheduler_type": "cosine", "warmup_steps": 0.05, "weight_decay": 0.1}
+"""The optimisation settings every study run shares (a study's protocol fingerprint records them)."""
+
+
+def training_arguments(cls: type[TrainingArguments], folder: Path, steps: int, lr: float, batch_size: int, seed: int,
+                       device: str = "cpu", **extra: Any) -> TrainingArguments:
+    """The study's training settings: cosine schedule, short warmup, no checkpoints (the callers save); bf16 on a
+    GPU, float32 on a CPU."""
+    cuda = device == "cuda"
+    return cls(
+        output_dir=str(folder), max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=lr,
+        **TRAINING_DEFAULTS, logging_steps=max(1, steps // 5),
+        save_strategy="no", report_to="none", use_cpu=not cuda, bf16=cuda, seed=seed, disable_tqdm=False,
+        remove_unused_columns=False, dataloader_num_workers=0, **extra,
+    )
+
+
+TEACHER_CONTEXT_FACTOR = 4
+"""The teacher's context in student lengths (scoring and traces): the teacher's tokenizer may cut the same text
+finer than the student's, and a row must never be cut for the teacher where the student still sees it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyProtocol:
+    """What every study declares: the library settings it trains and decodes with (held, never copied into fields of
+    its own), the sizes of its training runs, the thresholds it evaluates at and how much it traces. A study's own
+    protocol (``trims demo``'s, ``recipes/smollm2``'s) extends it with its data, models and seeds."""
+
+    masking: MaskingConfig = dataclasses.field(default_factory=MaskingConfig)
+    """Buckets and masking: the TRIMS variants train with it, the MDLM ones with its ``trajectory_ratio`` at 0."""
+    decoding: DecodingConfig = dataclasses.field(default_factory=DecodingConfig)
+    """The decoder of every evaluation; each evaluation replaces its threshold by one of :attr:`thresholds`."""
+    student_format: StudentFormat = dataclasses.field(default_factory=StudentFormat)
+    """How scored rows become student tokens; its ``max_length`` is also the length the teacher's buckets are cut
+    over (:meth:`scoring_options`)."""
+    batch_size: int = 32
+    base_steps: int = 500
+    base_lr: float = 1e-3
+    variant_steps: int = 150
+    variant_lr: float = 3e-4
+    thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
+    trace_samples: int = 16
+    """Problems whose decode order and per-step teacher NLL are traced per model (:meth:`traced`)."""
+
+    def __post_init__(self) -> None:
+        """The sizes and every threshold checked at once (the contained settings check themselves), so a bad override
+        fails in one line before anything runs."""
+        if not self.thresholds:
+            raise ValueError("thresholds: needs at least one value.")
+        sizes = ("batch_size", "base_steps", "variant_steps", "trace_samples")
+        if small := [name for name in sizes if getattr(self, name) < 1]:
+            raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
+        for tau in self.decoded_thresholds():
+            self.decoding_at(tau)
+
+    def decoded_thresholds(self) -> tuple[float, ...]:
+        """Every threshold this protocol decodes at (a study with more evaluations adds its own)."""
+        return self.thresholds
+
+    def sft_seeds(self) -> tuple[int, ...]:
+        """The seeds the variants are trained with; the first one is traced."""
+        raise NotImplementedError
+
+    def decoding_at(self, tau: float) -> DecodingConfig:
+        return dataclasses.replace(self.decoding, threshold=tau)
+
+    def trace_threshold(self) -> float:
+        """The threshold the traces are taken at: the one nearest the paper's 0.9."""
+        return min(self.thresholds, key=lambda tau: abs(tau - 0.9))
+
+    def traced(self, tau: float, seed: int | None) -> bool:
+        """The trace policy: the base (no seed) and the first seed's variants, at :meth:`trace_threshold`."""
+        return tau == self.trace_threshold() and seed in (None, self.sft_seeds()[0])
+
+    @property
+    def teacher_context(self) -> int:
+        return TEACHER_CONTEXT_FACTOR * self.student_format.max_length
+
+    def scoring_options(self) -> ScoringOptions:
+        """The teacher's scoring: :attr:`teacher_context` tokens, buckets cut over what training keeps."""
+        return ScoringOptions(max_length=self.teacher_context, train_max_length=self.student_format.max_length)
+
+    def bucket_config(self, ordering: str | None = None) -> BucketConfig:
+        return settings_of(self.masking, BucketConfig, **({"bucket_ordering": ordering} if ordering else {}))
+
+    def variant(self, name: str) -> tuple[float, str]:
+        """(trajectory ratio, bucket ordering) of a variant of :data:`VARIANTS`: MDLM 0, TRIMS the masking's ratio."""
+        trajectory, ordering = VARIANTS[name]
+        return (self.masking.trajectory_ratio if trajectory else 0.0), ordering
+
+    def student_args(self, folder: Path, name: str, seed: int, device: str = "cpu") -> MDLMConfig:
+        """The MDLMConfig of the base (``name`` :data:`BASE`: MDLM masking, the base's steps) or of a variant."""
+        from .config import MDLMConfig
+
+        steps, lr = (self.base_steps, self.base_lr) if name == BASE else (self.variant_steps, self.variant_lr)
+        ratio, ordering = self.variant("MDLM" if name == BASE else name)
+        masking = dataclasses.replace(self.masking, trajectory_ratio=ratio, bucket_ordering=ordering)
+        return training_arguments(MDLMConfig, folder, steps, lr, self.batch_size, seed, device,
+                                  **dataclasses.asdict(masking), **dataclasses.asdict(self.student_format))
+
+    def resolved(self) -> dict[str, Any]:
+        """What the protocol resolves to beyond its fields (fingerprinted with them): a changed library default
+        changes the study."""
+        return {"scoring": dataclasses.asdict(self.scoring_options()), "training": TRAINING_DEFAULTS}
