@@ -71,8 +71,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from collator import prepared_rows  # noqa: E402
 from decode import CACHE_MODES, decode_modes, identical_fraction  # noqa: E402
 from scoring import reset_peak_rss, rss_kb  # noqa: E402
-from train_step import (build_trainer, interleaved_steps, masking_collators, precision_path, step,  # noqa: E402
-                        synchronize)
+from train_step import build_trainer, interleaved_steps, masking_collators, precision_path, step, synchronize  # noqa: E402
 
 from trims_hf import TrimsDataCollator, lora_config, mask_token_id, prepare_student  # noqa: E402
 from trims_hf.generation import DecodingConfig, generate  # noqa: E402

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers_tokenizers import make_tokenizer  # noqa: E402
+
 from trims_hf.scoring import collate, padding_efficiency, plan_batches  # noqa: E402
 from trims_hf.settings import ScoringOptions  # noqa: E402
 from trims_hf.sources import smollm2_gguf  # noqa: E402

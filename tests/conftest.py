@@ -12,9 +12,9 @@ os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes 
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers_tokenizers import make_tokenizer  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from helpers_tokenizers import make_tokenizer  # noqa: E402
 from trims_hf import prepare_student  # noqa: E402
 
 SHARED = Path(os.environ.get("TRIMS_SHARED") or Path(__file__).resolve().parents[2] / "shared")

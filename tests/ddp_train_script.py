@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import torch
-from datasets import Dataset
-
 from conftest import GSM8K_TRAIN, read_jsonl, synthetic_scored_rows, tiny_student
+from datasets import Dataset
 from helpers_tokenizers import make_tokenizer
+
 from trims_hf import MDLMConfig, MDLMTrainer
 
 GLOBAL_BATCH, STEPS, MAX_LENGTH = 8, 3, 640

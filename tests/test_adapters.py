@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SHARED
 import torch
+from conftest import SHARED
 from original_reference import load_reference
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from helpers_teachers import make_teacher
 from helpers_tokenizers import make_tokenizer
+
 from trims_hf import EvalResult
 from trims_hf.analysis import (
     TeacherNLL,

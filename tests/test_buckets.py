@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from datasets import Dataset
-
 from conftest import synthetic_scored_rows
+from datasets import Dataset
 from helpers_tokenizers import make_tokenizer
+
 from trims_hf import BucketConfig, StudentFormat, equal_mass_buckets, prepare_dataset, project_scores
 
 

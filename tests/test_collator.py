@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import synthetic_scored_rows
 from datasets import Dataset
 
-from conftest import synthetic_scored_rows
 from trims_hf import MaskingConfig, StudentFormat, TrimsDataCollator, prepare_dataset
 from trims_hf.schema import SchemaError
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from datasets import Dataset, load_dataset
-
 from conftest import GSM8K_TRAIN, read_jsonl, tiny_student
+from datasets import Dataset, load_dataset
 from helpers_teachers import make_teacher
 from helpers_tokenizers import make_tokenizer
+
 from trims_hf import MaskingConfig, MDLMConfig, MDLMTrainer, TrimsDataCollator, build_scored_dataset, prepare_dataset
 
 

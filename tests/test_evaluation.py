@@ -12,8 +12,8 @@ from matplotlib.text import Text
 from torch import nn
 from transformers import PreTrainedConfig
 
-from trims_hf import prepare_student
 import trims_hf.evaluation as evaluation
+from trims_hf import prepare_student
 from trims_hf.evaluation import (
     EvalResult,
     EvaluationInterrupted,
@@ -24,8 +24,8 @@ from trims_hf.evaluation import (
     sweep,
     sweep_configs,
 )
-from trims_hf.reports import library_versions
 from trims_hf.generation import DecodingConfig, TrajectoryRecorder, cut_at_stop_strings
+from trims_hf.reports import library_versions
 from trims_hf.tasks import CodeExecutionDisabled, GSM8KTask
 
 GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"

@@ -11,9 +11,9 @@ from datasets import Dataset, Features, Value, load_dataset
 from helpers_teachers import make_teacher, save_teacher
 
 from trims_hf import hub
-from trims_hf.jobs import score as scoring
 from trims_hf.cli import main as trims_main
 from trims_hf.hub import HubAccessError, check_push_access, read_card_metadata, save_dataset_folder, scored_dataset_card
+from trims_hf.jobs import score as scoring
 from trims_hf.jobs.score import SCORE_FEATURES
 
 

@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SHARED, synthetic_scored_rows, tiny_student
 from datasets import Dataset
 from peft import PeftModel, get_peft_model
 
-from conftest import SHARED, synthetic_scored_rows, tiny_student
-from trims_hf import (MDLMConfig, MDLMTrainer, TrimsDataCollator, load_student, lora_config, per_sample_loss,
-                      prepare_dataset, prepare_student, student_spec)
+from trims_hf import (
+    MDLMConfig,
+    MDLMTrainer,
+    TrimsDataCollator,
+    load_student,
+    lora_config,
+    per_sample_loss,
+    prepare_dataset,
+    prepare_student,
+    student_spec,
+)
 
 
 def test_lora_targets_projections_not_head():

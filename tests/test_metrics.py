@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import evaluate
 import pytest
 from conftest import SHARED

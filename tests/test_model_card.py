@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import shlex
+from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard

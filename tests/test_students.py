@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from conftest import SHARED, tiny_student
 from safetensors.torch import load_file
 
-from conftest import SHARED, tiny_student
 from trims_hf import (
     MaskTokenError,
     StudentKindError,

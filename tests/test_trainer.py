@@ -8,12 +8,20 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import synthetic_scored_rows, tiny_student
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
-from conftest import synthetic_scored_rows, tiny_student
-from trims_hf import (CollatorEpochCallback, MaskingConfig, MDLMConfig, MDLMTrainer, StudentFormat, TrimsDataCollator,
-                      prepare_dataset, prepare_student)
+from trims_hf import (
+    CollatorEpochCallback,
+    MaskingConfig,
+    MDLMConfig,
+    MDLMTrainer,
+    StudentFormat,
+    TrimsDataCollator,
+    prepare_dataset,
+    prepare_student,
+)
 
 
 def make_args(tmp_path, **overrides) -> MDLMConfig:

@@ -17,11 +17,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .settings import BucketConfig
 from .generation.hooks import Trajectory
 from .reports import markdown_table
 from .scoring import plan_batches
-from .settings import ScoringOptions
+from .settings import BucketConfig, ScoringOptions
 from .teacher import encode_row, score_batch
 
 if TYPE_CHECKING:

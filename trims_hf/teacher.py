@@ -12,12 +12,28 @@ import numpy as np
 import torch
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel,
-                          PreTrainedTokenizerBase)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from .prompts import prompt_token_ids
-from .schema import (COMPLETION, PROMPT, TEACHER_END, TEACHER_ENTROPY, TEACHER_NLL, TEACHER_START, SchemaError,
-                     disjoint_spans, split_prompt_completion, validate_teacher_scores)
+from .schema import (
+    COMPLETION,
+    PROMPT,
+    TEACHER_END,
+    TEACHER_ENTROPY,
+    TEACHER_NLL,
+    TEACHER_START,
+    SchemaError,
+    disjoint_spans,
+    split_prompt_completion,
+    validate_teacher_scores,
+)
 from .scoring import EncodedRow, collate, plan_batches, token_scores
 from .settings import DEFAULT_TEACHER, ScoringOptions
 

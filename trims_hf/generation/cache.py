@@ -27,7 +27,6 @@ from ..settings import CacheMode
 from ..students import StudentSpec
 
 
-
 @dataclass
 class _Window:
     """Absolute index of the first position the current call recomputes (shared by all layers)."""

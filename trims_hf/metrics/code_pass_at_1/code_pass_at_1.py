@@ -11,8 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import evaluate
 
 from trims_hf.metrics import metric_info
-from trims_hf.tasks import SandboxLimits
-from trims_hf.tasks import get_task
+from trims_hf.tasks import SandboxLimits, get_task
 
 ENV_VAR = "TRIMS_ALLOW_CODE_EXECUTION"
 _TASKS = ("humaneval", "mbpp")

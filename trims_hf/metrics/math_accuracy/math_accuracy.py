@@ -7,8 +7,7 @@
 import evaluate
 
 from trims_hf.metrics import metric_info
-from trims_hf.tasks import GSM8KTask
-from trims_hf.tasks import Math500Task
+from trims_hf.tasks import GSM8KTask, Math500Task
 
 _TASKS = {"gsm8k": GSM8KTask, "math500": Math500Task}
 

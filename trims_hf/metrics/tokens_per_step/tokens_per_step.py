@@ -14,6 +14,7 @@ possible: a response shorter than the forwards spent on it (low thresholds, an a
 import evaluate
 
 from trims_hf.metrics import metric_info
+
 _DESCRIPTION = "Generated tokens per forward pass, as a ratio of totals over all samples."
 
 _KWARGS_DESCRIPTION = """
