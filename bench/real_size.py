@@ -288,7 +288,8 @@ class Run:
         line = {"bench": "real_size", "part": part, "scale": self.scale, "device": device_name(self.device),
                 "device_type": self.device.type, "dtype": str(self.dtype).removeprefix("torch."),
                 **record, "profiled": self.profile is not None,
-                "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "versions": library_versions("accelerate", "deepspeed")}
+                "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                "versions": library_versions("accelerate", "deepspeed")}
         text = json.dumps(line)
         print(text, flush=True)
         if self.output is not None:
@@ -661,7 +662,8 @@ def score_part(run: Run) -> None:
         "rows_scored": len(scored), "complete": len(scored) == len(rows),
         "teacher_tokens_planned": planned_tokens, "teacher_tokens": tokens, "seconds": round(seconds, 6),
         "tokens_per_s": round(tokens_per_s, 1), **peak_memory(run.device),
-        "seconds_per_million_tokens": round(1e6 / tokens_per_s, 2), "goal_seconds_per_million_tokens_max": SCORE_SECONDS_PER_MILLION_MAX,
+        "seconds_per_million_tokens": round(1e6 / tokens_per_s, 2),
+        "goal_seconds_per_million_tokens_max": SCORE_SECONDS_PER_MILLION_MAX,
         "s1k_curation_estimate_s": round(s1k_seconds, 3), "s1k_curation_estimate_gpu_hours": round(s1k_seconds / 3600, 4),
         "estimate": "the planned tokens (then 1,000 rows) at the tokens/s of the batches scored",
         "paper_curation_a100_gpu_hours": 0.6, **run.judge(1e6 / tokens_per_s / SCORE_SECONDS_PER_MILLION_MAX),

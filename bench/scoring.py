@@ -66,7 +66,7 @@ def throughput(model, tokenizer, data: Dataset, options: ScoringOptions) -> dict
     def bare() -> None:
         with torch.inference_mode():
             for batch in batches:
-                model(**collate(batch, pad)).logits
+                _ = model(**collate(batch, pad)).logits
 
     def scorer() -> None:
         score_rows(model, rows, data["completion"], options, pad)
@@ -83,7 +83,8 @@ def throughput(model, tokenizer, data: Dataset, options: ScoringOptions) -> dict
 
 def peak_growth_mb(method: str, max_tokens: int) -> float:
     """Run :func:`measure` in a fresh interpreter; returns its peak RSS growth in MB."""
-    code = f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import scoring; print(scoring.measure({method!r}, {max_tokens}))"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); "
+            f"import scoring; print(scoring.measure({method!r}, {max_tokens}))")
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1])
 
 
@@ -116,7 +117,7 @@ def reset_peak_rss() -> None:
 
 def rss_kb(field: str) -> int:
     """Current (VmRSS) or peak-since-reset (VmHWM) resident memory of this process, from /proc."""
-    line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field))
+    line = next(entry for entry in Path("/proc/self/status").read_text().splitlines() if entry.startswith(field))
     return int(line.split()[1])
 
 

@@ -46,7 +46,8 @@ def to_prompt_completion(row: dict[str, Any], trace_column: str, answer_column: 
     """One s1K row as prompt/completion; s1K stores its trace as a one-element list."""
     trace = row[trace_column]
     trace = "\n".join(trace) if isinstance(trace, list) else trace
-    return {PROMPT: row[QUESTION], COMPLETION: template.format(trace=(trace or "").strip(), answer=(row[answer_column] or "").strip())}
+    return {PROMPT: row[QUESTION],
+            COMPLETION: template.format(trace=(trace or "").strip(), answer=(row[answer_column] or "").strip())}
 
 
 def format_s1k(dataset: Dataset, trace: str = "deepseek", template: str = DEFAULT_TEMPLATE) -> Dataset:
@@ -60,7 +61,8 @@ def format_s1k(dataset: Dataset, trace: str = "deepseek", template: str = DEFAUL
 class S1KArguments:
     """Which s1K and how its rows become prompt/completion."""
 
-    source: str = field(default=DEFAULT_SOURCE, metadata={"help": "simplescaling/s1K, simplescaling/s1K-1.1, or a local parquet/jsonl."})
+    source: str = field(default=DEFAULT_SOURCE,
+                        metadata={"help": "simplescaling/s1K, simplescaling/s1K-1.1, or a local parquet/jsonl."})
     trace: Literal["deepseek", "gemini"] = field(default="deepseek", metadata={"help": "Which s1K-1.1 trace to use."})
     completion_template: str = field(default=DEFAULT_TEMPLATE, metadata={"help": "Format string with {trace} and {answer}."})
 

@@ -56,9 +56,11 @@ class LLaDABlock(nn.Module):
         d, kv = c["d_model"], c["d_model"] // c["n_heads"] * c["n_kv_heads"]
         self.c = c
         self.attn_norm, self.ff_norm = RMSNorm(d, c["rms_norm_eps"]), RMSNorm(d, c["rms_norm_eps"])
-        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d, bias=False), nn.Linear(d, kv, bias=False), nn.Linear(d, kv, bias=False)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d, d, bias=False), nn.Linear(d, kv, bias=False),
+                                                 nn.Linear(d, kv, bias=False))
         self.attn_out = nn.Linear(d, d, bias=False)
-        self.ff_proj, self.up_proj = nn.Linear(d, c["mlp_hidden_size"], bias=False), nn.Linear(d, c["mlp_hidden_size"], bias=False)
+        self.ff_proj, self.up_proj = (nn.Linear(d, c["mlp_hidden_size"], bias=False),
+                                      nn.Linear(d, c["mlp_hidden_size"], bias=False))
         self.ff_out = nn.Linear(c["mlp_hidden_size"], d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,7 +116,8 @@ class DreamMLP(nn.Module):
     def __init__(self, c: dict[str, Any]) -> None:
         super().__init__()
         d, h = c["hidden_size"], c["intermediate_size"]
-        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(d, h, bias=False), nn.Linear(d, h, bias=False), nn.Linear(h, d, bias=False)
+        self.gate_proj, self.up_proj, self.down_proj = (nn.Linear(d, h, bias=False), nn.Linear(d, h, bias=False),
+                                                        nn.Linear(h, d, bias=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

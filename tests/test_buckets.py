@@ -80,7 +80,8 @@ def scored_by(tokenizer, rows: list[dict], nll_of) -> list[dict]:
 
     scored = []
     for row in rows:
-        spans = disjoint_spans(tokenizer(row["completion"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"])
+        spans = disjoint_spans(tokenizer(row["completion"], add_special_tokens=False,
+                                         return_offsets_mapping=True)["offset_mapping"])
         nll = np.asarray(nll_of(np.arange(len(spans))), dtype=np.float32)
         scored.append({**row, "teacher_token_start": [s for s, _ in spans], "teacher_token_end": [e for _, e in spans],
                        "teacher_nll": nll.tolist(), "teacher_entropy": (nll / 2).tolist()})
@@ -96,7 +97,8 @@ def test_byte_split_pieces_are_unscored_and_join_their_character(gsm8k_rows, tok
     prepared = prepare_dataset(Dataset.from_list(scored_by(tokenizer, rows, lambda p: rng.exponential(size=p.size))), student)
     scores, ids, first_pieces = [], [], []
     for raw, row in zip(rows, prepared):
-        starts = [s for s, _ in student(raw["completion"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]]
+        starts = [s for s, _ in student(raw["completion"], add_special_tokens=False,
+                                        return_offsets_mapping=True)["offset_mapping"]]
         split = np.array([a == b for a, b in zip(starts, starts[1:])] + [False])  # the next piece starts at the same character
         score, bucket = np.asarray(row["student_score"]), np.asarray(row["bucket_ids"][: len(starts)])
         np.testing.assert_array_equal(np.isnan(score), split)
@@ -123,7 +125,8 @@ def test_a_tail_the_teacher_did_not_score_is_unscored(gsm8k_rows, tokenizer):
     prepared = prepare_dataset(Dataset.from_list(scored), student)
     in_quantiles = []
     for raw, row in zip(scored, prepared):
-        starts = np.array([s for s, _ in student(raw["completion"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]])
+        starts = np.array([s for s, _ in student(raw["completion"], add_special_tokens=False,
+                                                 return_offsets_mapping=True)["offset_mapping"]])
         tail = starts >= raw["teacher_token_end"][-1]
         score, bucket = np.asarray(row["student_score"]), np.asarray(row["bucket_ids"][: len(starts)])
         assert tail.sum() > 5 and np.isnan(score[tail]).all() and (bucket[tail] == 7).all()

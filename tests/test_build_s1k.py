@@ -23,9 +23,11 @@ def s1k_rows(gsm8k_rows, version: str) -> list[dict]:
     rows = []
     for r in gsm8k_rows[:3]:
         trace, answer = r["completion"].rsplit("####", 1)
-        common = {"question": r["prompt"], "solution": answer.strip(), "cot_type": "math", "source_type": "gsm8k", "metadata": "{}"}
+        common = {"question": r["prompt"], "solution": answer.strip(), "cot_type": "math", "source_type": "gsm8k",
+                  "metadata": "{}"}
         if version == "s1K":
-            rows.append(common | {"cot": None, "thinking_trajectories": [trace.strip()], "attempt": f"The answer is {answer.strip()}."})
+            rows.append(common | {"cot": None, "thinking_trajectories": [trace.strip()],
+                                  "attempt": f"The answer is {answer.strip()}."})
         else:
             rows.append(common | {f"{name}_{field}": f"{name} {text}" for name in ("gemini", "deepseek")
                                   for field, text in (("thinking_trajectory", trace.strip()), ("attempt", answer.strip()))})

@@ -18,8 +18,8 @@ HEAVY = ("trims_hf.trainer", "trims_hf.generation.decoding", "trims_hf.harness.m
 
 @pytest.mark.parametrize("argv", [["--help"], *[[name, "--help"] for name in COMMANDS]], ids=lambda a: " ".join(a))
 def test_help_imports_no_library_module(argv):
-    code = ("import sys, json; from trims_hf.cli import main; code = main(%r); "
-            "print(json.dumps([code, sorted(m for m in %r if m in sys.modules)]))" % (argv, HEAVY))
+    code = (f"import sys, json; from trims_hf.cli import main; code = main({argv!r}); "
+            f"print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     exit_code, loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert exit_code == 0, done.stderr

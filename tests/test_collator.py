@@ -32,7 +32,8 @@ def test_batch_layout(scored, prepared, tokenizer):
     assert ids.shape == labels.shape == masked.shape == out["attention_mask"].shape
     assert out["loss_weights"].shape == out["t"].shape == out["is_trajectory"].shape == (4,)
     for b, row in enumerate(scored[:4]):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True,
+                                             tokenize=False)
         prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         completion_ids = tokenizer(row["completion"], add_special_tokens=False)["input_ids"]
         p, c = len(prompt_ids), len(completion_ids)

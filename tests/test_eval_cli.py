@@ -191,14 +191,16 @@ ERRORS = {
                                   unreachable_hub),
     "model id, offline mode": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                                "--model-name-or-path me/student: not a local path and not in the Hugging Face cache, "
-                               "and HF_HUB_OFFLINE is set; pass a local model folder or .gguf file to --model-name-or-path.", hub_offline),
+                               "and HF_HUB_OFFLINE is set; pass a local model folder or .gguf file to "
+                               "--model-name-or-path.", hub_offline),
     "task data, Hub unreachable": (["--task", "gsm8k"],
                                    "--task gsm8k reads openai/gsm8k: not a local path, and the Hugging Face Hub is "
                                    "unreachable (Failed to resolve 'huggingface.co'); pass a local copy of the benchmark "
                                    "with --data-file.", unreachable_hub),
     "plain Llama": (["--model", "{llama}", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                     "--model-name-or-path {llama} is a plain causal LM ('llama'); say how it was trained as a "
-                    "diffusion student: --model-kind llada (logits unshifted) or --model-kind dream (logits shifted by one).", None),
+                    "diffusion student: --model-kind llada (logits unshifted) or --model-kind dream "
+                    "(logits shifted by one).", None),
     "no mask id anywhere": (["--model", "{llama}", "--model-kind", "llada", "--tokenizer", "{tmp}/no-mask-tokenizer",
                              "--task", "gsm8k", "--data-file", GSM8K_TEST],
                             "--model-name-or-path {llama}: no mask token id in its config or tokenizer; set "

@@ -18,9 +18,11 @@ from trims_hf.jobs.score import SCORE_FEATURES
 
 
 def test_folder_round_trips_through_load_dataset_with_card(tmp_path):
-    rows = {"prompt": ["a", "b"], "completion": ["x y", "z"], "teacher_token_start": [[0, 1], [0]], "teacher_token_end": [[1, 3], [1]],
+    rows = {"prompt": ["a", "b"], "completion": ["x y", "z"], "teacher_token_start": [[0, 1], [0]],
+            "teacher_token_end": [[1, 3], [1]],
             "teacher_nll": [[0.5, 1.5], [2.0]], "teacher_entropy": [[1.0, 1.0], [0.1]], "teacher_bucket": [[1, 0], [0]]}
-    data = Dataset.from_dict(rows, features=Features({"prompt": Value("string"), "completion": Value("string"), **SCORE_FEATURES}))
+    data = Dataset.from_dict(rows, features=Features({"prompt": Value("string"), "completion": Value("string"),
+                                                      **SCORE_FEATURES}))
     card = scored_dataset_card({"teacher": "t", "num_buckets": 2, "thresholds": [1.5]}, license="mit", pretty_name="P")
     folder = save_dataset_folder(data, tmp_path / "scored", card)
     loaded = load_dataset(str(folder), split="train")
@@ -100,16 +102,19 @@ def test_failed_push_keeps_the_local_copy(monkeypatch, tokenizer, gsm8k_rows, tm
 def test_trims_score_command_on_a_local_jsonl(tokenizer, gsm8k_rows, tmp_path):
     teacher = save_teacher(tokenizer, tmp_path / "teacher")
     source = tmp_path / "data.jsonl"
-    source.write_text("".join(json.dumps({"q": r["prompt"], "a": r["completion"], "id": i}) + "\n" for i, r in enumerate(gsm8k_rows)))
+    source.write_text("".join(json.dumps({"q": r["prompt"], "a": r["completion"], "id": i}) + "\n"
+                              for i, r in enumerate(gsm8k_rows)))
     out = tmp_path / "scored"
     code = trims_main(["score", "--teacher", str(teacher), "--dataset", str(source), "--prompt-column", "q",
-                       "--completion-column", "a", "--num-buckets", "4", "--metric", "entropy", "--bucket-ordering", "easy_to_hard",
+                       "--completion-column", "a", "--num-buckets", "4", "--metric", "entropy",
+                       "--bucket-ordering", "easy_to_hard",
                        "--prompt-format", "Q: {prompt}\nA:", "--limit", "5", "--output", str(out)])
     assert code == 0
     loaded = load_dataset(str(out), split="train")
     assert loaded["id"] == list(range(5)) and loaded["prompt"] == [r["prompt"] for r in gsm8k_rows[:5]]
     meta = read_card_metadata(out)
-    assert (meta["num_buckets"], meta["metric"], meta["bucket_ordering"], meta["prompt_template"]) == (4, "entropy", "easy_to_hard", "Q: {prompt}\nA:")
+    assert (meta["num_buckets"], meta["metric"], meta["bucket_ordering"], meta["prompt_template"]) == (
+        4, "entropy", "easy_to_hard", "Q: {prompt}\nA:")
     assert len(meta["thresholds"]) == 3 and (meta["teacher"], meta["teacher_source"]) == ("teacher", "local folder")
     assert trims_main(["score", "--teacher", str(teacher), "--dataset", str(source), "--output", str(out)]) == 2  # missing column
 

@@ -41,7 +41,8 @@ def test_task_type_follows_generation_support(tokenizer):
 
 
 def test_adapter_save_and_reload(tmp_path, tokenizer, gsm8k_rows):
-    model = get_peft_model(tiny_student(tokenizer, "dream", seed=3), lora_config(tiny_student(tokenizer, "dream", seed=3), r=4, lora_alpha=8))
+    model = get_peft_model(tiny_student(tokenizer, "dream", seed=3),
+                           lora_config(tiny_student(tokenizer, "dream", seed=3), r=4, lora_alpha=8))
     args = MDLMConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=3, learning_rate=1e-2,
                       report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True)
     trainer = MDLMTrainer(model, args, train_dataset=Dataset.from_list(synthetic_scored_rows(gsm8k_rows[:12], tokenizer)),

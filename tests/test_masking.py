@@ -79,7 +79,8 @@ def test_trajectory_weight_options():
     ids, maskable, buckets = batch(batch_size=64)
     flags = torch.ones(len(ids), dtype=torch.bool)
     ratio_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
-                            config=MaskingConfig(trajectory_loss_weight="inverse_mask_ratio"), generator=torch.Generator().manual_seed(4))
+                            config=MaskingConfig(trajectory_loss_weight="inverse_mask_ratio"),
+                            generator=torch.Generator().manual_seed(4))
     actual = ratio_out.masked.sum(1).float() / maskable.sum(1)
     assert torch.allclose(ratio_out.loss_weights, torch.where(actual > 0, 1 / actual, 0.0))
     none_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
@@ -87,22 +88,27 @@ def test_trajectory_weight_options():
     assert torch.all(none_out.loss_weights == 1)
     # nothing masked -> weight 0 under inverse_mask_ratio (no inf)
     empty = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
-                        config=MaskingConfig(p_context=0.0, p_future=0.0, trajectory_loss_weight="inverse_mask_ratio"), generator=torch.Generator().manual_seed(4))
+                        config=MaskingConfig(p_context=0.0, p_future=0.0, trajectory_loss_weight="inverse_mask_ratio"),
+                        generator=torch.Generator().manual_seed(4))
     assert not empty.masked.any() and torch.all(empty.loss_weights == 0)
 
 
 def test_same_seed_same_masks_and_ratio_zero_equals_standard():
     ids, maskable, buckets = batch(batch_size=32)
     standard = torch.zeros(32, dtype=torch.bool)
-    a = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(5))
-    b = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(5))
-    c = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(6))
+    a = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(),
+                    generator=torch.Generator().manual_seed(5))
+    b = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(),
+                    generator=torch.Generator().manual_seed(5))
+    c = noise_batch(ids, maskable, buckets, standard, mask_token_id=MASK, config=MaskingConfig(),
+                    generator=torch.Generator().manual_seed(6))
     assert torch.equal(a.masked, b.masked) and torch.equal(a.t, b.t)
     assert not torch.equal(a.masked, c.masked)
     # mixing in trajectory samples leaves the standard samples' masks unchanged (one shared random stream)
     mixed = standard.clone()
     mixed[::4] = True
-    d = noise_batch(ids, maskable, buckets, mixed, mask_token_id=MASK, config=MaskingConfig(), generator=torch.Generator().manual_seed(5))
+    d = noise_batch(ids, maskable, buckets, mixed, mask_token_id=MASK, config=MaskingConfig(),
+                    generator=torch.Generator().manual_seed(5))
     assert torch.equal(d.masked[~mixed], a.masked[~mixed])
 
 

@@ -92,7 +92,8 @@ def test_code_pass_at_1_mbpp_with_compute_argument(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv(OPT_IN, raising=False)
     data_file = str(SHARED / "data" / "mbpp" / "mbpp.jsonl")
     metric = evaluate.load(metric_path("code_pass_at_1"))
-    reference_code = "def remove_Occ(s,ch):\n    i = s.find(ch)\n    s = s[:i] + s[i+1:]\n    j = s.rfind(ch)\n    return s[:j] + s[j+1:]"
+    reference_code = ("def remove_Occ(s,ch):\n    i = s.find(ch)\n    s = s[:i] + s[i+1:]\n"
+                      "    j = s.rfind(ch)\n    return s[:j] + s[j+1:]")
     result = metric.compute(
         predictions=[f"```python\n{reference_code}\n```", "```python\ndef remove_Occ(s, ch):\n    return s\n```"],
         references=["11", "11"],

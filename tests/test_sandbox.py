@@ -377,7 +377,8 @@ FORGERIES = {
     "shadow-check": "def square(x):\n    return 0\ndef check(candidate):\n    pass\n",
 }
 # ``abs`` must be the builtin and ``check`` the tests' own function, whatever the solution defines.
-FORGERY_TESTS = TESTS + "assert abs(square(3) - 9) < 1e-9\ndef check(candidate):\n    assert candidate(4) == 16\ncheck(__solution__.square)\n"
+FORGERY_TESTS = TESTS + ("assert abs(square(3) - 9) < 1e-9\ndef check(candidate):\n    assert candidate(4) == 16\n"
+                         "check(__solution__.square)\n")
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)

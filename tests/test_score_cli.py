@@ -106,7 +106,8 @@ CASES = {
                       "(see `trims score --help`)"),
     "limit": (["--limit", "0"], {}, "--limit 0: must be at least 1. (see `trims score --help`)"),
     "chunk size": (["--rows-per-work-chunk", "0"], {}, "--rows-per-work-chunk 0: must be at least 1. (see `trims score --help`)"),
-    "push offline": (["--push-to-hub", "me/x"], {}, "Cannot push to me/x: HF_HUB_OFFLINE is set. Unset it, or drop --push-to-hub."),
+    "push offline": (["--push-to-hub", "me/x"], {},
+                     "Cannot push to me/x: HF_HUB_OFFLINE is set. Unset it, or drop --push-to-hub."),
 }
 
 

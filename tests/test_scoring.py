@@ -90,7 +90,8 @@ def test_spans_index_the_completion_text(tokenizer):
 
 
 @pytest.mark.parametrize("prompt_format, expected", [("chat_template", "<|user|>\n{prompt}<eos>\n<|assistant|>\n"),
-                                                     ("plain", "{prompt}"), ("Question: {prompt}\nAnswer:", "Question: {prompt}\nAnswer:")])
+                                                     ("plain", "{prompt}"),
+                                                     ("Question: {prompt}\nAnswer:", "Question: {prompt}\nAnswer:")])
 def test_prompt_formats_are_recorded_exactly(tokenizer, prompt_format, expected):
     assert prompt_template(tokenizer, PromptFormat(prompt_format)) == expected
     (row,) = encode_dataset(Dataset.from_list([{"prompt": "Hi", "completion": "Yes"}]), tokenizer,
@@ -138,7 +139,8 @@ def test_two_processes_and_chunkings_equal_one(teacher, tokenizer, dataset, tmp_
 
 def test_merge_refuses_missing_chunks(teacher, tokenizer, dataset, tmp_path):
     with pytest.raises(RuntimeError, match="chunks \\[\\d\\] are missing"):  # the other process's shard
-        score_dataset(teacher, tokenizer, dataset, tmp_path, ScoringOptions(rows_per_work_chunk=5, min_work_chunks=1), "tiny", 0, 2)
+        score_dataset(teacher, tokenizer, dataset, tmp_path, ScoringOptions(rows_per_work_chunk=5, min_work_chunks=1),
+                      "tiny", 0, 2)
 
 
 def test_teacher_buckets_are_equal_mass_over_all_tokens(teacher, tokenizer, dataset, tmp_path):
@@ -196,7 +198,7 @@ def test_smollm2_gguf_teacher_loads_and_scores(gsm8k_rows):
     rows = encode_dataset(data, tokenizer, ScoringOptions(), 2048)
     assert "<|im_start|>user" in tokenizer.decode(rows[0].input_ids[: rows[0].prompt_length])
     results = score_rows(model, rows, data["completion"], ScoringOptions(), tokenizer.pad_token_id or 0)
-    for row, (nll, entropy), result in zip(rows, naive_scores(model, rows), results):
+    for _row, (nll, entropy), result in zip(rows, naive_scores(model, rows), results):
         np.testing.assert_allclose(result["teacher_nll"], nll, atol=1e-4)
         np.testing.assert_allclose(result["teacher_entropy"], entropy, atol=1e-4)
     assert np.mean(np.concatenate([r["teacher_nll"] for r in results])) < 3.0  # a real model predicts GSM8K answers well

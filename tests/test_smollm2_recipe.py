@@ -224,7 +224,8 @@ def test_an_interrupted_evaluation_resumes_to_the_same_records(study, tmp_path, 
     assert f"resuming: {recipe.SMOKE.eval_batch_size} of {recipe.SMOKE.test_problems}" in capsys.readouterr().err
 
     def samples(folder: Path) -> list[dict]:
-        (row,) = json.loads((folder / "eval" / "base" / f"tau{recipe.SMOKE.thresholds[0]}" / "result.json").read_text())["results"]
+        (row,) = json.loads((folder / "eval" / "base" / f"tau{recipe.SMOKE.thresholds[0]}" / "result.json")
+                            .read_text())["results"]
         return [{k: v for k, v in s.items() if k != "decode_time_s"} for s in row["samples"]]
 
     assert samples(copy) == samples(output)
@@ -262,7 +263,8 @@ def test_numbers_come_from_the_evaluation_records(study):
     units = {}
     for path in (output / "eval").glob("*/tau*/result.json"):
         (row,) = json.loads(path.read_text())["results"]
-        units[(row["model"], row["decoding"]["threshold"], json.loads(path.parent.joinpath("unit.json").read_text())["seed"])] = row
+        units[(row["model"], row["decoding"]["threshold"],
+               json.loads(path.parent.joinpath("unit.json").read_text())["seed"])] = row
     with gzip.open(output / "report" / "records.jsonl.gz", "rt") as handle:
         records = [json.loads(line) for line in handle]
     for result in report["results"]:

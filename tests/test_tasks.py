@@ -148,7 +148,8 @@ def test_gsm8k_grading_is_numeric() -> None:
     assert task.grade_answer("so $1,234", "1234")["correct"]
     wrong = task.grade_answer("\\boxed{17}", "18")
     assert not wrong["correct"] and wrong["extracted"] == "17" and "18" in wrong["error"]
-    assert task.grade_answer("nothing", "18") == {"correct": False, "extracted": None, "error": "no number found in the completion"}
+    assert task.grade_answer("nothing", "18") == {"correct": False, "extracted": None,
+                                                  "error": "no number found in the completion"}
 
 
 def test_gsm8k_prompt_is_zero_shot_cot_with_boxed_instruction() -> None:

@@ -125,14 +125,17 @@ def edit_recipe(key: str, line: str | None) -> Callable[[str], str]:
 UNSCHEDULED = {"eval_split": "train", "eval_strategy": "epoch"}
 # id, recipe edit, overrides by key (None: drop the toy's), raw arguments after them ({w}: the workspace), the error
 MISTAKES = [
-    ("recipe-not-yaml", lambda text: text + "  dtype: float32\n", {}, [], r"^--config .*: not valid YAML \(.* at line \d+, column \d+\)\.$"),
+    ("recipe-not-yaml", lambda text: text + "  dtype: float32\n", {}, [],
+     r"^--config .*: not valid YAML \(.* at line \d+, column \d+\)\.$"),
     ("recipe-a-list", lambda text: "- a\n- b\n", {}, [], r"a recipe is a YAML mapping of key: value lines, got list\.$"),
     ("recipe-missing-key", edit_recipe("dataset_name", None), {"dataset_name": None}, [],
      r"^.*\.yaml sets no dataset_name: add to the recipe or pass --dataset_name VALUE\.$"),
-    ("recipe-bad-int", edit_recipe("num_buckets", "num_buckets: 4.5"), {}, [], r"^num_buckets in .*\.yaml: invalid int value: '4.5'$"),
+    ("recipe-bad-int", edit_recipe("num_buckets", "num_buckets: 4.5"), {}, [],
+     r"^num_buckets in .*\.yaml: invalid int value: '4.5'$"),
     ("recipe-bad-choice", edit_recipe("metric", "metric: perplexity"), {}, [],
      r"^metric in .*\.yaml: invalid choice: 'perplexity' \(choose from 'nll', 'entropy'\)$"),
-    ("recipe-null", edit_recipe("max_length", "max_length: null"), {}, [], r"^max_length in .*: null is not allowed; expected int\.$"),
+    ("recipe-null", edit_recipe("max_length", "max_length: null"), {}, [],
+     r"^max_length in .*: null is not allowed; expected int\.$"),
     ("recipe-list-for-scalar", edit_recipe("learning_rate", "learning_rate: [1.0e-3, 1.0e-4]"), {}, [],
      r"^learning_rate in .*: expected one float, got the list \[0\.001, 0\.0001\]\.$"),
     ("unknown-override", None, {}, ["--dataset", "x"], r"^--dataset: no such recipe key \(did you mean --dataset_name\?\)"),
@@ -143,7 +146,8 @@ MISTAKES = [
      r"^--bucket_ordering: invalid choice: 'hard-to-easy' \(choose from 'hard_to_easy', 'easy_to_hard', 'random'\)$"),
     ("override-bad-bool", None, {"use_lora": "maybe"}, [], r"^--use_lora: Truthy value expected: got maybe"),
     ("override-out-of-range", None, {"p_context": "1.5"}, [], r"^p_context=1.5: must be in \[0, 1\]\.$"),
-    ("model-missing", None, {"model_name_or_path": "{w}/no-student"}, [], r"^model_name_or_path .*no-student: no such file or folder\.$"),
+    ("model-missing", None, {"model_name_or_path": "{w}/no-student"}, [],
+     r"^model_name_or_path .*no-student: no such file or folder\.$"),
     ("model-folder-without-config", None, {"model_name_or_path": "{w}/scored"}, [],
      r"^model_name_or_path .*scored: the folder has no config\.json\.$"),
     ("model-hub-unreachable", None, {"model_name_or_path": "org/student"}, [],
@@ -151,7 +155,8 @@ MISTAKES = [
     ("model-kind-unknown", None, {"model_kind": None}, [],
      r"^model_name_or_path .*student is a plain causal LM \('llama'\); say how it was trained as a diffusion student: "
      r"model_kind llada \(logits unshifted\) or model_kind dream"),
-    ("no-mask-token", None, {"model_name_or_path": "{w}/student-no-mask"}, [], r"^model_name_or_path .*student-no-mask: no mask token"),
+    ("no-mask-token", None, {"model_name_or_path": "{w}/student-no-mask"}, [],
+     r"^model_name_or_path .*student-no-mask: no mask token"),
     ("data-missing", None, {"dataset_name": "{w}/rows.jsonl"}, [], r"^dataset_name .*rows\.jsonl: no such file or folder\.$"),
     ("data-csv", None, {"dataset_name": "{w}/rows.csv"}, [], r"^dataset_name .*rows\.csv: unsupported file type '\.csv'"),
     ("data-hub-unreachable", None, {"dataset_name": "org/s1k-scored"}, [],
@@ -163,7 +168,8 @@ MISTAKES = [
     ("data-file-with-eval-split", None, {"dataset_name": "{w}/plain.jsonl", "eval_split": "test"}, [],
      r"^dataset_name .*plain\.jsonl is a single file, whose one split is 'train'; got split='test'\.$"),
     ("data-unknown-split", None, {"eval_split": "test"}, [], r"^dataset_name .*scored has no split='test' \(Unknown split"),
-    ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [], r"^train_split train: cannot load it from dataset_name .*empty"),
+    ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [],
+     r"^train_split train: cannot load it from dataset_name .*empty"),
     ("data-no-rows", None, {"dataset_name": "{w}/no-rows.parquet"}, [], r"^dataset_name .*no-rows\.parquet: no rows\.$"),
     ("data-empty-file", None, {"dataset_name": "{w}/empty.jsonl"}, [], r"^dataset_name .*empty\.jsonl: no rows\.$"),
     ("prompt-longer-than-max-length", None, {"max_length": "3"}, [],
@@ -189,19 +195,24 @@ MISTAKES = [
      (r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span \d+ "
       r"= \[\d+, \d+\) does not match the completion text \(length \d+,")),
     ("output-is-a-file", None, {"output_dir": "{w}/a-file"}, [], r"^output_dir .*a-file: a file, not a folder\.$"),
-    ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [], r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
+    ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [],
+     r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
     ("output-not-empty", None, {"output_dir": "{w}/earlier-run"}, [],
      r"^output_dir .*earlier-run is not empty \(checkpoint-3, notes\.txt\); .*--resume_from_checkpoint true\.$"),
     ("resume-nothing", None, {"output_dir": "{w}/empty", "resume_from_checkpoint": "true"}, [],
      r"^resume_from_checkpoint true: output_dir .*empty holds no checkpoint-N folder\.$"),
     ("resume-not-a-checkpoint", None, {"resume_from_checkpoint": "{w}/earlier-run/checkpoint-3"}, [],
      r"^resume_from_checkpoint .*checkpoint-3: not a checkpoint folder \(no trainer_state\.json\)\.$"),
-    ("push-no-token", None, {"push_to_hub": "true", "hub_model_id": "me/toy-trims"}, [], r"^Cannot push to me/toy-trims: no Hugging Face token"),
-    ("decode-eval-unscheduled", None, {"decode_eval_task": "gsm8k"}, [], r"^decode_eval_task runs at each evaluation: set eval_split"),
+    ("push-no-token", None, {"push_to_hub": "true", "hub_model_id": "me/toy-trims"}, [],
+     r"^Cannot push to me/toy-trims: no Hugging Face token"),
+    ("decode-eval-unscheduled", None, {"decode_eval_task": "gsm8k"}, [],
+     r"^decode_eval_task runs at each evaluation: set eval_split"),
     ("decode-eval-unknown-task", None, {"decode_eval_task": "gsm9k", **UNSCHEDULED}, [],
      r"^decode_eval_task gsm9k: unknown task 'gsm9k'; known tasks: gsm8k"),
-    ("decode-eval-code-task", None, {"decode_eval_task": "mbpp", **UNSCHEDULED}, [], r"^decode_eval_task mbpp: its grading runs model-written code"),
-    ("decode-eval-missing-file", None, {"decode_eval_task": "gsm8k", **UNSCHEDULED, "decode_eval_data_file": "{w}/test.jsonl"}, [],
+    ("decode-eval-code-task", None, {"decode_eval_task": "mbpp", **UNSCHEDULED}, [],
+     r"^decode_eval_task mbpp: its grading runs model-written code"),
+    ("decode-eval-missing-file", None,
+     {"decode_eval_task": "gsm8k", **UNSCHEDULED, "decode_eval_data_file": "{w}/test.jsonl"}, [],
      r"^decode_eval_data_file .*test\.jsonl: no such file\.$"),
     ("decode-eval-hub-unreachable", None, {"decode_eval_task": "gsm8k", **UNSCHEDULED}, [],
      r"^decode_eval_data_file openai/gsm8k: not a local path, and the Hugging Face Hub is unreachable"),
@@ -308,7 +319,8 @@ def test_command_line_without_a_recipe(argv, expected, capsys):
 
 
 def test_config_may_come_anywhere():
-    assert split_config(["--num_buckets", "4", "--config", "a.yaml", "--lora_r", "8"]) == ("a.yaml", ["--num_buckets", "4", "--lora_r", "8"])
+    assert split_config(["--num_buckets", "4", "--config", "a.yaml", "--lora_r", "8"]) == (
+        "a.yaml", ["--num_buckets", "4", "--lora_r", "8"])
     assert split_config(["--config=a.yaml", "--lora_r", "8"]) == ("a.yaml", ["--lora_r", "8"])
 
 

@@ -150,7 +150,8 @@ class TrimsDataCollator:
         clean = torch.from_numpy(input_ids)
         if masking.trajectory_selection == "fixed_subset":
             if any(schema.EXAMPLE_ID not in row for row in features):
-                raise schema.SchemaError(f"trajectory_selection='fixed_subset' needs an '{schema.EXAMPLE_ID}' column in every row.")
+                raise schema.SchemaError(
+                    f"trajectory_selection='fixed_subset' needs an '{schema.EXAMPLE_ID}' column in every row.")
             ids = torch.tensor([int(row[schema.EXAMPLE_ID]) for row in features])
             is_trajectory = select_fixed_subset(ids, masking.trajectory_ratio, self.seed)
             select_per_draw(batch_size, masking.trajectory_ratio, generators)  # keep the random streams aligned with per_draw

@@ -50,7 +50,8 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
     if local_file and not Path(source).stat().st_size:
         raise no_rows
     try:
-        dataset = load_dataset(builder, data_files=str(source), split="train") if local_file else load_dataset(source, split=split)
+        dataset = (load_dataset(builder, data_files=str(source), split="train") if local_file
+                   else load_dataset(source, split=split))
     except ValueError as error:  # datasets' "Unknown split" (its message lists the splits there are), or no rows
         if "corresponds to no data" in str(error):
             raise no_rows from None
@@ -87,14 +88,16 @@ def check_push_access(repo_id: str, token: str | None = None) -> str:
     except HfHubHTTPError as error:
         raise HubAccessError(f"Cannot push to {repo_id}: the token was rejected by the Hub ({error}).") from error
     except Exception as error:  # transport errors (the HTTP client's own classes, OSError): the Hub cannot be reached
-        raise HubAccessError(f"Cannot push to {repo_id}: the Hub is unreachable ({error}). Check the network or drop --push-to-hub.") from error
+        raise HubAccessError(
+            f"Cannot push to {repo_id}: the Hub is unreachable ({error}). Check the network or drop --push-to-hub.") from error
     namespace = repo_id.split("/")[0] if "/" in repo_id else info["name"]
     owners = {info["name"], *(org["name"] for org in info.get("orgs", []))}
     if namespace not in owners:
         raise HubAccessError(f"Cannot push to {repo_id}: user {info['name']} is not a member of '{namespace}'.")
     access = info.get("auth", {}).get("accessToken", {})
     if access.get("role") == "read" or (access.get("role") == "fineGrained" and not _fine_grained_write(access, namespace)):
-        raise HubAccessError(f"Cannot push to {repo_id}: the token '{access.get('displayName')}' has no write access to '{namespace}'.")
+        raise HubAccessError(
+            f"Cannot push to {repo_id}: the token '{access.get('displayName')}' has no write access to '{namespace}'.")
     return info["name"]
 
 
@@ -169,7 +172,8 @@ def scored_dataset_card(metadata: Mapping[str, Any], license: str | None = None,
         tags=["trims", "diffusion-language-models", "teacher-scores"],
         **{METADATA_KEY: dict(metadata)},
     )
-    facts = "\n".join(f"- **{key}**: `{value}`" for key, value in metadata.items() if key not in ("thresholds", "bucket_statistics"))
+    facts = "\n".join(f"- **{key}**: `{value}`" for key, value in metadata.items()
+                      if key not in ("thresholds", "bucket_statistics"))
     per_bucket = metadata.get("bucket_statistics") or []
     table = markdown_table(["bucket", "tokens", "mean NLL", "share of NLL"],
                            [[str(b["bucket"]), f"{b['tokens']:,}", f"{b['mean_nll']:.4f}", f"{b['nll_share']:.1%}"]

@@ -99,7 +99,8 @@ def prepare_dataset(
         prepared = {schema.INPUT_IDS: example.input_ids, schema.PROMPT_LENGTH: example.prompt_length,
                     schema.EXAMPLE_ID: index}
         if score_column is not None:
-            schema.validate_teacher_scores(row, completion, index, required=(schema.TEACHER_START, schema.TEACHER_END, score_column))
+            schema.validate_teacher_scores(row, completion, index,
+                                           required=(schema.TEACHER_START, schema.TEACHER_END, score_column))
             spans = (row[schema.TEACHER_START], row[schema.TEACHER_END])
             scores = project_scores(*spans, row[score_column], example.completion_spans, len(completion))
             covered = teacher_coverage(*spans, example.completion_spans, len(completion))

@@ -135,7 +135,8 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
     n_ids, prompt_length = len(row[INPUT_IDS]), int(row[PROMPT_LENGTH])
     if prompt_length < 1:
         # Shifted students (Dream) predict token i from position i - 1: position 0 must be a visible prompt token.
-        raise SchemaError(f"{_where(index)}: the prompt has no tokens ('{PROMPT_LENGTH}'={prompt_length}); a row needs at least one (e.g. BOS).")
+        raise SchemaError(f"{_where(index)}: the prompt has no tokens ('{PROMPT_LENGTH}'={prompt_length}); "
+                          "a row needs at least one (e.g. BOS).")
     if prompt_length >= n_ids:
         raise SchemaError(f"{_where(index)}: '{PROMPT_LENGTH}'={prompt_length} leaves no completion tokens in {n_ids} ids.")
     if num_buckets is not None:
@@ -149,4 +150,5 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
             )
         values = np.asarray(buckets)
         if values.size and (values.min() < 0 or values.max() >= num_buckets):
-            raise SchemaError(f"{_where(index)}: '{BUCKET_IDS}' must lie in [0, {num_buckets}), got {sorted(set(values.tolist()))}.")
+            raise SchemaError(
+                f"{_where(index)}: '{BUCKET_IDS}' must lie in [0, {num_buckets}), got {sorted(set(values.tolist()))}.")

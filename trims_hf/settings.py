@@ -127,13 +127,16 @@ class ScoringOptions(PromptFormat):
     logits_chunk_elements: int = field(
         default=2**24, metadata={"help": "Logits computed at once (positions x vocab); bounds the scorer's extra memory."}
     )
-    padding_side: PaddingSide = field(default="right", metadata={"help": "Padding side of teacher batches (scores do not depend on it)."})
+    padding_side: PaddingSide = field(
+        default="right", metadata={"help": "Padding side of teacher batches (scores do not depend on it)."}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"max_length={self.max_length}: must be at least 2 (one prompt and one completion token).")
-        for name in ("train_max_length", "max_tokens_per_batch", "rows_per_work_chunk", "min_work_chunks", "logits_chunk_elements"):
+        for name in ("train_max_length", "max_tokens_per_batch", "rows_per_work_chunk", "min_work_chunks",
+                     "logits_chunk_elements"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
         check_choice("padding_side", self.padding_side, PaddingSide)

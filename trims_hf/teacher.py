@@ -97,7 +97,8 @@ def teacher_identity(name_or_path: str, gguf_file: str | None = None, loaded: bo
         path, gguf_file = path.parent, path.name
     if path.exists():
         name = Path(gguf_file).stem if gguf_file else path.resolve().name
-        return {"teacher": name, "teacher_source": "local GGUF file" if gguf_file else "local folder", "teacher_gguf_file": gguf_file}
+        return {"teacher": name, "teacher_source": "local GGUF file" if gguf_file else "local folder",
+                "teacher_gguf_file": gguf_file}
     source = "model given in-process" if loaded else "Hugging Face Hub"
     return {"teacher": str(name_or_path), "teacher_source": source, "teacher_gguf_file": gguf_file}
 
@@ -162,7 +163,9 @@ def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, option
     return EncodedRow(index, tuple(prompt_ids) + tuple(completion_ids), len(prompt_ids), disjoint_spans(offsets), truncated)
 
 
-def encode_dataset(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int) -> list[EncodedRow]:
+def encode_dataset(
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int
+) -> list[EncodedRow]:
     """Tokenise and validate every row before any scoring, so bad input fails before anything is written."""
     if len(dataset) == 0:
         raise SchemaError("the data set has no rows, hence no completion tokens to score.")

@@ -467,7 +467,7 @@ def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
                ("base", train_s(p, p.base_steps) + SLACK * (rows * PREPARE_ROW_CPU_S + MODEL_LOAD_S), False),
                ("select", len(p.levels) * eval_s(p, p.selection_per_level), False)]
     prepared = {"hard_to_easy"}
-    for name, folder_name, tau, tail in models_plan(p):
+    for name, _folder_name, tau, tail in models_plan(p):
         if tau is None:
             ordering = VARIANTS[name][1]
             extra = 0.0 if ordering in prepared else SLACK * rows * PREPARE_ROW_CPU_S

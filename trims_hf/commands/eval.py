@@ -4,8 +4,8 @@ Flags come from :class:`~trims_hf.model_config.ModelConfig` (the student, as ``t
 describe it), :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfig` and
 :class:`~trims_hf.settings.ResponseFormat` (where a response ends: as the student was trained). Every input (paths,
 Hub ids, the student's kind and mask id, the task's data and columns, the sweep, the output) is checked before the
-model loads, so a mistake costs seconds and one ``error:`` line, and nothing is written. Graded problems are appended to ``<output>.progress.jsonl`` as they
-finish: after Ctrl-C or a crash, the same command resumes there.
+model loads, so a mistake costs seconds and one ``error:`` line, and nothing is written. Graded problems are appended
+to ``<output>.progress.jsonl`` as they finish: after Ctrl-C or a crash, the same command resumes there.
 
 Under ``accelerate launch`` / ``torchrun`` the problems (and the settings of a sweep) are shared across the
 processes (:func:`trims_hf.evaluation.evaluate_settings`), each process saves its records in its own
@@ -42,7 +42,8 @@ class EvalArguments:
         default="instruct",
         metadata={"help": "MBPP prompt: the instruction with its asserts, or the classic 3-shot [BEGIN]...[DONE] format."},
     )
-    data_file: str | None = field(default=None, metadata={"help": "Local JSON/JSONL copy of the benchmark (default: the Hub data set)."})
+    data_file: str | None = field(default=None,
+                                  metadata={"help": "Local JSON/JSONL copy of the benchmark (default: the Hub data set)."})
     limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N examples."})
     allow_code_execution: bool = field(
         default=False, metadata={"help": "Run model-written code in the sandbox (needed for humaneval and mbpp)."}

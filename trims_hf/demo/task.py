@@ -115,7 +115,9 @@ def make_problem(rng: random.Random, level: int = 1) -> dict[str, str]:
     return {"question": question, "answer": "\n".join([*lines, rng.choice(ANSWER_LINES).format(n=answer)])}
 
 
-def make_splits(num_train: int, num_test: int, seed: int = 0, level: int = 1) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+def make_splits(
+    num_train: int, num_test: int, seed: int = 0, level: int = 1
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """Seeded train and held-out test rows of one difficulty level; no test question appears in the train split."""
     rng = random.Random(seed)
     test: dict[str, dict[str, str]] = {}

@@ -9,10 +9,10 @@ that waits while others finish the block is not charged, so per-sample NFE does 
 it ran in and equals its batch-size-1 NFE. Tokens per step is the ratio of totals
 ``sum(counted tokens) / sum(charged forwards)`` over the evaluation, not a mean of per-sample ratios.
 
-Two token counts share that denominator: ours (``tokens_per_step``: tokens before the first stop token or
-task stop string; the recorder knows the stop strings, and every result is built from its counts) and the count of the Fast-dLLM / dParallel / d3LLM evaluation scripts
-(``tokens_per_forward_non_eos``: every response token that is not EOS, up to a task stop string, so the
-end-of-turn token and, with early stop off, non-EOS tokens after it count too).
+Two token counts share that denominator: ours (``tokens_per_step``: tokens before the first stop token or task stop
+string; the recorder knows the stop strings, and every result is built from its counts) and the count of the Fast-dLLM /
+dParallel / d3LLM evaluation scripts (``tokens_per_forward_non_eos``: every response token that is not EOS, up to a task
+stop string, so the end-of-turn token and, with early stop off, non-EOS tokens after it count too).
 """
 
 from __future__ import annotations

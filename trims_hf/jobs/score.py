@@ -113,8 +113,8 @@ def score_dataset(
     chunks, balanced by tokens (:func:`trims_hf.distributed.balanced_shards`), that is not already saved under
     ``work_dir``, and saves each chunk atomically. The main process (index 0) then merges all chunks in the original row
     order and returns the dataset; other processes return ``None``. Without explicit indices they come
-    from :func:`trims_hf.distributed.process_state` (gloo on the CPU; processes wait for each other before the merge). ``rows`` are
-    this data set's :func:`encode_dataset` result when the caller already has it. Ctrl-C raises
+    from :func:`trims_hf.distributed.process_state` (gloo on the CPU; processes wait for each other before the merge).
+    ``rows`` are this data set's :func:`encode_dataset` result when the caller already has it. Ctrl-C raises
     :class:`ScoringInterrupted`, which says how many chunks are saved.
     """
     barrier: Callable[[], None] = lambda: None  # explicit indices mean the caller synchronises
@@ -157,7 +157,8 @@ def score_dataset(
 def _merge_chunks(dataset: Dataset, work_dir: Path, num_chunks: int) -> Dataset:
     missing = [c for c in range(num_chunks) if not _chunk_path(work_dir, c).exists()]
     if missing:
-        raise RuntimeError(f"Scoring chunks {missing} are missing in {work_dir}; run the remaining processes (or rerun to resume).")
+        raise RuntimeError(
+            f"Scoring chunks {missing} are missing in {work_dir}; run the remaining processes (or rerun to resume).")
     files = [str(_chunk_path(work_dir, c)) for c in range(num_chunks)]
     scores = load_dataset("parquet", data_files=files, split="train", keep_in_memory=True)
     if scores[ROW_INDEX] != list(range(len(dataset))):
@@ -182,7 +183,8 @@ def add_teacher_buckets(dataset: Dataset, config: BucketConfig | None = None,
     ids, thresholds = bucket_rows(per_row, config, kept)
     if TEACHER_BUCKET in dataset.column_names:
         dataset = dataset.remove_columns(TEACHER_BUCKET)
-    return dataset.add_column(TEACHER_BUCKET, [i.tolist() for i in ids], feature=SCORE_FEATURES[TEACHER_BUCKET]), thresholds.tolist()
+    return (dataset.add_column(TEACHER_BUCKET, [i.tolist() for i in ids], feature=SCORE_FEATURES[TEACHER_BUCKET]),
+            thresholds.tolist())
 
 
 def kept_completion_tokens(rows: Sequence[EncodedRow], options: ScoringOptions) -> list[int]:

@@ -107,7 +107,8 @@ class DataArguments:
     def decoding_config(self) -> DecodingConfig:
         """The decode-eval decoder these arguments describe (the paper's defaults for unset fields)."""
         try:
-            values = yaml.safe_load(self.decode_eval_decoding) if isinstance(self.decode_eval_decoding, str) else self.decode_eval_decoding
+            values = (yaml.safe_load(self.decode_eval_decoding) if isinstance(self.decode_eval_decoding, str)
+                      else self.decode_eval_decoding)
         except yaml.YAMLError:
             raise InputError(f"decode_eval_decoding {self.decode_eval_decoding}: not a YAML/JSON mapping.") from None
         if values is not None and not isinstance(values, dict):
@@ -115,7 +116,8 @@ class DataArguments:
         known = {f.name for f in dataclasses.fields(DecodingConfig)}
         unknown = sorted(set(values or {}) - known)
         if unknown:
-            raise InputError(f"decode_eval_decoding: unknown decoder setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
+            raise InputError(f"decode_eval_decoding: unknown decoder setting(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}.")
         try:
             return DecodingConfig(**(values or {}))
         except (TypeError, ValueError) as error:

@@ -199,12 +199,12 @@ def load_student(
 ) -> nn.Module:
     """Load a LLaDA, Dream or masked-LM student from the Hub or a folder, ready for training or decoding.
 
-    LLaDA and Dream checkpoints load into transformers' native Llama/Qwen2 classes (weights renamed for
-    LLaDA), so ``trust_remote_code`` is never needed; a student read from such an original checkpoint saves back in
-    its layout (:mod:`trims_hf.students.layout`), and one saved natively reads back natively. ``kind`` is detected from the config (a plain causal LM
-    such as Llama or Qwen2 needs it: :class:`StudentKindError`). The mask id comes from ``mask_token_id``, else
-    the config, else the tokenizer (:func:`student_mask_token_id`), before any weight is read. Extra keyword
-    arguments (``dtype``, ``device_map``, ``attn_implementation``...) go to ``from_pretrained``.
+    LLaDA and Dream checkpoints load into transformers' native Llama/Qwen2 classes (weights renamed for LLaDA), so
+    ``trust_remote_code`` is never needed; a student read from such an original checkpoint saves back in its layout
+    (:mod:`trims_hf.students.layout`), and one saved natively reads back natively. ``kind`` is detected from the config
+    (a plain causal LM such as Llama or Qwen2 needs it: :class:`StudentKindError`). The mask id comes from
+    ``mask_token_id``, else the config, else the tokenizer (:func:`student_mask_token_id`), before any weight is read.
+    Extra keyword arguments (``dtype``, ``device_map``, ``attn_implementation``...) go to ``from_pretrained``.
 
     ``adapter`` (a LoRA folder or Hub id, with the original or the native module names) is loaded on top and the
     ``PeftModel`` returned (:func:`~trims_hf.students.adapters.load_adapter`); one recorded as trained on another base

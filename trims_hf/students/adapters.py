@@ -100,7 +100,8 @@ def _check_shapes(model: nn.Module, tensors: dict[str, torch.Tensor], adapter: s
         elif ".lora_A." in key and value.shape[-1] != weight.shape[1] or ".lora_B." in key and value.shape[0] != weight.shape[0]:
             wrong.append(f"{in_file[key]} {tuple(value.shape)} vs weight {tuple(weight.shape)}")
     if unknown:
-        raise AdapterError(f"adapter {adapter}: {len(unknown)} tensors name no module of the model: {', '.join(sorted(unknown)[:4])}")
+        raise AdapterError(
+            f"adapter {adapter}: {len(unknown)} tensors name no module of the model: {', '.join(sorted(unknown)[:4])}")
     if wrong:
         raise AdapterError(f"adapter {adapter}: {len(wrong)} tensors do not fit the model's shapes "
                            f"(another base?): {', '.join(sorted(wrong)[:3])}")
