@@ -82,3 +82,12 @@ def synthetic_scored_rows(rows: list[dict], tokenizer, num_buckets: int = 8, see
     for row, part in zip(scored, np.split(buckets, np.cumsum([len(r["teacher_nll"]) for r in scored])[:-1])):
         row["teacher_bucket"] = part.tolist()
     return scored
+
+
+@pytest.fixture(scope="module")
+def saved_student(tmp_path_factory, tokenizer) -> str:
+    """A tiny LLaDA-style student and its tokenizer saved to a folder, as a Hub checkpoint is laid out."""
+    folder = tmp_path_factory.mktemp("student")
+    tiny_student(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

@@ -64,14 +64,6 @@ def test_gathered_recorders_on_one_process_keep_the_counts():
 
 # --- trims eval ---------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def saved_student(tmp_path_factory, tokenizer) -> str:
-    folder = tmp_path_factory.mktemp("student")
-    tiny_student(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 def one_and_two_processes(saved_student: str, folder: Path, *extra: str) -> tuple[Path, Path, str]:
     one, two = folder / "one" / "results.json", folder / "two" / "results.json"
     assert main(["eval", "--model", saved_student, *EVAL, *extra, "--output", str(one)]) == 0

@@ -26,14 +26,6 @@ TIMINGS = {"decode_time_s", "wall_time_s", "tokens_per_second"}
 
 
 @pytest.fixture(scope="module")
-def saved_student(tmp_path_factory, tokenizer) -> str:
-    folder = tmp_path_factory.mktemp("student")
-    tiny_student(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
 def plain_llama(tmp_path_factory, tokenizer) -> str:
     """A Llama causal LM folder as transformers saves it: no student mark, no mask id in its config."""
     folder = tmp_path_factory.mktemp("llama")
