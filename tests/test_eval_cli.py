@@ -46,7 +46,7 @@ def adapter(tmp_path_factory, tokenizer) -> str:
 
 def read(path) -> list[dict]:
     payload = json.loads(path.read_text())
-    assert set(payload) == {"units", "results"} and "fraction" in payload["units"]["accuracy"]
+    assert set(payload) == {"units", "results", "aup"} and "fraction" in payload["units"]["accuracy"]
     return payload["results"]
 
 
@@ -79,7 +79,8 @@ def test_eval_writes_result_json(saved_student, tmp_path, capsys):
 def test_eval_sweep_with_adapter_prints_table_and_writes_plot(saved_student, adapter, tmp_path, capsys):
     output = tmp_path / "sweep" / "results.json"
     code = main(["eval", "--model", saved_student, "--adapter", adapter, "--task", "gsm8k",
-                 "--data-file", GSM8K_TEST, "--output", str(output), "--sweep", "0.5,0.95", "--no-early-stop", *SMALL])
+                 "--data-file", GSM8K_TEST, "--output", str(output), "--sweep", "0.5,0.95", "--no-early-stop",
+                 "--compare", "paper:dream", *SMALL])
     assert code == 0
     results = read(output)
     assert [r["decoding"]["threshold"] for r in results] == [0.5, 0.95]
@@ -88,6 +89,9 @@ def test_eval_sweep_with_adapter_prints_table_and_writes_plot(saved_student, ada
     assert output.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
     assert "| threshold 0.5 |" in out and "| threshold 0.95 |" in out and "early stop: off" in out
+    assert "| d3LLM (published, TRIMS paper, Table 2) | published | 81.4 | 4.94 |" in out and "gsm8k AUP (y_max 83.9)" in out
+    aup = json.loads(output.read_text())["aup"]["rows"]
+    assert aup[0]["model"] == f"{saved_student} + {adapter}" and aup[0]["points"] == 2 and aup[0]["y_max"] == 83.9
 
 
 def test_interrupted_eval_resumes_to_the_uninterrupted_result(saved_student, tmp_path, capsys, monkeypatch):
@@ -244,6 +248,9 @@ ERRORS = {
                   "--sweep 0.5,nan: entropy_threshold=nan: must be a finite number >= 0.", None),
     "fractional step sweep": (["--task", "gsm8k", "--strategy", "fixed_steps", "--sweep", "32,2.5"],
                               "--sweep 32,2.5: fixed_steps sweeps steps, whole numbers; got 2.5.", None),
+    "compare": (["--task", "gsm8k", "--compare", "trims:llada"],
+                ("--compare: 'trims:llada' is not a published table; choose paper:llada or paper:dream (the TRIMS "
+                 "paper's Tables 1-2, LLaDA-Instruct and Dream-Instruct). (see `trims eval --help`)"), None),
     "limit": (["--task", "gsm8k", "--limit", "0"], "--limit must be at least 1, got 0. (see `trims eval --help`)", None),
     "batch size": (["--task", "gsm8k", "--batch-size", "0"],
                    "--batch-size must be at least 1, got 0. (see `trims eval --help`)", None),

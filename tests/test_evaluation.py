@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -25,6 +26,7 @@ from trims_hf.evaluation import (
     sweep_configs,
 )
 from trims_hf.generation import DecodingConfig, TrajectoryRecorder, cut_at_stop_strings
+from trims_hf.published import published_results
 from trims_hf.reports import library_versions
 from trims_hf.tasks import CodeExecutionDisabled, GSM8KTask
 
@@ -182,7 +184,34 @@ def test_table_labels_accuracy_in_percent_with_n():
     assert table[2] == "| llada | threshold 0.9 | 72.6 | 2.77 | 32.2 (n=50) | 1.50 |"  # n differs per row: in the cell
     assert table[3] == "| llada | threshold 0.5 | 60.0 | 5.00 | - | - |"
     assert table[4] == "| trims | threshold 0.9 | 74.9 | 6.26 | 30.0 (n=20) | 1.60 |"
-    assert "TPS" not in "\n".join(table) and "early stop: on" in table[-1] and "percent of the n problems" in table[-1]
+    assert "TPS" not in "\n".join(table) and "early stop: on" in table[6] and "percent of the n problems" in table[6]
+    # AUP per model and task, y_max the task's best: llada's tau 0.5 point (60.0) is more than 5 below 72.6 and
+    # left out, so its gsm8k AUP is 2.771 x 72.6 = 201.2; single points score tokens/step x accuracy.
+    assert table[8] == "| Model | gsm8k AUP (y_max 74.9) | math500 AUP (y_max 32.2) |"
+    assert table[10:12] == ["| llada | 201.2 | 48.3 |", "| trims | 468.9 | 48.0 |"]
+    assert table[-1].startswith("AUP: d3LLM's accuracy under parallelism")
+
+
+def test_compare_rows_are_labelled_published_in_the_table_plot_and_results_file(tmp_path):
+    """--compare's rows of the run's task: table rows with setting "published", their AUP (one point: tokens/step
+    x accuracy) weighted by the same y_max as the run's, a square per method on the plot, and the file's AUP rows."""
+    run = [result("me", "gsm8k", 0.9, 0.70, 3.0, 50), result("me", "gsm8k", 0.7, 0.68, 4.0, 50)]
+    published = published_results("paper:llada")
+    table = format_table(run, published)
+    assert "| d3LLM (published, TRIMS paper, Table 1) | published | 73.1 | 9.11 |" in table
+    assert "math500" not in table and table.count("(published, TRIMS paper, Table 1) | published |") == 6
+    # y_max 74.9 (TRIMS's published GSM8K): AUP = 3 x 70 + 1/2 x 1 x (68 e^{-3(1-68/74.9)} + 70 e^{-3(1-70/74.9)}).
+    mine = 3 * 70 + 0.5 * (68 * math.exp(-3 * (1 - 68 / 74.9)) + 70 * math.exp(-3 * (1 - 70 / 74.9)))
+    assert f"| me | {mine:.1f} |" in table and "| d3LLM (published, TRIMS paper, Table 1) | 665.9 |" in table
+    figure = plot_frontier(run, tmp_path / "f.png", published)
+    (axis,) = figure.axes
+    squares = {line.get_label(): line.get_xydata().tolist() for line in axis.lines if line.get_marker() == "s"}
+    assert squares["d3LLM (published, TRIMS paper, Table 1)"] == [[9.11, pytest.approx(73.1)]] and len(squares) == 6
+    assert "d3LLM" in {text.get_text() for text in axis.texts}
+    save_results(run, tmp_path / "r.json", published)
+    rows = {row["model"]: row for row in json.loads((tmp_path / "r.json").read_text())["aup"]["rows"]}
+    assert rows["me"]["aup"] == pytest.approx(mine) and rows["me"]["y_max"] == pytest.approx(74.9)
+    assert rows["me"]["points"] == 2 and len(rows) == 7
 
 
 def test_frontier_axes_titles_and_labels(tmp_path):
@@ -215,7 +244,8 @@ def test_results_file_has_one_schema_with_units_and_versions(tmp_path):
     save_results([result("a", "gsm8k", 0.9, 0.5, 2.0)], single)
     save_results([result("a", "gsm8k", 0.9, 0.5, 2.0), result("a", "gsm8k", 0.5, 0.25, 3.0)], pair)
     one, two = json.loads(single.read_text()), json.loads(pair.read_text())
-    assert set(one) == set(two) == {"units", "results"} and len(one["results"]) == 1 and len(two["results"]) == 2
+    assert set(one) == set(two) == {"units", "results", "aup"} and len(one["results"]) == 1 and len(two["results"]) == 2
+    assert two["aup"]["rows"] == [{"model": "a", "task": "gsm8k", "aup": 2.0 * 50.0, "y_max": 50.0, "points": 2}]
     assert "fraction" in one["units"]["accuracy"] and two["results"][1]["accuracy"] == 0.25
     assert one["results"][0]["versions"] == library_versions() and set(library_versions()) == {
         "trims_hf", "torch", "transformers", "peft", "datasets"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from .aup import ALPHA, Y_MIN_OFFSET, accuracy_under_parallelism
 from .generation import (
     DecodeHook,
     DecodingConfig,
@@ -39,6 +41,7 @@ from .generation import (
     throughput,
 )
 from .prompts import resolved_format
+from .published import PublishedResult
 from .reports import library_versions, markdown_table, weights_fingerprint, write_json
 from .settings import PromptFormat
 from .tasks import (
@@ -433,10 +436,37 @@ def sweep(
     return evaluate_settings(model, tokenizer, task, sweep_configs(config or DecodingConfig(), values), **kwargs)
 
 
-def save_results(results: Sequence[EvalResult], path: str | Path) -> Path:
-    """Write ``{"units": ..., "results": [...]}`` (one schema for one result or a sweep) in one atomic step, so
-    an interrupted write never leaves a half file, and as strict JSON (no NaN or Infinity)."""
-    return write_json(Path(path), {"units": RESULT_UNITS, "results": [r.to_dict() for r in results]})
+AUP_DEFINITION = (f"d3LLM's accuracy under parallelism (trims_hf.aup) over (tokens_per_step, accuracy in percent) of "
+                  f"each model's settings on a task: alpha {ALPHA:g}, points more than {Y_MIN_OFFSET:g} accuracy points "
+                  "below the lowest-parallelism one left out, y_max the best accuracy on the task among the rows shown")
+"""What the ``aup`` rows of a results file and the AUP table measure."""
+
+
+def aup_rows(results: Sequence[EvalResult], published: Sequence[PublishedResult] = ()) -> list[dict[str, Any]]:
+    """AUP of each model's curve on each task (a sweep's settings; one result scores tokens/step x accuracy),
+    published rows included, all of a task weighted by the same ``y_max`` as d3LLM's leaderboard weights them.
+    ``aup`` is None for a curve AUP cannot score: a point at 0 tokens per step (AUP needs parallelism > 0), or a
+    number that is not one (NaN, which the results file then refuses)."""
+    shown = [*results, *published]
+    rows = []
+    for task in dict.fromkeys(r.task for r in results):
+        in_task = [r for r in shown if r.task == task]
+        y_max = max(100 * r.accuracy for r in in_task)
+        for model in dict.fromkeys(r.model for r in in_task):
+            points = [(r.tokens_per_step, 100 * r.accuracy) for r in in_task if r.model == model]
+            scorable = all(0 < rho < math.inf and 0 <= y <= 100 for rho, y in points)
+            value = accuracy_under_parallelism(points, y_max) if scorable else None
+            rows.append({"model": model, "task": task, "aup": value, "y_max": y_max, "points": len(points)})
+    return rows
+
+
+def save_results(results: Sequence[EvalResult], path: str | Path,
+                 published: Sequence[PublishedResult] = ()) -> Path:
+    """Write ``{"units": ..., "results": [...], "aup": ...}`` (one schema for one result or a sweep) in one atomic
+    step, so an interrupted write never leaves a half file, and as strict JSON (no NaN or Infinity). ``aup`` holds
+    :func:`aup_rows` (with the ``published`` rows the table showed, so the file's numbers are the table's)."""
+    aup = {"definition": AUP_DEFINITION, "rows": aup_rows(results, published)}
+    return write_json(Path(path), {"units": RESULT_UNITS, "results": [r.to_dict() for r in results], "aup": aup})
 
 
 def _sample_counts(results: Sequence[EvalResult]) -> str:
@@ -445,9 +475,10 @@ def _sample_counts(results: Sequence[EvalResult]) -> str:
     return f"n={low}" if low == high else f"n={low}-{high}"
 
 
-def format_table(results: Sequence[EvalResult]) -> str:
+def format_table(results: Sequence[EvalResult], published: Sequence[PublishedResult] = ()) -> str:
     """Markdown table like the paper's Tables 1-2: a row per model and setting, accuracy (%, with n) and
-    tokens per step per task."""
+    tokens per step per task, then the ``published`` rows of those tasks (setting ``published``); below it the
+    AUP of each model per task (:func:`aup_rows`)."""
     tasks = list(dict.fromkeys(r.task for r in results))
     rows: dict[tuple[str, str], dict[str, EvalResult]] = {}
     for result in results:
@@ -468,9 +499,25 @@ def format_table(results: Sequence[EvalResult]) -> str:
             n = "" if uniform[task] else f" (n={result.num_samples})"
             cells += [f"{100 * result.accuracy:.1f}{n}", f"{result.tokens_per_step:.2f}"]
         body.append(cells)
+    shown = [p for p in published if p.task in tasks]
+    for model in dict.fromkeys(p.model for p in shown):
+        by_task = {p.task: p for p in shown if p.model == model}
+        body.append([model, "published"] + [cell for task in tasks for cell in (
+            (f"{100 * by_task[task].accuracy:.1f}", f"{by_task[task].tokens_per_step:.2f}") if task in by_task
+            else ("-", "-"))])
     early_stop = ", ".join(sorted({"on" if r.early_stop else "off" for r in results}))
+    aup = aup_rows(results, shown)
+    y_max = {row["task"]: row["y_max"] for row in aup}
+    aup_body = [[model] + ["-" if row is None or row["aup"] is None else f"{row['aup']:.1f}"
+                           for row in (next((r for r in aup if r["model"] == model and r["task"] == task), None)
+                                       for task in tasks)]
+                for model in dict.fromkeys(row["model"] for row in aup)]
+    aup_table = markdown_table(["Model"] + [f"{task} AUP (y_max {y_max[task]:.1f})" for task in tasks], aup_body)
+    published_note = (" Published rows: accuracy (%) and tokens per step as printed, measured with their paper's "
+                      "protocol; one point each, so their AUP is tokens/step x accuracy.") if shown else ""
     return (markdown_table(header, body) + "\n\nAcc: percent of the n problems graded correct. Tokens/step: generated "
-            f"tokens (no EOS, nothing after stop strings) per forward, ratio of totals; early stop: {early_stop}.")
+            f"tokens (no EOS, nothing after stop strings) per forward, ratio of totals; early stop: {early_stop}."
+            f"{published_note}\n\n{aup_table}\n\nAUP: {AUP_DEFINITION}.")
 
 
 def _label_slots() -> list[tuple[float, float, str, str]]:
@@ -514,11 +561,14 @@ def _place_labels(axis: Any, points: Sequence[tuple[float, float, str, str]], re
         taken.append(best[2])
 
 
-def plot_frontier(results: Sequence[EvalResult], path: str | Path | None = None) -> Figure:
+def plot_frontier(results: Sequence[EvalResult], path: str | Path | None = None,
+                  published: Sequence[PublishedResult] = ()) -> Figure:
     """Accuracy (%) against tokens per step, one panel per task (n in its title) and one line per model (the
-    paper's Figures 3-4); each point is labelled with its swept value."""
+    paper's Figures 3-4); each point is labelled with its swept value. Each ``published`` row of a panel's task
+    is one square marker labelled with its method, its legend entry naming the source."""
     tasks = list(dict.fromkeys(r.task for r in results))
-    models = list(dict.fromkeys(r.model for r in results))  # one colour per model across panels
+    shown = [p for p in published if p.task in tasks]
+    models = list(dict.fromkeys(r.model for r in [*results, *shown]))  # one colour per model across panels
     # The object-oriented Figure API draws without pyplot, so the user's matplotlib backend is left alone.
     figure = Figure(figsize=(4.5 * len(tasks), 3.8), layout="constrained")
     renderer = FigureCanvasAgg(figure).get_renderer()
@@ -534,7 +584,12 @@ def plot_frontier(results: Sequence[EvalResult], path: str | Path | None = None)
                       label=model, color=color, clip_on=False)
             labels.setdefault(axis, []).extend(
                 (r.tokens_per_step, 100 * r.accuracy, r.setting.split()[-1], color) for r in points)
-        top = max(100 * r.accuracy for r in in_task)
+        for row in (p for p in shown if p.task == task):
+            color = f"C{models.index(row.model) % 10}"
+            axis.plot([row.tokens_per_step], [100 * row.accuracy], marker="s", linestyle="none", label=row.model,
+                      color=color, clip_on=False)
+            labels.setdefault(axis, []).append((row.tokens_per_step, 100 * row.accuracy, row.method, color))
+        top = max(100 * r.accuracy for r in [*in_task, *shown] if r.task == task)
         axis.set_ylim(0, min(100.0, max(10.0, 1.25 * top)))  # accuracy lives in [0, 100]
         axis.margins(x=0.12)
         axis.set(title=f"{task} ({_sample_counts(in_task)})", xlabel="tokens per step", ylabel="accuracy (%)")
@@ -543,7 +598,8 @@ def plot_frontier(results: Sequence[EvalResult], path: str | Path | None = None)
     legend = {label: handle for axis in axes for handle, label in zip(*axis.get_legend_handles_labels())}
     parameter = SWEEP_PARAMETER[results[0].decoding["strategy"]]
     figure.legend(legend.values(), legend.keys(), loc="outside lower center", fontsize=8,
-                  title=f"point labels: {parameter}", title_fontsize=8)
+                  title=f"point labels: {parameter}" + ("; squares: published, labelled by method" if shown else ""),
+                  title_fontsize=8)
     figure.draw_without_rendering()  # settle the layout, then place labels in their final pixel positions
     for axis, points in labels.items():
         _place_labels(axis, points, renderer)

@@ -1,4 +1,4 @@
-"""``trims eval``: decode a benchmark with a student and report accuracy and tokens per step (JSON, table, plot).
+"""``trims eval``: decode a benchmark with a student and report accuracy, tokens per step and AUP (JSON, table, plot).
 
 Flags come from :class:`~trims_hf.model_config.ModelConfig` (the student, as ``trims train`` and the harness
 describe it), :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfig` and
@@ -26,6 +26,7 @@ from ..model_config import (
     flag_name,
     resolve_student,
 )
+from ..published import PublishedResult, published_results
 from ..settings import DecodingConfig, ResponseFormat
 from . import CommandParser, fail
 
@@ -54,6 +55,11 @@ class EvalArguments:
         metadata={"help": "Comma-separated values of the strategy's knob, e.g. 0.5,0.7,0.9,0.95; prints the table and "
                   "writes the frontier PNG next to --output."},
     )
+    compare: str | None = field(
+        default=None,
+        metadata={"help": "Show published numbers beside the run in the table, the AUP rows and the frontier plot: "
+                  "paper:llada (the TRIMS paper's Table 1, LLaDA-Instruct) or paper:dream (Table 2, Dream-Instruct)."},
+    )
     device: str | None = field(default=None, metadata={"help": "Device to decode on (default: cuda when available, else cpu)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
 
@@ -62,6 +68,7 @@ class EvalArguments:
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be at least 1, got {value}.")
         self.sweep_values()
+        self.published()
         check_output_path(self.output, f"--output {self.output}", folder=False,
                           advice=f", e.g. {Path(self.output) / 'results.json'}")
 
@@ -76,6 +83,15 @@ class EvalArguments:
             except ValueError:
                 raise ValueError(f"--sweep {self.sweep}: {text.strip()!r} is not a number.") from None
         return values
+
+    def published(self) -> list[PublishedResult]:
+        """The ``--compare`` table's rows (none without the flag)."""
+        if self.compare is None:
+            return []
+        try:
+            return published_results(self.compare)
+        except ValueError as error:
+            raise ValueError(f"--compare: {error}") from None
 
     def records_file(self) -> Path:
         """Where graded problems are saved as they finish (removed once the results are written)."""
@@ -211,10 +227,11 @@ def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseF
         return fail("interrupted while loading the model; nothing was written.", INTERRUPTED)
     if not state.is_main_process:  # the main process writes the one results file
         return 0
-    output = save_results(results, args.output)
-    print(format_table(results))
+    published = args.published()
+    output = save_results(results, args.output, published)
+    print(format_table(results, published))
     if args.sweep is not None:
-        plot_frontier(results, output.with_suffix(".png"))
+        plot_frontier(results, output.with_suffix(".png"), published)
         print(f"Frontier plot written to {output.with_suffix('.png')}")
     for path in records_files(records):  # the results file holds every record now
         path.unlink(missing_ok=True)
