@@ -167,7 +167,7 @@ def weight_read_bound_ms(weight_bytes: int, peak: Accelerator | None) -> float |
 TRIMS_OVER_MDLM_MAX, TRAIN_MFU_MIN = 1.02, 0.40
 SCORE_SECONDS_PER_MILLION_MAX = 60.0
 FORWARD_OVER_BOUND_MAX, DUAL_SPEEDUP_MIN, BATCH_SPEEDUP_MIN = 1.5, 1.5, 8.0
-"""The goals (issue 24): TRIMS steps <= 2% dearer than MDLM at >= 40% MFU; 1M teacher tokens in <= 1 minute; at batch
+"""The goals: TRIMS steps <= 2% dearer than MDLM at >= 40% MFU; 1M teacher tokens in <= 1 minute; at batch
 1 a dual-cache forward within 1.5x the weight-read bound and dual cache >= 1.5x no cache in tokens/s; batch 16 >= 8x
 batch 1 in tokens/s (dual cache)."""
 

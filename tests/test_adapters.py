@@ -1,4 +1,4 @@
-"""Adapters in either naming load exactly or fail naming the keys; exports load into the original code (issue 21)."""
+"""Adapters in either naming load exactly or fail naming the keys; exports load into the original code."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Correctness under the device's own kernels and bf16 (issue 14): each check runs on the CPU here and on CUDA
+"""Correctness under the device's own kernels and bf16: each check runs on the CPU here and on CUDA
 wherever a GPU is present (skipped otherwise), on the reference fixtures loaded through ``load_student``.
 
 - Attention is bidirectional: position 0's logits move when only the last token changes (and a causal twin of the
@@ -47,7 +47,8 @@ if not (FIXTURES / "decode_traces.json").is_file():
 TRACES = json.loads((FIXTURES / "decode_traces.json").read_text())
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (issue 14)")),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs CUDA (bench/gpu/run_all.sh runs these on a GPU)")),
 ]
 LOSS_TOLERANCE = 0.002
 LOGIT_MARGIN = 1.5

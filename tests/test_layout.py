@@ -1,4 +1,4 @@
-"""Trained LLaDA / Dream students save as the original checkpoints are, and read back both ways (issue 21, item 1)."""
+"""Trained LLaDA / Dream students save as the original checkpoints are, and read back both ways."""
 
 from __future__ import annotations
 

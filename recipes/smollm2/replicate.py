@@ -353,7 +353,7 @@ def expected_s(run: Run, kind: str, steps: int = 0) -> float:
     return prior if run.device == "cuda" else 0.0
 
 
-# -- stage budgets on an H100 (issue 25): FLOP counts at a measured efficiency, plus measured overheads ---------------
+# -- stage budgets on an H100: FLOP counts at a measured efficiency, plus measured overheads ---------------
 SMOLLM2 = {"layers": 30, "hidden": 576, "kv_hidden": 192, "intermediate": 1536, "vocab": 49152}
 """SmolLM2-135M-Instruct's shape (its GGUF's config: 9 query and 3 key/value heads of 64), for the FLOP counts."""
 MATMUL_EFFICIENCY = 0.144
