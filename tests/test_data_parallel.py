@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED, tiny_student
+from conftest import SHARED
 from datasets import load_dataset
 from helpers_launch import launch, two_processes
 from helpers_teachers import save_teacher
@@ -138,10 +138,8 @@ def test_two_process_score_scores_each_chunk_once_and_matches_one_process(tokeni
 
 # --- the harness model --------------------------------------------------------------------------------------------
 
-def test_two_process_harness_matches_one_process(tokenizer, tmp_path):
-    model_dir = tmp_path / "tiny"
-    tiny_student(tokenizer, "llada").save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+def test_two_process_harness_matches_one_process(saved_student, tmp_path):
+    model_dir = saved_student
     arguments = ["--model", "trims", "--model_args",
                  f"pretrained={model_dir},dtype=float32,strategy=threshold,gen_length=16,block_length=16",
                  "--tasks", "gsm8k_cot_local", "--limit", "5", "--batch_size", "1", "--device", "cpu",

@@ -177,10 +177,8 @@ def test_local_data_loaders_match_hub_splits():
         local_data.gsm8k()
 
 
-def test_harness_command_writes_results_and_tokens_per_step(tokenizer, tmp_path):
-    model_dir = tmp_path / "tiny"
-    tiny_student(tokenizer, "llada").save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+def test_harness_command_writes_results_and_tokens_per_step(saved_student, tmp_path):
+    model_dir = saved_student
     args = ["--model", "trims", "--model_args",
             f"pretrained={model_dir},dtype=float32,strategy=fixed_steps,gen_length=16,block_length=16,steps=2",
             "--tasks", "gsm8k_cot_local", "--limit", "2", "--batch_size", "2", "--device", "cpu",
