@@ -260,7 +260,7 @@ class Run:
 
     scale: str
     student: str
-    """Student family of the train, zero2 and decode parts: llada (the issue's goals) or dream."""
+    """Student family of the train, zero2 and decode parts: llada (the goals are set for it) or dream."""
     device: torch.device
     dtype: torch.dtype
     attn_implementation: str | None

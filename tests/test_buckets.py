@@ -89,7 +89,7 @@ def scored_by(tokenizer, rows: list[dict], nll_of) -> list[dict]:
 
 
 def test_byte_split_pieces_are_unscored_and_join_their_character(gsm8k_rows, tokenizer):
-    """Issue 10.4: '€' is three bytes; the student's first two pieces own no character and get no teacher score.
+    """'€' is three bytes; the student's first two pieces own no character and get no teacher score.
     They must not enter the quantiles as zeros, and take the bucket of the piece that holds the character."""
     rows = [{"prompt": r["prompt"], "completion": r["completion"].replace("$", "€")} for r in gsm8k_rows[:32]]
     student = make_tokenizer([r["prompt"] + "\n" + r["completion"] for r in gsm8k_rows], vocab_size=300)
@@ -114,7 +114,7 @@ def test_byte_split_pieces_are_unscored_and_join_their_character(gsm8k_rows, tok
 
 
 def test_a_tail_the_teacher_did_not_score_is_unscored(gsm8k_rows, tokenizer):
-    """Issue 10.4: a teacher truncated after half the completion scores no tail; the student's tail tokens
+    """a teacher truncated after half the completion scores no tail; the student's tail tokens
     stay out of the quantiles and go to the easiest bucket."""
     student = make_tokenizer([r["prompt"] + "\n" + r["completion"] for r in gsm8k_rows], vocab_size=300)
     scored = scored_by(tokenizer, gsm8k_rows[:20], lambda p: 1.0 + np.random.default_rng(len(p)).exponential(size=p.size))
@@ -137,7 +137,7 @@ def test_a_tail_the_teacher_did_not_score_is_unscored(gsm8k_rows, tokenizer):
 
 @pytest.mark.parametrize("quantile_tokens", ["kept", "all"])
 def test_quantiles_over_kept_or_all_student_tokens(gsm8k_rows, tokenizer, quantile_tokens):
-    """Issue 10.4: with max_length cutting every completion, 'kept' cuts equal mass over the trained tokens;
+    """with max_length cutting every completion, 'kept' cuts equal mass over the trained tokens;
     'all' over whole completions (harder tails then crowd the hard buckets out of the kept tokens)."""
     rows = scored_by(tokenizer, [{"prompt": "Q", "completion": r["completion"]} for r in gsm8k_rows[:24]],
                      lambda p: p / 10.0)  # later tokens are harder

@@ -1,4 +1,4 @@
-"""Issue 3's chain: score GSM8K rows with a teacher -> dataset folder -> load_dataset -> collator for a student
+"""The whole chain: score GSM8K rows with a teacher -> dataset folder -> load_dataset -> collator for a student
 with another tokenizer -> one MDLMTrainer step."""
 
 from __future__ import annotations

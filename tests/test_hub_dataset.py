@@ -121,7 +121,7 @@ def test_trims_score_command_on_a_local_jsonl(tokenizer, gsm8k_rows, tmp_path):
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o755), (0o027, 0o750)])
 def test_folders_follow_the_umask_like_mkdir(tmp_path, umask, mode):
-    """Issue 11: scored folders were 0700 (tempfile.mkdtemp); they get what mkdir would give."""
+    """Scored folders get what mkdir would give (tempfile.mkdtemp alone would leave them 0700)."""
     previous = os.umask(umask)
     try:
         folder = hub.write_folder_atomically(tmp_path / "scored", lambda staging: (staging / "data").mkdir())

@@ -213,7 +213,7 @@ def long_rows(gsm8k_rows) -> list[dict]:
 
 
 def test_teacher_buckets_are_cut_over_tokens_within_the_training_length(teacher, tokenizer, long_rows, tmp_path):
-    """Issue 10.4: the card's thresholds and teacher_bucket are cut over the completion tokens that survive
+    """the card's thresholds and teacher_bucket are cut over the completion tokens that survive
     truncation to the training length (1,024 by default), not over whole completions."""
     out = build_scored_dataset(Dataset.from_list(long_rows), tmp_path / "out", "tiny", loaded_teacher=(teacher, tokenizer),
                                buckets=BucketConfig(num_buckets=4))
@@ -270,7 +270,7 @@ def test_teacher_identity_is_a_name_not_a_path(tmp_path):
 
 @pytest.mark.parametrize("prompt_format", ["verbatim", "{prompt}"])
 def test_a_prompt_without_tokens_is_refused(teacher, tokenizer, prompt_format):
-    """Issue 10.5: with no prompt token, the first completion token would be scored from position -1, i.e. the
+    """With no prompt token, the first completion token would be scored from position -1, i.e. the
     padded row's last token; such a row is refused by name."""
     data = Dataset.from_list([{"prompt": "", "completion": "Natalia sold 48 clips."}])
     with pytest.raises(SchemaError, match=r"^row 0: field 'prompt' renders to no teacher tokens"):

@@ -29,7 +29,7 @@ sys.path.insert(0, str(BENCH))
 import real_size  # noqa: E402
 
 H100 = real_size.accelerator("H100")
-"""The budgets' reference: the issue's goals are set for an H100 SXM (989 bf16 TFLOP/s dense, 3.35 TB/s)."""
+"""The budgets' reference: the goals are set for an H100 SXM (989 bf16 TFLOP/s dense, 3.35 TB/s)."""
 MATMUL_EFFICIENCY = 0.40
 """Achieved fraction of the bf16 peak assumed for budgets: the training goal's 40%; with ``SLACK`` a part still
 finishes at ~27%, so a run that misses the goal is measured, not cut."""

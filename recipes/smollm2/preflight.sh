@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU pre-flight of the SmolLM2 study's GPU window (issue 25): makes what the two calls carry and runs both calls
+# The CPU pre-flight of the SmolLM2 study's GPU window: makes what the two calls carry and runs both calls
 # at smoke size exactly as the device will, in bench/gpu/venv.sh's environment that mirrors the GPU machine (Python
 # 3.12, torch 2.11, the device's packages), the wheels installed by bench/gpu/install.sh into a fresh folder.
 #
