@@ -13,6 +13,7 @@ possible: a response shorter than the forwards spent on it (low thresholds, an a
 
 import evaluate
 
+from trims_hf.generation.hooks import throughput
 from trims_hf.metrics import metric_info
 
 _DESCRIPTION = "Generated tokens per forward pass, as a ratio of totals over all samples."
@@ -49,9 +50,10 @@ class TokensPerStep(evaluate.Metric):
         if not forwards:
             raise ValueError("tokens_per_step: no samples")
         total_tokens, total_forwards = sum(generated_tokens), sum(forwards)
-        peers = {} if non_eos_tokens is None else {"tokens_per_forward_non_eos": sum(non_eos_tokens) / total_forwards}
+        ratios = throughput(total_tokens, sum(non_eos_tokens or ()), total_forwards, seconds=0.0)
+        peers = {} if non_eos_tokens is None else {"tokens_per_forward_non_eos": ratios["tokens_per_forward_non_eos"]}
         return {
-            "tokens_per_step": total_tokens / total_forwards,
+            "tokens_per_step": ratios["tokens_per_step"],
             **peers,
             "mean_per_sample_tokens_per_step": sum(t / f for t, f in zip(generated_tokens, forwards)) / len(forwards),
             "total_generated_tokens": total_tokens,
