@@ -143,6 +143,7 @@ def test_main_after_torch_loaded_runs_the_command_in_a_pinned_child(monkeypatch)
     assert determinism.run_pinned("trims_hf.cli", ["demo"]) is None and len(calls) == 1  # pinned before torch loaded
 
 
+@pytest.mark.slow
 def test_outputs_are_complete_and_consistent(demo_runs):
     output, first, *_ = demo_runs
     assert {"protocol", "variants", "unit_wall_s", "buckets", "results", "study", "teacher_nll_per_step",
@@ -170,6 +171,7 @@ def test_outputs_are_complete_and_consistent(demo_runs):
     assert (output / "results.json").read_bytes() == (output / "report" / "results.json").read_bytes()
 
 
+@pytest.mark.slow
 def test_rerun_reuses_what_the_changed_setting_does_not_touch(demo_runs):
     _, first, second, before, after = demo_runs
     kept = {"data", "pretrained", "score", "base"}

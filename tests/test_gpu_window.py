@@ -86,6 +86,7 @@ def test_usage_errors_are_one_line_and_write_nothing(args, message, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_parts_that_would_cross_the_deadline_are_skipped_with_a_line(tmp_path):
     out = tmp_path / "out"
     result = run_all(str(out), "--scale", "tiny", "--deadline", "30", "--parts", "train,score",

@@ -134,6 +134,7 @@ def gsm8k_cot_run(tokenizer):
     return SimpleNamespace(results=results, docs=docs, kept=kept, full=[k + t for k, t in zip(kept, tails)])
 
 
+@pytest.mark.slow
 def test_gsm8k_cot_through_harness_counts_and_stop_strings(gsm8k_cot_run):
     results = gsm8k_cot_run.results
     samples = sorted((s for s in results["samples"]["gsm8k_cot"] if s["filter"] == "strict-match"),
@@ -152,6 +153,7 @@ def test_gsm8k_cot_through_harness_counts_and_stop_strings(gsm8k_cot_run):
         sum(case[2] for case in CASES) / len(CASES))
 
 
+@pytest.mark.slow
 def test_harness_and_trims_extraction_agree_on_hidden_answers(gsm8k_cot_run):
     """Documented in docs/evaluation.md: strict-match reads only "The answer is N" (not "#### N", boxed or "$N");
     flexible-extract and ours take the last number, so a check written after the answer fools both."""
@@ -177,6 +179,7 @@ def test_local_data_loaders_match_hub_splits():
         local_data.gsm8k()
 
 
+@pytest.mark.slow
 def test_harness_command_writes_results_and_tokens_per_step(saved_student, tmp_path):
     model_dir = saved_student
     args = ["--model", "trims", "--model_args",

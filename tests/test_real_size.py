@@ -37,6 +37,7 @@ def by_part(lines: list[dict], part: str) -> list[dict]:
     return [line for line in lines if line["part"] == part]
 
 
+@pytest.mark.slow
 def test_one_line_per_measurement_naming_device_and_versions(lines):
     assert Counter(line["part"] for line in lines) == {"train": 4, "zero2": 1, "score": 1, "decode": 6}
     for line in lines:
@@ -47,6 +48,7 @@ def test_one_line_per_measurement_naming_device_and_versions(lines):
         assert line.get("goals_met") is None  # goals are judged at real scale only
 
 
+@pytest.mark.slow
 def test_training_lines_derive_their_numbers_from_the_measured_steps(lines):
     train = by_part(lines, "train")
     assert {(line["gradient_checkpointing"], line["per_device_batch"]) for line in train} == {
@@ -64,6 +66,7 @@ def test_training_lines_derive_their_numbers_from_the_measured_steps(lines):
                                      "max_grad_norm": 1.0, "fp32_logits_copy": None}
 
 
+@pytest.mark.slow
 def test_zero2_line_comes_from_the_shipped_recipe(lines):
     (zero2,) = by_part(lines, "zero2")
     assert zero2["zero_stage"] == 2 and zero2["completed"] is True
@@ -73,6 +76,7 @@ def test_zero2_line_comes_from_the_shipped_recipe(lines):
     assert "recipes/accelerate/zero2.yaml" in zero2["launch"]
 
 
+@pytest.mark.slow
 def test_scoring_line(lines):
     (score,) = by_part(lines, "score")
     lengths = score["lengths"]
@@ -99,6 +103,7 @@ def test_scoring_stops_at_its_budget_and_extrapolates(tmp_path):
         score["teacher_tokens_planned"] / score["tokens_per_s"] * 1000 / 40, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_decoding_lines_do_equal_work_per_mode(lines):
     decode = by_part(lines, "decode")
     modes = ("none", "prefix", "dual")

@@ -185,6 +185,7 @@ def test_interrupt_says_what_was_kept_and_the_rerun_resumes(teacher_dir, data_fi
     np.testing.assert_array_equal(np.concatenate(resumed["teacher_nll"]), np.concatenate(whole["teacher_nll"]))
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_the_command(teacher_dir, gsm8k_rows, tmp_path):
     """A real SIGINT to `python -m trims_hf.cli score` once the first chunk is saved: exit 130 and the kept count."""
     data = write_jsonl(tmp_path / "rows.jsonl", [{"question": r["prompt"], "answer": r["completion"]} for r in gsm8k_rows])

@@ -110,6 +110,7 @@ def test_the_budget_table_prints_without_an_output(capsys):
     assert "| train TRIMS easy-to-hard | tail |" in table and "main comparison" in table
 
 
+@pytest.mark.slow
 def test_every_stage_produced_its_outputs(study):
     output, results, first, _ = study
     p = recipe.SMOKE
@@ -138,6 +139,7 @@ def test_every_stage_produced_its_outputs(study):
     assert all(json.loads(m.with_name("unit.json").read_text())["protocol"] == fingerprint for m in first)
 
 
+@pytest.mark.slow
 def test_full_size_data_holds_every_question_once(tmp_path):
     # At the full sizes level 1 repeats problems and shares some with level 2: a held-out question must never train.
     p = recipe.Protocol(student="tiny", levels=(1, 2))
@@ -153,6 +155,7 @@ def units(output: Path) -> dict[str, dict]:
     return {str(path.parent.relative_to(output)): json.loads(path.read_text()) for path in output.glob("**/unit.json")}
 
 
+@pytest.mark.slow
 def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declared_masking(study):
     output, *_ = study
     p, recorded = recipe.SMOKE, units(output)
@@ -171,6 +174,7 @@ def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declar
     assert len(first_batches) == 1  # one data order for every variant
 
 
+@pytest.mark.slow
 def test_the_level_is_selected_by_the_rule_on_the_selection_rows_only(study):
     output, *_ = study
     p, data = recipe.SMOKE, output / "data"
@@ -189,6 +193,7 @@ def test_the_level_is_selected_by_the_rule_on_the_selection_rows_only(study):
             assert f"L{selection['level']} " in unit["unit"]
 
 
+@pytest.mark.slow
 def test_evaluations_decode_tokens_in_several_batches_and_trace_them(study):
     output, *_ = study
     p = recipe.SMOKE
@@ -204,6 +209,7 @@ def test_evaluations_decode_tokens_in_several_batches_and_trace_them(study):
     assert f"({p.trace_samples} of {p.trace_samples})" in (output / "report" / "table.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_interrupted_evaluation_resumes_to_the_same_records(study, tmp_path, monkeypatch, capsys):
     output, *_ = study
     copy = tmp_path / "study"
@@ -234,12 +240,14 @@ def test_an_interrupted_evaluation_resumes_to_the_same_records(study, tmp_path, 
     assert samples(copy) == samples(output)
 
 
+@pytest.mark.slow
 def test_a_second_invocation_skips_finished_work(study):
     output, _, first, printed = study
     assert markers(output) == first
     assert f"ran 0 units, skipped {len(first)} finished ones" in printed
 
 
+@pytest.mark.slow
 def test_report_has_every_variant_seed_and_threshold(study):
     output, *_ = study
     p = recipe.SMOKE
@@ -260,6 +268,7 @@ def test_report_has_every_variant_seed_and_threshold(study):
     assert all(name in table for name in VARIANTS)
 
 
+@pytest.mark.slow
 def test_numbers_come_from_the_evaluation_records(study):
     output, *_ = study
     report = json.loads((output / "report" / "results.json").read_text())
@@ -281,6 +290,7 @@ def test_numbers_come_from_the_evaluation_records(study):
     assert len(records) == sum(r["num_samples"] for r in report["results"])
 
 
+@pytest.mark.slow
 def test_a_report_with_missing_evaluations_says_so(study, tmp_path):
     output, *_ = study
     copy = tmp_path / "study"
@@ -296,6 +306,7 @@ def test_a_report_with_missing_evaluations_says_so(study, tmp_path):
     assert table.startswith("PARTIAL: 1 of") and "Dropped for time (the pre-registered tail, from its end): MDLM" in table
 
 
+@pytest.mark.slow
 def test_an_evaluation_without_its_marker_is_reported_missing(study, tmp_path):
     output, *_ = study
     copy = tmp_path / "study"
@@ -307,6 +318,7 @@ def test_an_evaluation_without_its_marker_is_reported_missing(study, tmp_path):
     assert len(report["results"]) == evaluations(recipe.SMOKE) - 1
 
 
+@pytest.mark.slow
 def test_results_record_the_resolved_settings_and_the_environment(study, monkeypatch):
     output, *_ = study
     report = json.loads((output / "report" / "results.json").read_text())
@@ -332,6 +344,7 @@ def test_another_gguf_than_the_studys_is_refused_in_one_line(tmp_path, capsys):
     assert (tmp_path / "study" / "protocol.json").read_text() == recorded
 
 
+@pytest.mark.slow
 def test_a_changed_protocol_is_refused_in_one_line(study, capsys):
     output, _, first, _ = study
     assert recipe.main(["--size", "smoke", "--output", str(output), "--set", "variant_steps=3"]) == 2
@@ -368,6 +381,7 @@ def test_the_time_budget_stops_between_units(tmp_path):
     assert not markers(tmp_path / "study")
 
 
+@pytest.mark.slow
 def test_a_unit_expected_to_end_past_the_deadline_is_not_started(study, tmp_path):
     output, *_ = study
     copy = tmp_path / "study"
@@ -401,6 +415,7 @@ def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monke
     assert not (tmp_path / "late").exists()
 
 
+@pytest.mark.slow
 def test_out_of_time_drops_only_the_tail_from_its_first_unit_that_does_not_fit(study, tmp_path, capsys):
     output, *_ = study
     copy = tmp_path / "study"
@@ -443,6 +458,7 @@ def carried(folder: Path, weights: bytes) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_the_two_device_calls_join_the_gguf_and_say_their_exit_code(study, tmp_path):
     output, *_ = study
     carry = carried(tmp_path / "carry", b"GGUF weights, in two parts")
