@@ -70,7 +70,11 @@ class Units:
     """Resumable units of work of one study: each unit is a folder, finished when its key file (written last, after
     ``unit.json`` with its wall time and measurements) names the unit and the fingerprint of what it depends on (the
     protocol's, or its stage's part of it: :meth:`StudyProtocol.fingerprint`). A unit cut short, or finished under
-    another fingerprint, is started over; no unit starts after ``deadline`` (``time.monotonic()``)."""
+    another fingerprint, is started over; no unit starts after ``deadline`` (``time.monotonic()``).
+
+    Units are how a study resumes; the two finer resumes inside one unit do another job: an evaluation continues
+    problem by problem from its records, and ``trims score`` chunk by chunk, because each is one long job that a
+    command-line user also runs on its own."""
 
     protocol: StudyProtocol
     device: str
