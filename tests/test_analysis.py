@@ -144,6 +144,7 @@ def test_study_rows_mean_spread_and_per_seed_ratio():
     assert trims["accuracy"] == pytest.approx({"mean": 0.65, "std": np.std([0.6, 0.7]), "min": 0.6, "max": 0.7})
     assert trims["tokens_per_step"] == pytest.approx({"mean": 3.0, "std": 1.0, "min": 2.0, "max": 4.0})
     assert trims["tokens_per_step_vs_mdlm"] == pytest.approx((2 / 2 + 4 / 1) / 2)  # per-seed ratios, then the mean
+    assert trims["seeds_above_mdlm"] == [1, 2]  # seed 0 ties MDLM: not above
     assert rows["base", 0.9]["seeds"] == [] and rows["base", 0.9]["tokens_per_step_vs_mdlm"] is None
     assert rows["TRIMS", 0.5]["tokens_per_step_vs_mdlm"] is None  # no MDLM at that threshold
     assert rows["TRIMS", 0.5]["accuracy"]["std"] == 0.0
@@ -159,4 +160,4 @@ def test_format_study_lines():
     assert lines[0].startswith("| Model | tau | seeds | Acc (%) mean ± std (min-max) |")
     assert lines[1] == "|---|---|---|---|---|---|"
     assert "| base | 0.9 | 1 | 10.0 ± 0.0 (10-10) | 1.00 ± 0.00 (1.00-1.00) | - |" in lines
-    assert "| TRIMS | 0.9 | 2 | 65.0 ± 5.0 (60-70) | 3.00 ± 1.00 (2.00-4.00) | 2.50x |" in lines
+    assert "| TRIMS | 0.9 | 2 | 65.0 ± 5.0 (60-70) | 3.00 ± 1.00 (2.00-4.00) | 2.50x (above in 1 of 2) |" in lines

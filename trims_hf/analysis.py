@@ -164,7 +164,8 @@ def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str =
                baselines: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Per model and threshold: mean, population std and min-max over seeds of accuracy and tokens per step,
     and the tokens-per-step ratio to ``baseline`` (mean over seeds of the per-seed ratio, so a seed is only
-    compared with the baseline trained with the same seed). ``baselines`` names another baseline for some
+    compared with the baseline trained with the same seed) and in how many of the compared seeds the model's tokens
+    per step are above the baseline's (a mean ratio can hide one large seed). ``baselines`` names another baseline for some
     models (e.g. a longer-trained TRIMS variant against the MDLM trained as long).
 
     ``results`` are ``(seed, result)`` pairs of the confidence-threshold strategy; seed ``None`` marks a model
@@ -183,7 +184,8 @@ def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str =
         rows.append({"model": model, "threshold": tau, "seeds": [s for s in by_seed if s is not None],
                      "accuracy": _spread([r.accuracy for r in by_seed.values()]),
                      "tokens_per_step": _spread([r.tokens_per_step for r in by_seed.values()]),
-                     "tokens_per_step_vs_mdlm": statistics.fmean(ratios) if ratios else None})
+                     "tokens_per_step_vs_mdlm": statistics.fmean(ratios) if ratios else None,
+                     "seeds_above_mdlm": [sum(ratio > 1 for ratio in ratios), len(ratios)]})
     return rows
 
 
@@ -198,6 +200,6 @@ def format_study(rows: Sequence[dict[str, Any]]) -> str:
             str(row["model"]), str(row["threshold"]), str(len(row["seeds"]) or 1),
             f"{100 * acc['mean']:.1f} ± {100 * acc['std']:.1f} ({100 * acc['min']:.0f}-{100 * acc['max']:.0f})",
             f"{tps['mean']:.2f} ± {tps['std']:.2f} ({tps['min']:.2f}-{tps['max']:.2f})",
-            "-" if ratio is None else f"{ratio:.2f}x",
+            "-" if ratio is None else f"{ratio:.2f}x (above in {row['seeds_above_mdlm'][0]} of {row['seeds_above_mdlm'][1]})",
         ])
     return markdown_table(headers, cells)
