@@ -145,6 +145,7 @@ def test_study_rows_mean_spread_and_per_seed_ratio():
     assert trims["tokens_per_step"] == pytest.approx({"mean": 3.0, "std": 1.0, "min": 2.0, "max": 4.0})
     assert trims["tokens_per_step_vs_mdlm"] == pytest.approx((2 / 2 + 4 / 1) / 2)  # per-seed ratios, then the mean
     assert trims["seeds_above_mdlm"] == [1, 2]  # seed 0 ties MDLM: not above
+    assert rows["MDLM", 0.9]["seeds_above_mdlm"] is None  # the baseline is not compared with itself
     assert rows["base", 0.9]["seeds"] == [] and rows["base", 0.9]["tokens_per_step_vs_mdlm"] is None
     assert rows["TRIMS", 0.5]["tokens_per_step_vs_mdlm"] is None  # no MDLM at that threshold
     assert rows["TRIMS", 0.5]["accuracy"]["std"] == 0.0
@@ -161,3 +162,4 @@ def test_format_study_lines():
     assert lines[1] == "|---|---|---|---|---|---|"
     assert "| base | 0.9 | 1 | 10.0 ± 0.0 (10-10) | 1.00 ± 0.00 (1.00-1.00) | - |" in lines
     assert "| TRIMS | 0.9 | 2 | 65.0 ± 5.0 (60-70) | 3.00 ± 1.00 (2.00-4.00) | 2.50x (above in 1 of 2) |" in lines
+    assert "| MDLM | 0.9 | 2 | 45.0 ± 5.0 (40-50) | 1.50 ± 0.50 (1.00-2.00) | 1.00x |" in lines

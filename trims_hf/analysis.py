@@ -185,7 +185,8 @@ def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str =
                      "accuracy": _spread([r.accuracy for r in by_seed.values()]),
                      "tokens_per_step": _spread([r.tokens_per_step for r in by_seed.values()]),
                      "tokens_per_step_vs_mdlm": statistics.fmean(ratios) if ratios else None,
-                     "seeds_above_mdlm": [sum(ratio > 1 for ratio in ratios), len(ratios)]})
+                     "seeds_above_mdlm": (None if model == (baselines or {}).get(model, baseline)
+                                          else [sum(ratio > 1 for ratio in ratios), len(ratios)])})
     return rows
 
 
@@ -200,6 +201,7 @@ def format_study(rows: Sequence[dict[str, Any]]) -> str:
             str(row["model"]), str(row["threshold"]), str(len(row["seeds"]) or 1),
             f"{100 * acc['mean']:.1f} ± {100 * acc['std']:.1f} ({100 * acc['min']:.0f}-{100 * acc['max']:.0f})",
             f"{tps['mean']:.2f} ± {tps['std']:.2f} ({tps['min']:.2f}-{tps['max']:.2f})",
-            "-" if ratio is None else f"{ratio:.2f}x (above in {row['seeds_above_mdlm'][0]} of {row['seeds_above_mdlm'][1]})",
+            "-" if ratio is None else f"{ratio:.2f}x" + ("" if row["seeds_above_mdlm"] is None else
+                                                         " (above in {} of {})".format(*row["seeds_above_mdlm"])),
         ])
     return markdown_table(headers, cells)
