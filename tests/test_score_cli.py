@@ -187,8 +187,11 @@ def test_interrupt_says_what_was_kept_and_the_rerun_resumes(teacher_dir, data_fi
 
 @pytest.mark.slow
 def test_ctrl_c_on_the_command(teacher_dir, gsm8k_rows, tmp_path):
-    """A real SIGINT to `python -m trims_hf.cli score` once the first chunk is saved: exit 130 and the kept count."""
-    data = write_jsonl(tmp_path / "rows.jsonl", [{"question": r["prompt"], "answer": r["completion"]} for r in gsm8k_rows])
+    """A real SIGINT to `python -m trims_hf.cli score` once the first chunk is saved: exit 130 and the kept count.
+    The rows are repeated 20 times so that the 16 chunks take seconds to score: the signal must arrive while most are
+    still to come, on a fast machine too."""
+    rows = [{"question": r["prompt"], "answer": r["completion"]} for r in gsm8k_rows] * 20
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
     out = tmp_path / "scored"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-m", "trims_hf.cli", *score_args(teacher_dir, data, out),
