@@ -225,6 +225,7 @@ def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path,
     assert not output.exists()
 
 
+@pytest.mark.slow
 def test_importing_the_pipeline_leaves_matplotlib_alone():
     """Figures are built with the object API: no pyplot state, and the user's backend choice survives."""
     code = ("import sys, matplotlib, trims_hf.demo.pipeline\n"

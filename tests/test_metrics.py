@@ -70,6 +70,7 @@ def test_code_pass_at_1_refuses_without_opt_in(monkeypatch: pytest.MonkeyPatch) 
         metric.compute(predictions=["return True"], references=["HumanEval/0"], task="humaneval")
 
 
+@pytest.mark.slow
 def test_code_pass_at_1_runs_with_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(OPT_IN, "1")
     problems = read_problems()
@@ -88,6 +89,7 @@ def test_code_pass_at_1_runs_with_opt_in(monkeypatch: pytest.MonkeyPatch) -> Non
         metric.compute(predictions=["x"], references=["HumanEval/999"], task="humaneval")
 
 
+@pytest.mark.slow
 def test_code_pass_at_1_mbpp_with_compute_argument(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(OPT_IN, raising=False)
     data_file = str(SHARED / "data" / "mbpp" / "mbpp.jsonl")

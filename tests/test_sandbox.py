@@ -170,6 +170,7 @@ def test_humaneval_and_mbpp_grades_record_the_isolation() -> None:
      "def square(x):\n    while True:\n        pass\n"],
     ids=["busy-loop", "sleep", "busy-call"],
 )
+@pytest.mark.slow
 def test_stalls_time_out_on_the_wall_clock(isolation: str, program: str) -> None:
     limits = SandboxLimits(timeout_s=1.5)
     start = time.monotonic()

@@ -137,6 +137,7 @@ def one_step(tmp_path, tokenizer, rows, kind: str = "llada", trainer_class=MDLMT
     return trainer.state.log_history[0]["loss"], flat_weights(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llada", "dream", "masked_lm"])
 def test_plain_trainer_trains_the_mdlm_objective(tmp_path, tokenizer, prepared, kind):
     """Trainer(..., data_collator=TrimsDataCollator(tok)) == MDLMTrainer: same loss, same step, also under GA."""
@@ -255,6 +256,7 @@ def test_normaliser_depends_on_the_split_only_with_longest_padding(tokenizer, un
     assert sum(tokens(longest, 32)) > sum(tokens(longest, 8)) > real  # padding to each micro-batch's longest row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("padding", ["max_length", "train_on_padding=False"])
 def test_any_split_of_the_global_batch_trains_the_same_objective(tmp_path, tokenizer, uneven, padding):
     """32 rows of different lengths, not pre-padded: 32 x GA 1 == 8 x GA 4 == 1 x GA 32 (loss and weights)."""
@@ -281,6 +283,7 @@ class RecordingCollator(TrimsDataCollator):
         return batch
 
 
+@pytest.mark.slow
 def test_training_reduces_loss_and_logs_metrics(tmp_path, tokenizer, scored):
     model = tiny_student(tokenizer, "llada", hidden=64)
     args = make_args(tmp_path, max_steps=40, learning_rate=3e-3, optim="adamw_torch", logging_steps=10,
