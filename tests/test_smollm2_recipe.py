@@ -533,3 +533,13 @@ def test_a_setting_the_protocol_holds_is_changed_and_named_by_its_path(tmp_path)
     protocol_module.record_protocol(tmp_path, recipe.SMOKE)
     with pytest.raises(ValueError, match=r"masking\.p_future \(0\.95 -> 0\.9\), variant_steps \(2 -> 3\)"):
         protocol_module.check_protocol(tmp_path, changed)
+
+
+def test_an_empty_tuple_setting_takes_values_of_its_declared_type():
+    """An empty tuple field has no element to copy a type from: its annotation gives it (and an empty value empties)."""
+    empty = dataclasses.replace(recipe.SMOKE, tail_variants=(), tail_thresholds=())
+    changed = protocol_module.with_overrides(empty, ["tail_variants=TRIMS easy-to-hard", "tail_thresholds=0.5,0.95"])
+    assert (changed.tail_variants, changed.tail_thresholds) == (("TRIMS easy-to-hard",), (0.5, 0.95))
+    assert protocol_module.with_overrides(recipe.SMOKE, ["tail_thresholds="]).tail_thresholds == ()
+    with pytest.raises(ValueError, match="tail_thresholds=x"):
+        protocol_module.with_overrides(empty, ["tail_thresholds=x"])
