@@ -382,6 +382,18 @@ def test_the_time_budget_stops_between_units(tmp_path):
 
 
 @pytest.mark.slow
+def test_out_of_time_before_the_models_stage_writes_no_report(study, tmp_path, capsys):
+    """Stopped before the level is selected, the study has no test task yet: it says where it stopped, exit 3."""
+    output, *_ = study
+    copy = tmp_path / "study"
+    shutil.copytree(output, copy)
+    for folder in ("select", "eval", "report"):
+        shutil.rmtree(copy / folder)
+    assert recipe.main(["--size", "smoke", "--output", str(copy), "--threads", "1", "--budget-minutes", "1e-9"]) == 3
+    assert "stopped before select" in capsys.readouterr().out and not (copy / "report").exists()
+
+
+@pytest.mark.slow
 def test_a_unit_expected_to_end_past_the_deadline_is_not_started(study, tmp_path):
     output, *_ = study
     copy = tmp_path / "study"

@@ -627,11 +627,12 @@ class Study:
         stages = self.stages[: self.stages.index(until) + 1]
         try:
             for stage in stages:
+                reached = stage
                 getattr(self, f"stage_{stage}")()
         except OutOfBudget as stop:
             print(f"stopped before {stop} after {(time.monotonic() - start) / 60:.1f} min; run the same command again "
                   "to continue.", flush=True)
-            if "report" in stages and (self.output / "base" / "unit.json").is_file():
+            if "report" in stages and reached == "models":  # every stage before it finished: the test task is known
                 self.stage_report()
             return False
         print(f"done in {time.monotonic() - start:.0f} s: ran {len(self.units.ran)} units, skipped "
