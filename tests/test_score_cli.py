@@ -185,6 +185,12 @@ def test_interrupt_says_what_was_kept_and_the_rerun_resumes(teacher_dir, data_fi
     np.testing.assert_array_equal(np.concatenate(resumed["teacher_nll"]), np.concatenate(whole["teacher_nll"]))
 
 
+def terminal_sigint() -> None:
+    """SIGINT as a terminal's command gets it: a suite started in the background by a shell without job control
+    ignores SIGINT, and a child inherits that, so without this the signal below would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_on_the_command(teacher_dir, gsm8k_rows, tmp_path):
     """A real SIGINT to `python -m trims_hf.cli score` once the first chunk is saved: exit 130 and the kept count.
@@ -195,7 +201,8 @@ def test_ctrl_c_on_the_command(teacher_dir, gsm8k_rows, tmp_path):
     out = tmp_path / "scored"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     process = subprocess.Popen([sys.executable, "-m", "trims_hf.cli", *score_args(teacher_dir, data, out),
-                                "--max-tokens-per-batch", "1"], stderr=subprocess.PIPE, text=True, env=env)
+                                "--max-tokens-per-batch", "1"], stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=terminal_sigint)
     deadline = time.monotonic() + 120
     while not list(work_dir_for(out).glob("*/chunk-*.parquet")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
