@@ -122,12 +122,6 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     return read_json_rows(path)
 
 
-def write_rows(path: Path, rows: Sequence[dict[str, str]]) -> None:
-    from trims_hf.reports import write_atomic
-
-    write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
-
-
 def draw_unique(rng: random.Random, level: int, count: int, taken: set[str]) -> list[dict[str, str]]:
     """``count`` problems of ``level`` whose questions are new (not in ``taken``, which grows with them)."""
     from trims_hf.demo.task import make_problem
@@ -323,6 +317,8 @@ def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str,
             """Train rows of every level (shuffled together) and held-out selection and test rows per level, every
             question once over all of them: the held-out rows of every level are drawn first, then train rows that are
             none of them (small levels repeat problems, and a level-1 problem can be drawn at level 2)."""
+            from trims_hf.tasks.base import write_json_rows
+
             folder, p = self.output / "data", self.protocol
             if not self.units.unit(folder, "data"):
                 return
@@ -330,12 +326,12 @@ def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str,
             streams = {level: random.Random(p.data_seed + level) for level in p.levels}
             for level in p.levels:
                 held_out = draw_unique(streams[level], level, p.selection_per_level + p.test_problems, taken)
-                write_rows(folder / f"selection-L{level}.jsonl", held_out[: p.selection_per_level])
-                write_rows(folder / f"test-L{level}.jsonl", held_out[p.selection_per_level :])
+                write_json_rows(folder / f"selection-L{level}.jsonl", held_out[: p.selection_per_level])
+                write_json_rows(folder / f"test-L{level}.jsonl", held_out[p.selection_per_level :])
             for level in p.levels:
                 train += draw_unique(streams[level], level, p.train_per_level, taken)
             random.Random(p.data_seed).shuffle(train)
-            write_rows(folder / "train.jsonl", train)
+            write_json_rows(folder / "train.jsonl", train)
             self.units.done(folder, "data", started, {"train_rows": len(train)})
 
         def stage_pretrained(self) -> None:

@@ -9,11 +9,9 @@ what depends on it.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,11 +22,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTok
 from ..determinism import DEFAULT_THREADS
 from ..errors import check_output_path
 from ..protocol import StudyProtocol
-from ..reports import write_atomic
 from ..settings import DecodingConfig, MaskingConfig, StudentFormat
 from ..sources import smollm2_gguf
 from ..study import Study, pretrain_tiny_llama
-from ..tasks.base import read_json_rows
+from ..tasks.base import read_json_rows, write_json_rows
 from ..teacher import load_teacher
 from .task import DemoTask, make_splits
 from .tokenizer import build_tokenizer
@@ -89,10 +86,6 @@ def load_rows(settings: DemoSettings) -> tuple[list[dict], list[dict]]:
     return rows[settings.num_test : settings.num_test + settings.num_train], rows[: settings.num_test]
 
 
-def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
-
-
 class DemoStudy(Study):
     """The demo's data (rows and a tokenizer built over them), its pretrained model (a small causal Llama trained
     here) and its teacher (that model, or SmolLM2-135M-Instruct from its GGUF)."""
@@ -115,8 +108,8 @@ class DemoStudy(Study):
             return
         started = time.perf_counter()
         train, test = self.rows
-        write_rows(folder / "train.jsonl", train)
-        write_rows(folder / "test.jsonl", test)
+        write_json_rows(folder / "train.jsonl", train)
+        write_json_rows(folder / "test.jsonl", test)
         build_tokenizer(row["question"] + "\n" + row["answer"] for row in train + test).save_pretrained(folder / "tokenizer")
         self.units.done(folder, "data", started, {"train_rows": len(train)}, stage="data")
 

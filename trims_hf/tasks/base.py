@@ -184,6 +184,13 @@ def read_json_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def write_json_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Rows as a JSONL file that :func:`read_json_rows` reads back, written atomically."""
+    from ..reports import write_atomic
+
+    write_atomic(Path(path), "".join(json.dumps(dict(row)) + "\n" for row in rows))
+
+
 def require(row: Mapping[str, Any], key: str, kind: type | tuple[type, ...], index: int, source: str) -> Any:
     """``row[key]`` after checking it exists and has type ``kind``."""
     if key not in row:
