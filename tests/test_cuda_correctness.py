@@ -34,7 +34,7 @@ from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedConfig
 
 from trims_hf import TrimsDataCollator, load_student, lora_config
-from trims_hf.generation import DecodeHook, DecodingConfig, StepRecord, generate
+from trims_hf.generation import DecodeHook, DecodingConfig, StepRecord, StudentForward, generate
 from trims_hf.generation.decoding import build_strategy
 from trims_hf.loss import mdlm_loss, per_sample_loss
 from trims_hf.settings import MaskingConfig
@@ -304,3 +304,95 @@ def test_free_bf16_run_leaves_fp32_only_where_margins_are_unclear(device):
             assert not clear, f"threshold {run['threshold']}, prompt {run['prompt_index']}: bf16 left fp32 at clear state {index}"
             break
     assert clear_states_followed >= 1  # 2 on the CPU: the check reaches clear states
+
+
+STEP_MODES = {"cpu": ("static",), "cuda": ("static", "graph")}
+"""The step modes each device checks against eager (CUDA graphs exist only on CUDA)."""
+
+
+class _AllCommits(DecodeHook):
+    """Every step's commits and EOS fills, all rows."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, list[list[int]], list[list[int]]]] = []
+
+    def on_step(self, record: StepRecord) -> None:
+        self.steps.append((record.block, record.committed.nonzero().tolist(), record.filled.nonzero().tolist()))
+
+
+def fixture_prompts(device: str, padded: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fixture's prompts left-padded with their mask, or the first one alone with no mask."""
+    prompts = [run["prompt_ids"] for run in TRACES["runs"]][:3]
+    if not padded:
+        return torch.tensor(prompts[:1], device=device), None
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    return ids, (torch.arange(width, device=device) >= width - lengths[:, None]).long()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+                         ids=["fp32", "bf16"])
+def test_every_step_mode_commits_the_eager_tokens(device, kind, dtype):
+    """Static buffers (and CUDA graphs) change how a forward runs, not what it computes: at every cache mode, batch
+    1 and a left-padded batch, early stop off and on, each step commits the same positions and tokens, fills the
+    same EOS and costs the same forwards as the eager step."""
+    model = student(kind, device, dtype)
+    settings = TRACES["settings"]
+    base = DecodingConfig(gen_length=settings["gen_length"], block_length=settings["block_length"], threshold=0.5,
+                          early_stop=False, step="eager")
+    early_stops = 0
+    for padded in (False, True):
+        ids, mask = fixture_prompts(device, padded)
+        for cache in ("none", "prefix", "dual"):
+            plain = generate(model, ids, mask, replace(base, cache=cache))
+            # A stop token the run does commit in its second block, so early stop has something to cut.
+            stop = int(plain.responses[0, settings["block_length"] + 1])
+            for early_stop in (False, True):
+                config = replace(base, cache=cache, early_stop=early_stop, stop_token_ids=[stop],
+                                 eos_token_id=model.config.eos_token_id)
+                eager_steps = _AllCommits()
+                eager = generate(model, ids, mask, config, hooks=[eager_steps])
+                early_stops += early_stop and not torch.equal(eager.sequences, plain.sequences)
+                for step in STEP_MODES[device]:
+                    steps = _AllCommits()
+                    other = generate(model, ids, mask, replace(config, step=step), hooks=[steps])
+                    context = f"{kind} {dtype} padded={padded} cache={cache} early_stop={early_stop} step={step}"
+                    assert torch.equal(other.sequences, eager.sequences), context
+                    assert other.nfe == eager.nfe and torch.equal(other.sample_nfe, eager.sample_nfe), context
+                    assert steps.steps == eager_steps.steps, context
+    assert early_stops > 0  # early stop did cut some run, so the comparison covered its fills
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bench/gpu/run_all.sh runs these on a GPU)")
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_graph_replay_equals_eager_forward_bitwise(cache):
+    """The decoder's own calls, a block's refresh then windows, with inputs changing between calls: a captured
+    graph's logits equal the eager forward's bit for bit (same kernels), one graph per window length, and the
+    key/value buffers stay where they were allocated."""
+    model = student("llada", "cuda", torch.bfloat16)
+    ids, mask = fixture_prompts("cuda", padded=True)
+    length, block = ids.shape[1] + 32, 8
+    x = torch.cat([ids, torch.full((ids.shape[0], 32), MASK_ID, device="cuda")], dim=1)
+    full_mask = torch.cat([mask, torch.ones(ids.shape[0], 32, dtype=torch.long, device="cuda")], dim=1)
+    positions = (full_mask.cumsum(1) - 1).clamp(min=0)
+    spec = student_spec(model)
+    forwards = {step: StudentForward(model, spec, cache, full_mask, positions, step=step) for step in ("eager", "graph")}
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    pointers = set()
+    with torch.no_grad():
+        for start in range(ids.shape[1], length, block):
+            for call in range(4):
+                refresh = call == 0
+                logits = {step: forward(x, start, start + block, refresh).clone() for step, forward in forwards.items()}
+                assert torch.equal(logits["graph"], logits["eager"]), (start, call)
+                x[:, start + call] = torch.randint(0, 250, (x.shape[0],), generator=generator, device="cuda")
+                cache_layers = forwards["graph"].cache.layers if forwards["graph"].cache is not None else []
+                pointers |= {layer.keys.data_ptr() for layer in cache_layers[:1]}
+    captured = forwards["graph"].graphs.captured
+    assert all(entry.graph is not None for entry in captured.values())
+    assert len(captured) == len({length - start for start in range(ids.shape[1], length, block)} | {length}
+                                if cache == "prefix" else {length, block} if cache == "dual" else {length})
+    assert len(pointers) <= 1

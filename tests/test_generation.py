@@ -534,3 +534,71 @@ def test_decoding_stops_at_the_end_of_response_training_appends():
     config = DecodingConfig(gen_length=4, block_length=4, threshold=0.5)
     answers = generate_text(model, tokenizer, ["w1 w2"], config, hooks=[recorder], prompt_format=fmt)
     assert answers == ["w3"] and recorder.samples[0]["tokens"] == 1
+
+
+# --- step modes: static buffers, no mask where none is needed -----------------------------------------
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_static_step_attends_without_a_mask_unless_a_row_is_padded(monkeypatch, llama, tokenizer, padded):
+    """SDPA gets no mask (so it may pick its flash kernels) when no row is padded, else one boolean mask that
+    broadcasts over heads and queries and hides exactly the padding; every call of the generation shares it."""
+    masks = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids, mask = _left_pad(PROMPTS if padded else PROMPTS[:1], tokenizer.pad_token_id)
+    config = DecodingConfig(gen_length=16, block_length=8, threshold=0.5, cache="dual", early_stop=False, step="static")
+    generate(llama, ids, mask, config)
+    assert masks
+    if not padded:
+        assert all(m is None for m in masks)
+        return
+    assert len({m.data_ptr() for m in masks}) == 1 and masks[0].dtype == torch.bool
+    expected = torch.cat([mask, torch.ones(len(PROMPTS), 16, dtype=torch.long)], dim=1).bool()[:, None, None, :]
+    assert torch.equal(masks[0], expected)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_static_buffers_are_allocated_once_and_written_in_place(request, kind, cache):
+    """Across refreshes and windows the cache keeps one buffer per layer (no per-step allocation), holding exactly
+    what the eager cache holds after the same calls."""
+    model = request.getfixturevalue("llama" if kind == "llada" else "qwen")
+    ids, mask = _left_pad(PROMPTS, 1)
+    x = torch.cat([ids, torch.randint(3, 300, (3, 16), generator=torch.Generator().manual_seed(0))], dim=1)
+    mask = torch.cat([mask, torch.ones(3, 16, dtype=torch.long)], dim=1)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    forwards = {step: StudentForward(model, student_spec(model), cache, mask, positions, step=step)
+                for step in ("eager", "static")}
+    pointers = set()
+    with torch.no_grad():
+        for start in (ids.shape[1], ids.shape[1] + 8):
+            for call in range(3):
+                logits = {step: forward(x, start, start + 8, call == 0) for step, forward in forwards.items()}
+                torch.testing.assert_close(logits["static"], logits["eager"], atol=0, rtol=0)
+                layer = forwards["static"].cache.layers[0]
+                pointers.add((layer.keys.data_ptr(), layer.values.data_ptr()))
+                torch.testing.assert_close(layer.keys, forwards["eager"].cache.layers[0].keys, atol=0, rtol=0)
+                x[:, start + call] = (x[:, start + call] + 1) % 300  # the next call sees a changed block
+    assert len(pointers) == 1
+
+
+def test_step_mode_is_resolved_per_device_and_student(tokenizer, llama):
+    from trims_hf.generation.cache import resolve_step
+    from trims_hf.students import STUDENTS
+
+    cpu = torch.device("cpu")
+    assert resolve_step("auto", cpu, STUDENTS["llada"]) == "static"
+    assert resolve_step("auto", torch.device("cuda"), STUDENTS["dream"]) == "graph"
+    assert resolve_step("auto", torch.device("cuda"), STUDENTS["masked_lm"]) == "eager"
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        generate(llama, torch.tensor([PROMPTS[0]]), config=DecodingConfig(gen_length=8, block_length=8, step="graph"))
+    with pytest.raises(ValueError, match="masked LMs decode with step='eager'"):
+        resolve_step("static", cpu, STUDENTS["masked_lm"])
+    with pytest.raises(ValueError, match="step"):
+        DecodingConfig(step="compiled")

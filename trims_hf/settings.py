@@ -29,6 +29,7 @@ NoiseScheduleName = Literal["linear", "cosine"]
 Padding = Literal["longest", "max_length"]
 StrategyName = Literal["threshold", "fixed_steps", "entropy", "factor"]
 CacheMode = Literal["none", "prefix", "dual"]
+StepMode = Literal["auto", "eager", "static", "graph"]
 
 MAX_BUCKETS = 127  # bucket ids are stored as int8
 DEFAULT_TEACHER = "Qwen/Qwen3-8B"  # the paper's teacher
@@ -251,6 +252,13 @@ class DecodingConfig:
     temperature: float = field(default=0.0, metadata={"help": "0 = argmax; > 0 samples proposals from softmax(logits/T)."})
     seed: int | None = field(default=None, metadata={"help": "Seed of the sampling generator (temperature > 0)."})
     cache: CacheMode = field(default="none", metadata={"help": "KV reuse: none | prefix | dual (Fast-dLLM)."})
+    step: StepMode = field(
+        default="auto",
+        metadata={"help": "How each model call runs: eager (transformers builds its mask and cache per call) | static "
+                          "(key/value buffers allocated once and written in place, no mask unless a row is padded) | "
+                          "graph (static, captured once per shape as a CUDA graph and replayed; CUDA only) | auto "
+                          "(graph on CUDA, static elsewhere; eager for masked-LM students). Same tokens in every mode."},
+    )
     early_stop: bool = field(
         default=True,
         metadata={"help": "Once the block holding a stop token is decoded, fill the rest with EOS and skip its forwards."},
@@ -265,6 +273,7 @@ class DecodingConfig:
     def __post_init__(self) -> None:
         check_choice("strategy", self.strategy, StrategyName)
         check_choice("cache", self.cache, CacheMode)
+        check_choice("step", self.step, StepMode)
         if self.block_length < 1 or self.gen_length < 1 or self.gen_length % self.block_length:
             raise ValueError(f"gen_length={self.gen_length} must be a positive multiple of block_length={self.block_length}.")
         _check_probability("threshold", self.threshold)

@@ -11,11 +11,23 @@ positions move little between steps. Fast-dLLM exploits this:
 Both are served by one :class:`BlockKVCache`: a full-length key/value buffer per layer into which each
 call writes the slots of the window it recomputes, attending to the whole buffer. Every model call is one
 forward (NFE), cached or not. Reuse is an approximation (stale keys/values), measured in the tests.
+
+How a call runs (``DecodingConfig.step``) never changes a token:
+
+* ``"eager"``: transformers builds the attention mask from the 2-D padding mask at every call (a host sync
+  to see whether it can be dropped) and the cache adopts the fresh tensors at each full forward.
+* ``"static"``: the buffers are allocated once per generation and every call writes into them in place, at
+  slots given as a tensor; the mask is decided once per generation: none when no row is padded (so SDPA
+  may take its flash kernels), else one boolean ``[B, 1, 1, L]`` mask that every call shares. One call then
+  has fixed shapes for a given (batch, sequence length, window length).
+* ``"graph"``: static, and each shape is captured once as a CUDA graph and replayed: at batch 1 the
+  host's ~1,000 kernel launches per forward, not the GPU, set the pace of an 8B student.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -23,15 +35,17 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..settings import CacheMode
+from ..settings import CacheMode, StepMode
 from ..students import StudentSpec
 
 
 @dataclass
 class _Window:
-    """Absolute index of the first position the current call recomputes (shared by all layers)."""
+    """The positions the current call recomputes (shared by all layers): the first one, and (static step) all of
+    them as a tensor, which a captured graph reads from a buffer refilled before each replay."""
 
     start: int = 0
+    slots: torch.Tensor | None = None
 
 
 class _FullLengthLayer(CacheLayerMixin):
@@ -66,12 +80,83 @@ class _FullLengthLayer(CacheLayerMixin):
         return self.keys.shape[-2] if self.is_initialized else -1
 
 
-class BlockKVCache(Cache):
-    """Full-length key/value buffers whose window slots are rewritten by each decoding call."""
+class _StaticLayer(_FullLengthLayer):
+    """Buffers allocated at the first (full) forward in the fresh keys' and values' memory layout, so attention
+    reads the strides the eager path gives it and computes the same numbers; every later call copies into them:
+    a full forward whole, a window at ``window.slots``."""
 
-    def __init__(self, num_layers: int) -> None:
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(torch.empty_like(key_states), torch.empty_like(value_states))
+        if key_states.shape[-2] == self.keys.shape[-2]:
+            self.keys.copy_(key_states)
+            self.values.copy_(value_states)
+        else:
+            self.keys.index_copy_(2, self.window.slots, key_states)
+            self.values.index_copy_(2, self.window.slots, value_states)
+        return self.keys, self.values
+
+
+class BlockKVCache(Cache):
+    """Full-length key/value buffers whose window slots are rewritten by each decoding call; ``static`` buffers are
+    allocated once and written in place (:class:`_StaticLayer`)."""
+
+    def __init__(self, num_layers: int, static: bool = False) -> None:
         self.window = _Window()
-        super().__init__(layers=[_FullLengthLayer(self.window) for _ in range(num_layers)])
+        layer = _StaticLayer if static else _FullLengthLayer
+        super().__init__(layers=[layer(self.window) for _ in range(num_layers)])
+
+
+def resolve_step(step: StepMode, device: torch.device, spec: StudentSpec) -> StepMode:
+    """The step mode ``step`` means for a student of ``spec`` on ``device``: ``auto`` is graph on CUDA and static
+    elsewhere for decoder students, eager for masked LMs (their forwards take no cache or position ids)."""
+    if step == "auto":
+        return ("graph" if device.type == "cuda" else "static") if spec.decoder else "eager"
+    if step != "eager" and not spec.decoder:
+        raise ValueError(f"step={step!r} needs a decoder student (llada/dream); masked LMs decode with step='eager'.")
+    if step == "graph" and device.type != "cuda":
+        raise ValueError(f"step='graph' captures CUDA graphs, but the model is on {device.type}; use step='static'.")
+    return step
+
+
+@dataclass
+class _Captured:
+    buffers: dict[str, torch.Tensor]
+    graph: Any = None
+    output: torch.Tensor | None = None
+
+
+class CapturedCalls:
+    """One CUDA graph per call shape, all in one memory pool. A shape's first call runs eagerly on copies of its
+    inputs, which become the graph's input buffers, and allocates what later calls reuse (key/value buffers,
+    cuBLAS workspaces, attention plans); its second call warms up on a side stream, as ``torch.cuda.graph``
+    asks, captures and replays; later calls refill the buffers and replay. A call must therefore do the same
+    thing whenever it is repeated with the same inputs (the decoder's forwards write the same slots with the
+    same values), and its output is valid until the next call of the same shape."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+        self.captured: dict[Any, _Captured] = {}
+
+    def __call__(self, key: Any, inputs: dict[str, torch.Tensor],
+                 run: Callable[[dict[str, torch.Tensor]], torch.Tensor]) -> torch.Tensor:
+        entry = self.captured.get(key)
+        if entry is None:
+            entry = self.captured[key] = _Captured({name: value.clone() for name, value in inputs.items()})
+            return run(entry.buffers)
+        for name, value in inputs.items():
+            entry.buffers[name].copy_(value)
+        if entry.graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run(entry.buffers)
+            torch.cuda.current_stream().wait_stream(side)
+            entry.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(entry.graph, pool=self.pool):
+                entry.output = run(entry.buffers)
+        entry.graph.replay()
+        return entry.output
 
 
 def _check_left_padding_supported(model: nn.Module) -> None:
@@ -93,7 +178,8 @@ class StudentForward:
 
     ``refresh=True`` (block start, or always without a cache) is a full forward; otherwise only the
     cache mode's window is recomputed. Logits are projected only at the positions that predict the
-    block (``logits_to_keep``), which matters for 126k-152k vocabularies.
+    block (``logits_to_keep``), which matters for 126k-152k vocabularies. ``step`` says how the model
+    call runs (module docstring; :func:`resolve_step`).
     """
 
     def __init__(
@@ -103,6 +189,7 @@ class StudentForward:
         mode: CacheMode,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor,
+        step: StepMode = "eager",
     ) -> None:
         if mode not in get_args(CacheMode):
             raise ValueError(f"cache={mode!r}; choose one of {get_args(CacheMode)}.")
@@ -110,7 +197,15 @@ class StudentForward:
             raise ValueError("KV caching needs a decoder student (llada/dream); use cache='none' for masked LMs.")
         self.model, self.spec, self.mode = model, spec, mode
         self.attention_mask, self.position_ids = attention_mask, position_ids
-        self.cache = BlockKVCache(model.config.get_text_config().num_hidden_layers) if mode != "none" else None
+        self.step = resolve_step(step, position_ids.device, spec)
+        layers = model.config.get_text_config().num_hidden_layers
+        self.cache = BlockKVCache(layers, static=self.step != "eager") if mode != "none" else None
+        if self.step != "eager":
+            padded = attention_mask is not None and not bool(attention_mask.all())
+            # True where a key may be attended; SDPA broadcasts it over heads and queries, for every window.
+            self.static_mask = attention_mask.bool()[:, None, None, :] if padded else None
+            self.slots = torch.arange(position_ids.shape[1], device=position_ids.device)
+        self.graphs = CapturedCalls() if self.step == "graph" else None
         self.masked_lm_kwargs: dict[str, Any] = {}
         if not spec.decoder and attention_mask is not None and not bool(attention_mask.all()):
             _check_left_padding_supported(model)
@@ -136,6 +231,18 @@ class StudentForward:
         if self.cache is not None:
             self.cache.window.start = window_start
             kwargs = {"use_cache": True, "cache": self.cache}
+        if self.step != "eager":
+            inputs = {"input_ids": x[:, window_start:window_end], "slots": self.slots[window_start:window_end],
+                      "position_ids": self.position_ids[:, window_start:window_end], "logits_to_keep": sources}
+
+            def run(buffers: dict[str, torch.Tensor]) -> torch.Tensor:
+                if self.cache is not None:
+                    self.cache.window.slots = buffers["slots"]
+                return self.model(input_ids=buffers["input_ids"], attention_mask=self.static_mask,
+                                  position_ids=buffers["position_ids"], logits_to_keep=buffers["logits_to_keep"],
+                                  **kwargs).logits
+
+            return run(inputs) if self.graphs is None else self.graphs(window_end - window_start, inputs, run)
         return self.model(
             input_ids=x[:, window_start:window_end],
             attention_mask=self.attention_mask,

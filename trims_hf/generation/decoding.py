@@ -210,7 +210,7 @@ def generate(
         position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
     else:
         position_ids = torch.arange(x.shape[1], device=device).expand(batch, -1)
-    forward = StudentForward(model, spec, config.cache, attention_mask, position_ids)
+    forward = StudentForward(model, spec, config.cache, attention_mask, position_ids, config.step)
 
     eos_ids = _eos_ids(model)
     eos_id = config.eos_token_id if config.eos_token_id is not None else (eos_ids[0] if eos_ids else None)
