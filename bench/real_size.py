@@ -68,13 +68,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedConfig, Tra
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import train_profile  # noqa: E402
 from collator import prepared_rows  # noqa: E402
 from decode import CACHE_MODES, decode_modes, identical_fraction  # noqa: E402
 from scoring import reset_peak_rss, rss_kb  # noqa: E402
 from train_step import build_trainer, interleaved_steps, masking_collators, precision_path, step, synchronize  # noqa: E402
 
 from trims_hf import TrimsDataCollator, lora_config, mask_token_id, prepare_student  # noqa: E402
-from trims_hf.generation import DecodingConfig, generate  # noqa: E402
+from trims_hf.generation import DecodingConfig, StudentForward, generate  # noqa: E402
 from trims_hf.reports import library_versions  # noqa: E402
 from trims_hf.scoring import EncodedRow, plan_batches  # noqa: E402
 from trims_hf.settings import ScoringOptions  # noqa: E402
@@ -166,10 +167,10 @@ def weight_read_bound_ms(weight_bytes: int, peak: Accelerator | None) -> float |
 
 TRIMS_OVER_MDLM_MAX, TRAIN_MFU_MIN = 1.02, 0.40
 SCORE_SECONDS_PER_MILLION_MAX = 60.0
-FORWARD_OVER_BOUND_MAX, DUAL_SPEEDUP_MIN, BATCH_SPEEDUP_MIN = 1.5, 1.5, 8.0
+FORWARD_OVER_BOUND_MAX, DUAL_SPEEDUP_MIN, BATCH_OVER_EAGER_MIN = 2.0, 1.5, 1.0
 """The goals: TRIMS steps <= 2% dearer than MDLM at >= 40% MFU; 1M teacher tokens in <= 1 minute; at batch
-1 a dual-cache forward within 1.5x the weight-read bound and dual cache >= 1.5x no cache in tokens/s; batch 16 >= 8x
-batch 1 in tokens/s (dual cache)."""
+1 a dual-cache forward (the default step) within 2x the weight-read bound and dual cache >= 1.5x no cache in tokens/s;
+at batch 16 the default step's dual-cache tokens/s at least the eager step's, measured in the same run."""
 
 
 def shortfall(*factors: float | None) -> float | None:
@@ -273,8 +274,17 @@ class Run:
     score_budget_s: float
     cache_modes: tuple[str, ...] = CACHE_MODES
     """Cache modes the decode part times; "none" always among them (the reference of speed-ups and tokens)."""
+    step_modes: tuple[str, ...] = ("eager", "static")
+    """Step modes the decode part times (``DecodingConfig.step``); eager first (the reference of identical tokens),
+    the library's default on the device last (the one judged)."""
     profile: Path | None = None
     """Where :func:`profiled` appends each part's torch.profiler table; lines measured under it say so."""
+    train_variants: tuple[str, ...] = ("eager",)
+    """:data:`TRAIN_VARIANTS` the train part measures, in order."""
+    checkpointing: tuple[bool, ...] = (False, True)
+    """Gradient-checkpointing settings the train part measures per variant."""
+    train_profile: Path | None = None
+    """Where the train part appends the summary of a profiled step (:func:`profile_steps`)."""
 
     def judge(self, short: float | None) -> dict[str, Any]:
         """A line's ``goal_shortfall`` (:func:`shortfall`) and ``goals_met``; both None at tiny scale, where the goals
@@ -402,12 +412,24 @@ class LoraStudent:
     lora_parameters: int
 
 
-def lora_student(run: Run, role: str) -> LoraStudent:
-    """The student wrapped with the paper's LoRA (r=32, alpha=32 on every attention and MLP projection)."""
+def lora_student(run: Run, role: str, lora_dropout: float | None = None) -> LoraStudent:
+    """The student wrapped with the paper's LoRA (r=32, alpha=32 on every attention and MLP projection), with the
+    library's LoRA dropout unless ``lora_dropout`` says otherwise."""
     model = build_model(role, run.scale, run.device, run.dtype, run.attn_implementation)
     base, frozen = model.num_parameters(), linear_weights(model)
-    model = get_peft_model(model, lora_config(model))
+    extra = {} if lora_dropout is None else {"lora_dropout": lora_dropout}
+    model = get_peft_model(model, lora_config(model, **extra))
     return LoraStudent(model, base, frozen, sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+TRAIN_VARIANTS: dict[str, dict[str, Any]] = {
+    "eager": {},
+    "compiled": {"compile_blocks": True},
+    "no_dropout": {"lora_dropout": 0.0},
+}
+"""What the train part can compare, each on a fresh student: today's step; ``MDLMConfig(compile_blocks=True)``; LoRA
+without dropout (peft then skips the per-adapter dropout copies of each projection's input)."""
+PROFILED_STEPS = 3
 
 
 def student_collators(run: Run, model: nn.Module) -> dict[str, TrimsDataCollator]:
@@ -422,8 +444,17 @@ def trainer_settings(run: Run, **extra: Any) -> dict[str, Any]:
 
 
 def train_part(run: Run) -> None:
-    """Per gradient-checkpointing setting: the batch search, then batch 1 and the largest batch measured."""
-    student = lora_student(run, run.student)
+    """Per variant (:data:`TRAIN_VARIANTS`), each on a fresh student: per gradient-checkpointing setting, the batch
+    search, then batch 1 and the largest batch measured; the first variant's largest batch without checkpointing is
+    then profiled into ``--train-profile`` (:mod:`train_profile`)."""
+    for index, variant in enumerate(run.train_variants):
+        train_variant(run, variant, profile=index == 0 and run.train_profile is not None)
+        release(run.device)
+
+
+def train_variant(run: Run, variant: str, profile: bool) -> None:
+    settings = dict(TRAIN_VARIANTS[variant])
+    student = lora_student(run, run.student, settings.pop("lora_dropout", None))
     model, lora = student.model, student.lora_parameters
     config = model.get_base_model().config
     peak = accelerator(device_name(run.device))
@@ -436,7 +467,7 @@ def train_part(run: Run) -> None:
         return [rows[i * size:(i + 1) * size] for i in range(run.steps)]
 
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_trainer(model, collators["trims"], tmp, **trainer_settings(run))
+        trainer = build_trainer(model, collators["trims"], tmp, **trainer_settings(run, **settings))
 
         def recover() -> None:
             trainer.optimizer.zero_grad(set_to_none=True)
@@ -457,7 +488,7 @@ def train_part(run: Run) -> None:
             return interleaved_steps(trainer, collators, batches(size))
 
         precision = precision_path(trainer)
-        for checkpointing in (False, True):
+        for checkpointing in run.checkpointing:
             if checkpointing:
                 trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             largest = largest_batch(fits, run.max_batch)
@@ -474,7 +505,8 @@ def train_part(run: Run) -> None:
                                               for batch in batches(size))
                 ratio = medians["trims"] / medians["mdlm"]
                 run.emit("train", {
-                    "measurement": "lora_training_step", "model": MODEL_NAMES[run.student],
+                    "measurement": "lora_training_step", "model": MODEL_NAMES[run.student], "variant": variant,
+                    "variant_settings": TRAIN_VARIANTS[variant],
                     "shape": shape(config, student.base_parameters),
                     "attn_implementation": config._attn_implementation, "lora": {"r": 32, "alpha": 32, "parameters": lora},
                     "sequence_length": length, "per_device_batch": size, "largest_fitting_batch": largest,
@@ -493,6 +525,26 @@ def train_part(run: Run) -> None:
                     "accelerator": peak.name if peak else None, "peak_bf16_tflops": peak.bf16_tflops if peak else None,
                     **run.judge(train_shortfall(ratio, mfu(flops, tokens_per_s, peak))),
                 })
+            if profile and not checkpointing:
+                profile_steps(run, trainer, collators["trims"], batches(largest)[0], config.vocab_size, variant)
+
+
+def profile_steps(run: Run, trainer: Any, collator: TrimsDataCollator, rows: list[dict], vocab: int,
+                  variant: str) -> None:
+    """:data:`PROFILED_STEPS` optimizer steps on ``rows`` under torch.profiler (one warm-up step first), summarised
+    by :func:`train_profile.summarise` and appended to ``--train-profile``."""
+    step(trainer, collator, rows)
+    cuda = run.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities, record_shapes=True) as profiler:
+        began = time.perf_counter()
+        for _ in range(PROFILED_STEPS):
+            step(trainer, collator, rows)
+        wall = time.perf_counter() - began
+    title = (f"train ({run.scale}, {device_name(run.device)}): {MODEL_NAMES[run.student]}, variant {variant}, "
+             f"batch {len(rows)} x {SEQUENCE_LENGTH[run.scale]}, LoRA r=32, {str(run.dtype).removeprefix('torch.')}")
+    with run.train_profile.open("a") as handle:
+        handle.write(train_profile.summarise(profiler.events(), PROFILED_STEPS, vocab, 32, wall, title))
 
 
 # --- part 1b: one DeepSpeed ZeRO-2 run through the shipped recipe ------------------------------------------------
@@ -685,32 +737,50 @@ def weight_read_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters()) - embedding.numel() * embedding.element_size()
 
 
+@dataclass
+class CallTimes:
+    """Per decoder model call (:class:`trims_hf.generation.StudentForward`, whatever runs it: an eager forward or a
+    graph replay): the device's time between CUDA events around it (GPU idle gaps while the host launches included,
+    so a host-bound call shows its true cost), and the host's time to issue it (the wall clock, no sync). On a CPU
+    both are the wall clock."""
+
+    device_s: list[Callable[[], float]]
+    host_s: list[float]
+
+    def summary(self) -> dict[str, float]:
+        device = statistics.mean(read() for read in self.device_s)
+        return {"forward_ms": device * 1e3, "host_ms_per_forward": statistics.mean(self.host_s) * 1e3,
+                "forward_calls": len(self.host_s)}
+
+
 @contextmanager
-def forward_times(model: nn.Module, device: torch.device) -> Iterator[list[Callable[[], float]]]:
-    """Seconds of each model forward alone (no sampling, strategy or hooks around it): CUDA events on a GPU, so the
-    GPU's own time is read, not the launch's; the wall clock on a CPU. Yields a list filled with one reader per call."""
+def forward_times(device: torch.device) -> Iterator[CallTimes]:
+    """Times every decoder model call made inside the block (:class:`CallTimes`); no sampling, strategy or hooks."""
     cuda = device.type == "cuda"
-    times: list[Callable[[], float]] = []
-    started: list[Any] = []
+    times = CallTimes([], [])
+    call = StudentForward.__call__
 
-    def clock() -> Any:
-        if not cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+    def timed(self: StudentForward, *args: Any, **kwargs: Any) -> torch.Tensor:
+        begin_host = time.perf_counter()
+        begin = torch.cuda.Event(enable_timing=True) if cuda else None
+        if cuda:
+            begin.record()
+        logits = call(self, *args, **kwargs)
+        end_host = time.perf_counter()
+        if cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            times.device_s.append(lambda: begin.elapsed_time(end) / 1e3)
+        else:
+            times.device_s.append(lambda: end_host - begin_host)
+        times.host_s.append(end_host - begin_host)
+        return logits
 
-    def end(module: nn.Module, args: tuple, output: Any) -> None:
-        begin, finish = started.pop(), clock()
-        times.append((lambda: begin.elapsed_time(finish) / 1e3) if cuda else (lambda: finish - begin))
-
-    handles = [model.register_forward_pre_hook(lambda module, args: started.append(clock())),
-               model.register_forward_hook(end)]
+    StudentForward.__call__ = timed
     try:
         yield times
     finally:
-        for handle in handles:
-            handle.remove()
+        StudentForward.__call__ = call
         synchronize(device)
 
 
@@ -728,8 +798,11 @@ def padded_prompts(batch: int, longest: int, pad_id: int, device: torch.device) 
 
 
 def decode_part(run: Run) -> None:
-    """Per batch and cache mode: the model forwards alone (:func:`forward_times`) next to the weight-read bound, and
-    the whole decoding's wall time per model call and tokens/s; prompts left-padded with their mask."""
+    """Per batch, cache mode and step mode: the decoder's model calls alone (:func:`forward_times`) next to the
+    weight-read bound, the whole decoding's wall time per call, tokens/s and peak memory; prompts left-padded with
+    their mask. The static step is measured at batch 1 only, where host time decides (at batch 16 it is eager's
+    kernels without the launches' cost, which graph also removes). Then SDPA alone under the padded batch's mask
+    forms (:func:`mask_forms`)."""
     model = build_model(run.student, run.scale, run.device, run.dtype, run.attn_implementation).eval()
     peak = accelerator(device_name(run.device))
     weight_bytes = weight_read_bytes(model)
@@ -737,41 +810,59 @@ def decode_part(run: Run) -> None:
     gen_length = 2 * 32 if run.profile else DECODE_GEN_LENGTH[run.scale]  # profiled: two blocks, one refresh
     base = DecodingConfig(gen_length=gen_length, block_length=32, threshold=0.9, early_stop=False)
     pad_id = model.config.pad_token_id
+    batches = DECODE_BATCHES[run.scale][:1 if run.profile else None]
     with torch.inference_mode():
         warm = padded_prompts(1, DECODE_PROMPT_TOKENS, pad_id, run.device)
         for mode in run.cache_modes:  # warm-up: kernels and allocator, one block per mode
-            generate(model, *warm, config=replace(base, gen_length=base.block_length, cache=mode))
-        single: dict[str, float] = {}
-        """Tokens/s of each mode at batch 1 (the first batch), the reference of the batch goal."""
-        for batch in DECODE_BATCHES[run.scale][:1 if run.profile else None]:
+            generate(model, *warm, config=replace(base, gen_length=base.block_length, cache=mode, step="eager"))
+        single: dict[tuple[str, str], float] = {}
+        """Tokens/s of each (cache, step) at batch 1 (the first batch), the reference of the batch goal."""
+        for batch in batches:
             prompts = padded_prompts(batch, DECODE_PROMPT_TOKENS, pad_id, run.device)
-            results, forwards = {}, {}
+            steps = tuple(step for step in run.step_modes if step != "static" or batch == batches[0])
+            results, calls, memory = {}, {}, {}
             for mode in run.cache_modes:
-                with forward_times(model, run.device) as times:
-                    results |= decode_modes(model, [prompts], base, (mode,))
-                forwards[mode] = [read() for read in times]
-            per_second = {mode: summary["tokens_per_second"] for mode, (summary, _) in results.items()}
+                for step in steps:
+                    reset_peak_memory(run.device)
+                    with forward_times(run.device) as times:
+                        results |= decode_modes(model, [prompts], base, (mode,), (step,))
+                    calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
+            per_second = {key: summary["tokens_per_second"] for key, (summary, _) in results.items()}
             single = single or per_second
-            for mode, (summary, responses) in results.items():
-                forward_ms = statistics.mean(forwards[mode]) * 1e3
-                speedup, over_single = per_second[mode] / per_second["none"], per_second[mode] / single[mode]
-                judged = {(1, "dual"): decode_shortfall(speedup, forward_ms, bound_ms),
-                          (DECODE_BATCHES[run.scale][-1], "dual"): BATCH_SPEEDUP_MIN / over_single}.get((batch, mode))
+            for (mode, step), (summary, responses) in results.items():
+                timing = calls[mode, step]
+                forward_ms = timing["forward_ms"]
+                speedup = per_second[mode, step] / per_second["none", step]
+                over_single = per_second[mode, step] / single[mode, step]
+                judged = None
+                if mode == "dual" and step == run.step_modes[-1]:  # the default step: graph on CUDA
+                    judged = (decode_shortfall(speedup, forward_ms, bound_ms) if batch == 1
+                              else BATCH_OVER_EAGER_MIN * per_second["dual", "eager"] / per_second[mode, step])
+                graph_memory = None
+                if step == "graph" and (mode, "static") in memory:
+                    graph_memory = round(memory[mode, "graph"]["peak_memory_gib"]
+                                         - memory[mode, "static"]["peak_memory_gib"], 3)
                 run.emit("decode", {
                     "measurement": "decode", "model": MODEL_NAMES[run.student],
                     "shape": shape(model.config, model.num_parameters()),
                     "attn_implementation": model.config._attn_implementation, "batch": batch,
                     "prompt_tokens": prompts[1].sum(1).tolist(), "left_padded_with_mask": True,
                     "gen_length": base.gen_length, "block_length": base.block_length,
-                    "threshold": base.threshold, "early_stop": False, "cache": mode, "nfe": summary["nfe"],
-                    "model_forwards": summary["model_forwards"], "tokens_per_step": round(summary["tokens_per_step"], 3),
+                    "threshold": base.threshold, "early_stop": False, "cache": mode, "step": step,
+                    "nfe": summary["nfe"], "model_forwards": summary["model_forwards"],
+                    "tokens_per_step": round(summary["tokens_per_step"], 3),
                     "wall_time_s": round(summary["wall_time_s"], 6),
                     "wall_ms_per_model_forward": round(summary["wall_time_s"] * 1e3 / summary["model_forwards"], 3),
-                    "forward_ms": round(forward_ms, 3), "forward_calls": len(forwards[mode]),
-                    "forward_timing": "CUDA events around each model forward" if run.device.type == "cuda"
-                    else "wall clock around each model forward",
-                    "tokens_per_s": round(per_second[mode], 1), "speedup_over_no_cache": round(speedup, 3),
-                    "identical_tokens_vs_no_cache": round(identical_fraction(responses, results["none"][1]), 4),
+                    "forward_ms": round(forward_ms, 3), "host_ms_per_forward": round(timing["host_ms_per_forward"], 3),
+                    "forward_calls": timing["forward_calls"],
+                    "forward_timing": "CUDA events around each decoder model call (eager forward or graph replay); "
+                    "host_ms: the host's time to issue it" if run.device.type == "cuda"
+                    else "wall clock around each decoder model call",
+                    "tokens_per_s": round(per_second[mode, step], 1), "speedup_over_no_cache": round(speedup, 3),
+                    "identical_tokens_vs_no_cache": round(identical_fraction(responses, results["none", step][1]), 4),
+                    "identical_tokens_vs_eager": identical_fraction(responses, results[mode, "eager"][1])
+                    if (mode, "eager") in results else None,
+                    **memory[mode, step], "graph_memory_gib": graph_memory,
                     "weight_read_bytes": weight_bytes, "accelerator": peak.name if peak else None,
                     "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
                     "weight_read_bound_ms": round(bound_ms, 3) if bound_ms else None,
@@ -779,15 +870,55 @@ def decode_part(run: Run) -> None:
                     "tokens_per_s_over_batch_1": round(over_single, 3),
                     "goals": {"batch1_dual_forward_over_bound_max": FORWARD_OVER_BOUND_MAX,
                               "batch1_dual_speedup_over_no_cache_min": DUAL_SPEEDUP_MIN,
-                              f"batch{DECODE_BATCHES[run.scale][-1]}_dual_tokens_per_s_over_batch_1_min": BATCH_SPEEDUP_MIN},
+                              f"batch{batches[-1]}_dual_tokens_per_s_over_eager_min": BATCH_OVER_EAGER_MIN,
+                              "judged_on": f"dual cache, step {run.step_modes[-1]}"},
                     **run.judge(judged),
                     "note": "random weights: about one token committed per step, so every mode does the same steps",
                 })
+        mask_forms(run, model.config, batches[-1], DECODE_PROMPT_TOKENS + gen_length, base.block_length)
+
+
+def mask_forms(run: Run, config: PreTrainedConfig, batch: int, length: int, window: int) -> None:
+    """SDPA alone at the padded batch's dual-cache shape (``window`` queries against ``length`` keys, the student's
+    heads): no mask (the reference, not valid for padded rows), a boolean mask and an additive mask in the model's
+    dtype, both [B, 1, 1, L] as the static step builds them: which form the device runs fastest."""
+    s = shape(config, 0)
+    generator = torch.Generator(device=run.device).manual_seed(0)
+
+    def tensor(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=generator, device=run.device, dtype=run.dtype)
+
+    query, key, value = tensor(batch, s["heads"], window, s["head_dim"]), *(
+        tensor(batch, s["heads"], length, s["head_dim"]) for _ in range(2))
+    keep = torch.arange(length, device=run.device)[None] >= torch.arange(batch, device=run.device)[:, None] * 4
+    forms = {"none": None, "bool": keep[:, None, None, :],
+             "additive": torch.zeros(keep.shape, dtype=run.dtype, device=run.device).masked_fill(
+                 ~keep, torch.finfo(run.dtype).min)[:, None, None, :]}
+    repeats = 200 if run.device.type == "cuda" else 5
+    timings = {}
+    with torch.inference_mode():
+        for name, mask in forms.items():
+            for _ in range(3):
+                torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+            synchronize(run.device)
+            began = time.perf_counter()
+            for _ in range(repeats):
+                torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+            synchronize(run.device)
+            timings[name] = (time.perf_counter() - began) / repeats * 1e6
+    masked = {name: timings[name] for name in ("bool", "additive")}
+    run.emit("decode", {"measurement": "attention_mask_form", "model": MODEL_NAMES[run.student], "batch": batch,
+                        "queries": window, "keys": length, "heads": s["heads"], "head_dim": s["head_dim"],
+                        "us_per_call": {name: round(value, 2) for name, value in timings.items()},
+                        "fastest_mask_form": min(masked, key=masked.get),
+                        "note": "SDPA's own dispatch per form; 'none' is the unpadded reference"})
 
 
 # --- command line ------------------------------------------------------------------------------------------------
 
 PARTS = ("train", "zero2", "score", "decode")
+STEP_MODES = {"cuda": ("eager", "static", "graph"), "cpu": ("eager", "static")}
+"""Step modes the decode part can time per device type (CUDA graphs need CUDA)."""
 SCALE_DEFAULTS = {"tiny": {"steps": 2, "max_batch": 4, "score_rows": 40},
                   "real": {"steps": 8, "max_batch": 32, "score_rows": 1000}}
 SCORE_BUDGET_S = 420.0
@@ -819,6 +950,15 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
                         help="stop scoring after the batch that passes this many seconds and extrapolate")
     parser.add_argument("--cache-modes", default=",".join(CACHE_MODES),
                         help="comma-separated cache modes of the decode part; must include none (the reference)")
+    parser.add_argument("--train-variants", default="eager",
+                        help=f"comma-separated variants of the train part, each on a fresh student: {', '.join(TRAIN_VARIANTS)}")
+    parser.add_argument("--checkpointing", default="off,on",
+                        help="gradient-checkpointing settings of the train part: off, on or off,on")
+    parser.add_argument("--train-profile", type=Path, default=None,
+                        help="append a summary of a profiled training step (the first variant's largest batch) here")
+    parser.add_argument("--step-modes", default=None,
+                        help="comma-separated step modes of the decode part, eager first (the reference); default: "
+                             f"{','.join(STEP_MODES['cuda'])} on CUDA, {','.join(STEP_MODES['cpu'])} on a CPU")
     parser.add_argument("--profile", type=Path, default=None,
                         help="append a torch.profiler table of each part (train, score, decode) to this file")
     parser.add_argument("--zero2-worker", action="store_true", help=argparse.SUPPRESS)
@@ -850,16 +990,29 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         parser.error(f"argument --device: {device} asked for, but CUDA is not available here")
     if device.type not in ("cuda", "cpu"):
         parser.error(f"argument --device: {device.type} is not supported (cuda or cpu)")
-    for flag in ("output", "profile"):
+    train_variants = tuple(dict.fromkeys(name.strip() for name in args.train_variants.split(",")))
+    if not train_variants or any(name not in TRAIN_VARIANTS for name in train_variants):
+        parser.error(f"argument --train-variants: {args.train_variants!r}: choose from {', '.join(TRAIN_VARIANTS)}")
+    settings = {"off": False, "on": True}
+    checkpointing = tuple(dict.fromkeys(settings.get(name.strip()) for name in args.checkpointing.split(",")))
+    if None in checkpointing:
+        parser.error(f"argument --checkpointing: {args.checkpointing!r}: off, on or off,on")
+    for flag in ("output", "profile", "train_profile"):
         path = getattr(args, flag)
         if path is not None and not path.parent.is_dir():
             parser.error(f"argument --{flag}: folder {path.parent} does not exist")
+    step_modes = tuple(dict.fromkeys(mode.strip() for mode in (args.step_modes or ",".join(STEP_MODES[device.type]))
+                                     .split(",")))
+    if step_modes[0] != "eager" or any(mode not in STEP_MODES[device.type] for mode in step_modes):
+        parser.error(f"argument --step-modes: {args.step_modes!r}: eager first, then any of "
+                     f"{', '.join(STEP_MODES[device.type][1:])} ({device.type})")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     chunk = args.logits_chunk_elements or (CUDA_LOGITS_CHUNK_ELEMENTS if device.type == "cuda"
                                            else ScoringOptions.logits_chunk_elements)
     run = Run(args.scale, args.student, device, dtype, args.attn_implementation, args.output and args.output.resolve(),
               args.steps, args.max_batch, args.score_rows, args.max_tokens_per_batch, chunk, args.score_budget_s,
-              cache_modes, args.profile and args.profile.resolve())
+              cache_modes, step_modes, args.profile and args.profile.resolve(), train_variants, checkpointing,
+              args.train_profile and args.train_profile.resolve())
     return args, run
 
 

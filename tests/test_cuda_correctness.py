@@ -396,3 +396,31 @@ def test_graph_replay_equals_eager_forward_bitwise(cache):
     assert len(captured) == len({length - start for start in range(ids.shape[1], length, block)} | {length}
                                 if cache == "prefix" else {length, block} if cache == "dual" else {length})
     assert len(pointers) <= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bench/gpu/run_all.sh runs these on a GPU)")
+def test_compiled_blocks_keep_the_bf16_loss_and_gradients(tmp_path):
+    """MDLMConfig(compile_blocks=True) changes kernels, not the objective: under bf16 autocast, as Trainer.train runs,
+    the loss is within bf16's own error of the eager one and every LoRA gradient within 2% of the eager gradient's
+    norm (bf16 keeps 8 significant bits; fused norms and rotary round differently). The CPU twin, in fp32 to float
+    rounding, is tests/test_trainer.py's."""
+    from trims_hf import MDLMConfig, MDLMTrainer
+
+    rows = [{"input_ids": torch.randint(0, 250, (96,), generator=torch.Generator().manual_seed(i)).tolist(),
+             "prompt_length": 16, "bucket_ids": [i % 8 for i in range(80)], "example_id": i} for i in range(4)]
+    tokenizer = type("Tokenizer", (), {"eos_token_id": 254, "mask_token_id": 255})()
+    batch = {key: value.cuda() for key, value in TrimsDataCollator(tokenizer)(rows).items()}
+    results = {}
+    for compiled in (False, True):
+        base = student("llada", "cuda", torch.bfloat16)
+        torch.manual_seed(0)  # the same adapter initialisation both times
+        model = get_peft_model(base, lora_config(base, lora_dropout=0.0))
+        args = MDLMConfig(output_dir=str(tmp_path), bf16=True, report_to="none", compile_blocks=compiled)
+        trainer = MDLMTrainer(model, args, data_collator=TrimsDataCollator(tokenizer))
+        prepared = trainer.accelerator.prepare_model(model)  # bf16 autocast, as Trainer.train runs
+        loss = trainer.compute_loss(prepared, batch)
+        loss.backward()
+        results[compiled] = (float(loss), {name: p.grad.float() for name, p in model.named_parameters() if p.requires_grad})
+    assert results[True][0] == pytest.approx(results[False][0], rel=LOSS_TOLERANCE)
+    for name, grad in results[False][1].items():
+        assert (results[True][1][name] - grad).norm() <= 0.02 * grad.norm() + 1e-8, name

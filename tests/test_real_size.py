@@ -39,7 +39,7 @@ def by_part(lines: list[dict], part: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_one_line_per_measurement_naming_device_and_versions(lines):
-    assert Counter(line["part"] for line in lines) == {"train": 4, "zero2": 1, "score": 1, "decode": 6}
+    assert Counter(line["part"] for line in lines) == {"train": 4, "zero2": 1, "score": 1, "decode": 10}
     for line in lines:
         assert line["bench"] == "real_size" and line["scale"] == "tiny" and line["device_type"] == "cpu"
         assert line["device"].startswith("CPU: ") and line["dtype"] == "float32"
@@ -105,22 +105,47 @@ def test_scoring_stops_at_its_budget_and_extrapolates(tmp_path):
 
 @pytest.mark.slow
 def test_decoding_lines_do_equal_work_per_mode(lines):
-    decode = by_part(lines, "decode")
+    decode = [line for line in by_part(lines, "decode") if line["measurement"] == "decode"]
     modes = ("none", "prefix", "dual")
-    assert {(line["batch"], line["cache"]) for line in decode} == {(b, m) for b in (1, 4) for m in modes}
+    assert {(line["batch"], line["cache"], line["step"]) for line in decode} == {
+        (b, m, s) for b in (1, 4) for m in modes for s in ("eager", "static") if s == "eager" or b == 1}
     config = real_size.model_config("llada", "tiny")
     for line in decode:
-        none = next(other for other in decode if other["batch"] == line["batch"] and other["cache"] == "none")
+        none = next(other for other in decode if other["batch"] == line["batch"] and other["cache"] == "none"
+                    and other["step"] == line["step"])
         assert line["nfe"] == none["nfe"] == line["batch"] * line["gen_length"]  # one token per step, every mode
         assert line["speedup_over_no_cache"] == pytest.approx(line["tokens_per_s"] / none["tokens_per_s"], rel=1e-2)
         assert line["forward_calls"] == line["model_forwards"] and 0 < line["forward_ms"] < line["wall_ms_per_model_forward"]
+        assert line["host_ms_per_forward"] == pytest.approx(line["forward_ms"], rel=1e-2)  # on a CPU both are the clock
         assert line["wall_ms_per_model_forward"] == pytest.approx(
             line["wall_time_s"] * 1e3 / line["model_forwards"], rel=1e-2)
         assert 0 < line["identical_tokens_vs_no_cache"] <= 1 and none["identical_tokens_vs_no_cache"] == 1
+        assert line["identical_tokens_vs_eager"] == 1  # a step mode changes how a forward runs, never a token
         assert len(line["prompt_tokens"]) == line["batch"] and line["prompt_tokens"][0] == 128
         assert len(set(line["prompt_tokens"])) == line["batch"]  # different lengths: the left-padded masked path
         assert line["weight_read_bytes"] == 4 * (line["shape"]["parameters"] - config.vocab_size * config.hidden_size)
         assert line["weight_read_bound_ms"] is None  # no bandwidth for a CPU
+    forms = [line for line in by_part(lines, "decode") if line["measurement"] == "attention_mask_form"]
+    assert len(forms) == 1 and set(forms[0]["us_per_call"]) == {"none", "bool", "additive"}
+    assert forms[0]["fastest_mask_form"] in ("bool", "additive") and forms[0]["batch"] == 4
+
+
+def test_training_variants_and_the_profile_summary(tmp_path):
+    """Each variant trains a fresh student with its settings (the compiled one is a slow test of its own); the profile
+    summary charges the step's time to categories that add up, with matmuls of the base and of the adapters seen."""
+    output, profile = tmp_path / "train.jsonl", tmp_path / "profile.txt"
+    real_size.main(["--part", "train", "--device", "cpu", "--train-variants", "eager,no_dropout", "--checkpointing", "off",
+                    "--max-batch", "2", "--steps", "1", "--output", str(output), "--train-profile", str(profile)])
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [(line["variant"], line["per_device_batch"]) for line in lines] == [
+        ("eager", 1), ("eager", 2), ("no_dropout", 1), ("no_dropout", 2)]
+    assert {line["gradient_checkpointing"] for line in lines} == {False}
+    text = profile.read_text()
+    assert text.startswith("== train (tiny, CPU: ") and "variant eager, batch 2 x 256" in text
+    shares = {line.split()[0]: float(line.split()[-1].rstrip("%")) for line in text.splitlines()
+              if line.startswith("  ") and line.split()[0] in real_size.train_profile.CATEGORIES}
+    assert set(shares) == set(real_size.train_profile.CATEGORIES) and sum(shares.values()) == pytest.approx(100, abs=0.5)
+    assert shares["frozen_matmul"] > 0 and shares["lora"] > 0 and shares["attention"] > 0 and shares["loss"] > 0
 
 
 @pytest.mark.parametrize("fits_up_to", [0, 1, 3, 5, 8, 20])
@@ -221,9 +246,9 @@ def test_goals_both_ways_and_unjudged_without_a_bound():
     assert real_size.train_shortfall(1.0, 0.2) == pytest.approx(2.0)  # half the MFU goal: twice off
     assert real_size.train_shortfall(1.0302, 0.8) == pytest.approx(1.01)
     assert real_size.train_shortfall(1.0, None) is None
-    assert real_size.decode_shortfall(1.5, 15.0, 10.0) == pytest.approx(1.0)
+    assert real_size.decode_shortfall(1.5, 20.0, 10.0) == pytest.approx(1.0)
     assert real_size.decode_shortfall(0.75, 1.0, 10.0) == pytest.approx(2.0)
-    assert real_size.decode_shortfall(2.0, 30.0, 10.0) == pytest.approx(2.0)
+    assert real_size.decode_shortfall(2.0, 40.0, 10.0) == pytest.approx(2.0)
     assert real_size.decode_shortfall(2.0, 1.0, None) is None
     real = real_size.parse(["--scale", "real", "--device", "cpu"])[1]
     assert real.judge(None) == {"goal_shortfall": None, "goals_met": None}
@@ -267,20 +292,25 @@ def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
                         "--output", str(output)])
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     assert {line["model"] for line in lines} == {"Dream-v0-Instruct-7B"}
-    assert Counter(line["part"] for line in lines) == {"train": 2, "decode": 6}
-    assert all(line["shape"]["kv_heads"] == 2 and line["accelerator"] == "Fake" for line in lines)
+    assert Counter(line["part"] for line in lines) == {"train": 2, "decode": 10}
+    assert all(line["shape"]["kv_heads"] == 2 and line["accelerator"] == "Fake" for line in lines if "shape" in line)
     for line in by_part(lines, "train"):
         assert line["mfu"] == pytest.approx(line["flops_per_token"] * line["tokens_per_s"] / 1e6, rel=1e-3)
         assert line["goal_shortfall"] == pytest.approx(max(line["trims_over_mdlm"] / 1.02, 0.40 / line["mfu"]), rel=1e-3)
     for line in by_part(lines, "decode"):
+        if line["measurement"] != "decode":
+            continue
         bound = line["weight_read_bytes"] / 1e9 * 1e3
         assert line["weight_read_bound_ms"] == pytest.approx(bound, abs=1e-3)
         assert line["forward_over_bound"] == pytest.approx(line["forward_ms"] / bound, rel=1e-2, abs=1e-3)
-        batch_1 = next(other for other in lines if other["part"] == "decode" and other["batch"] == 1
-                       and other["cache"] == line["cache"])
+        batch_1 = next(other for other in lines if other["part"] == "decode" and other.get("batch") == 1
+                       and other.get("cache") == line["cache"] and other.get("step") == line["step"])
         assert line["tokens_per_s_over_batch_1"] == pytest.approx(line["tokens_per_s"] / batch_1["tokens_per_s"], rel=1e-2)
-        expected = {1: max(1.5 / line["speedup_over_no_cache"], line["forward_ms"] / (1.5 * bound)),
-                    4: 8.0 / line["tokens_per_s_over_batch_1"]}[line["batch"]] if line["cache"] == "dual" else None
+        eager = next(other for other in lines if other["part"] == "decode" and other.get("batch") == line["batch"]
+                     and other.get("cache") == "dual" and other.get("step") == "eager")
+        expected = {1: max(1.5 / line["speedup_over_no_cache"], line["forward_ms"] / (2.0 * bound)),
+                    4: eager["tokens_per_s"] / line["tokens_per_s"]}[line["batch"]] \
+            if line["cache"] == "dual" and line["step"] == "static" else None
         assert line["goal_shortfall"] == (None if expected is None else pytest.approx(expected, rel=1e-2))
 
 

@@ -68,6 +68,21 @@ def _head_at(head: nn.Module | None, rows: torch.Tensor, positions: torch.Tensor
             handle.remove()
 
 
+def compile_blocks(model: nn.Module) -> int:
+    """Compile every decoder block of ``model`` (a student, PEFT-wrapped or not) in place with ``nn.Module.compile``;
+    returns how many. In place, so the model keeps its modules, hooks, adapters and state dict: only the blocks' calls
+    run compiled, and every block shares one compiled graph (same code, parameters as inputs). The blocks are the
+    classes transformers never splits across devices (``_no_split_modules``)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    blocks = [module for module in model.modules() if type(module).__name__ in names]
+    if not blocks:
+        raise ValueError(f"compile_blocks: {type(base).__name__} names no decoder block (_no_split_modules={names or None}).")
+    for block in blocks:
+        block.compile()
+    return len(blocks)
+
+
 class MDLMTrainer(Trainer):
     """Trainer for masked diffusion LMs with TRIMS trajectory masking.
 
@@ -107,6 +122,8 @@ class MDLMTrainer(Trainer):
         self.loss_normalization = getattr(args, "loss_normalization", "token")
         if self.loss_normalization not in NORMALIZATIONS:
             raise ValueError(f"loss_normalization must be 'token' or 'sequence', got {self.loss_normalization!r}.")
+        if getattr(args, "compile_blocks", False):
+            compile_blocks(model)
         super().__init__(
             model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
             eval_dataset=eval_dataset, processing_class=processing_class, **kwargs,

@@ -44,7 +44,7 @@ DECODE_STEP_HOST_S = 0.004
 """Per decoding step outside the forward: confidences, the threshold strategy, hooks."""
 DEEPSPEED_INIT_S = 30.0
 """DeepSpeed's engine set-up for ZeRO-2 on one process (partitioning, buckets, the first step's allocations)."""
-TESTS_S = 45.0
+TESTS_S = 90.0
 """The CUDA variants of tests/test_cuda_correctness.py on the tiny fixtures: launch-bound, no FLOP count matters."""
 SLACK = 1.5
 TINY_BUDGET_S = 600.0
@@ -57,32 +57,47 @@ class Settings:
     """What run_all.sh asks of bench/real_size.py (at real scale smaller than its defaults, to fit one window): the
     budgets are computed from these and :func:`flags` passes the same values on."""
 
-    steps: int = 5
+    steps: int = 4
     max_batch: int = 16
     score_budget_s: float = 45.0
     cache_modes: tuple[str, ...] = ("none", "dual")
+    step_modes: tuple[str, ...] = ("eager", "static", "graph")
+    """Decode step modes; static at batch 1 only (``real_size.decode_part``)."""
+    train_variants: tuple[str, ...] = ("eager", "no_dropout", "compiled")
+    checkpointing: tuple[str, ...] = ("off",)
 
     def flags(self, part: str) -> list[str]:
-        return {"train": ["--steps", str(self.steps), "--max-batch", str(self.max_batch)],
-                "decode": ["--cache-modes", ",".join(self.cache_modes)],
+        return {"train": ["--steps", str(self.steps), "--max-batch", str(self.max_batch),
+                          "--train-variants", ",".join(self.train_variants),
+                          "--checkpointing", ",".join(self.checkpointing)],
+                "decode": ["--cache-modes", ",".join(self.cache_modes), "--step-modes", ",".join(self.step_modes)],
                 "score": ["--score-budget-s", str(self.score_budget_s)]}.get(part, [])
 
 
+COMPILE_S = 90.0
+"""The compiled variant: one decoder block compiled forward and backward, twice (the first batch shape, then the
+dynamic one the batch search's second shape triggers)."""
+
+
 def train_budget(settings: Settings, explain: dict) -> float:
-    """Batch search by doubling to ``max_batch`` (all assumed to fit: the most work), then ``steps`` TRIMS and
-    ``steps`` MDLM steps at batch 1 and at ``max_batch``, once without and once with gradient checkpointing."""
+    """Per variant and checkpointing setting: batch search by doubling to ``max_batch`` (all assumed to fit: the most
+    work), then ``steps`` TRIMS and ``steps`` MDLM steps at batch 1 and at ``max_batch``; the profiled steps; the
+    compiled variant's compile time."""
     model = real_size.build_model("llada", "real", "meta", torch.bfloat16)
     length = real_size.SEQUENCE_LENGTH["real"]
     lora = 0  # the LoRA matmuls are ~1% of the frozen ones: inside the slack
     flops_per_token = real_size.training_flops_per_token(model.config, length, real_size.linear_weights(model), lora)
     searched_rows = 2 * settings.max_batch - 1
     measured_rows = 2 * settings.steps * (1 + settings.max_batch)
-    rows = (searched_rows + measured_rows) * (1 + GRADIENT_CHECKPOINTING_COST)
-    steps = (settings.max_batch.bit_length() + 4 * settings.steps) * 2
+    per_setting = {"off": 1.0, "on": GRADIENT_CHECKPOINTING_COST}
+    runs = len(settings.train_variants) * sum(per_setting[c] for c in settings.checkpointing)
+    rows = (searched_rows + measured_rows) * runs + 4 * settings.max_batch  # + the profiled steps
+    steps = round((settings.max_batch.bit_length() + 4 * settings.steps) * runs) + 4
     work = rows * length * flops_per_token / (H100.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
     explain["train"] = {"flops_per_token": flops_per_token, "rows_of_1024_tokens": rows, "steps": steps,
                         "matmul_s": round(work, 1), "host_s": steps * TRAIN_STEP_HOST_S}
-    return STARTUP_S + BUILD_S + work + steps * TRAIN_STEP_HOST_S
+    compile_s = COMPILE_S if "compiled" in settings.train_variants else 0.0
+    return STARTUP_S + BUILD_S * len(settings.train_variants) + work + steps * TRAIN_STEP_HOST_S + compile_s
 
 
 def decode_seconds(forward_tokens: int, weight_bytes: int, matmul_weights: int) -> float:
@@ -104,7 +119,9 @@ def decode_budget(settings: Settings, explain: dict) -> float:
                 + gen // block * decode_seconds(b * full, weights, matmul),
                 "dual": lambda b: gen * decode_seconds(b * block, weights, matmul)
                 + gen // block * decode_seconds(b * full, weights, matmul)}
-    seconds = {f"{mode}@{b}": per_mode[mode](b) for mode in settings.cache_modes for b in real_size.DECODE_BATCHES["real"]}
+    batches = real_size.DECODE_BATCHES["real"]
+    steps_at = {b: sum(1 for step in settings.step_modes if step != "static" or b == batches[0]) for b in batches}
+    seconds = {f"{mode}@{b}": per_mode[mode](b) * steps_at[b] for mode in settings.cache_modes for b in batches}
     warm_up = sum(per_mode[mode](1) * block / gen for mode in settings.cache_modes)
     explain["decode"] = {"weight_read_bytes": weights, "seconds": {k: round(v, 1) for k, v in seconds.items()},
                          "warm_up_s": round(warm_up, 1)}
@@ -127,9 +144,9 @@ def zero2_budget(settings: Settings, explain: dict) -> float:
     return 2 * STARTUP_S + BUILD_S + DEEPSPEED_INIT_S + real_size.ZERO2_STEPS * 1.0
 
 
-PARTS = {"tests": lambda settings, explain: TESTS_S + STARTUP_S, "train": train_budget, "decode": decode_budget,
+PARTS = {"tests": lambda settings, explain: TESTS_S + STARTUP_S, "decode": decode_budget, "train": train_budget,
          "score": score_budget, "zero2": zero2_budget}
-"""In run_all.sh's order: most important first (correctness, then training, decoding, scoring, ZeRO-2)."""
+"""In run_all.sh's order: most important first (correctness, then decoding, training, scoring, ZeRO-2)."""
 
 
 def budgets(scale: str, settings: Settings = Settings()) -> tuple[dict[str, int], dict]:

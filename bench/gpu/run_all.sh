@@ -4,13 +4,14 @@
 # hard deadline for the whole; a part that would cross the deadline is skipped with a line. Everything is written
 # into OUT as it happens, so a call killed at its limit keeps what was done.
 #
-#   bash bench/gpu/run_all.sh OUT [--scale real|tiny] [--deadline SECONDS] [--parts tests,train,decode,score,zero2]
+#   bash bench/gpu/run_all.sh OUT [--scale real|tiny] [--deadline SECONDS] [--parts tests,decode,train,score,zero2]
 #                                 [--profile | --profile-worst FILE] [--shared DIR]
 #
 #   OUT/log.txt          everything printed, part by part
 #   OUT/env.json         GPU, driver, CUDA, Python and library versions, commit, date
 #   OUT/parts.jsonl      the budgets' arithmetic, then one line per part: ran / failed / timed out / skipped, seconds
 #   OUT/real_size.jsonl  bench/real_size.py's measurement lines (train, decode, score, zero2)
+#   OUT/train_profile.txt the train part's profiled step, summarised (bench/train_profile.py)
 #   OUT/tests.xml        JUnit report of tests/test_cuda_correctness.py (at real scale only the CUDA variants)
 #   OUT/profile.txt      with --profile: torch.profiler tables of the parts run (their timings are not benchmarks);
 #                        --profile-worst FILE profiles only the part that missed its goal by most in FILE (a
@@ -25,7 +26,7 @@ set -uo pipefail
 usage() { sed -n '7,8p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
 [ $# -ge 1 ] && [ "${1#-}" = "$1" ] || usage
 out=$1; shift
-scale=real deadline=480 parts=tests,train,decode,score,zero2 profile=0
+scale=real deadline=480 parts=tests,decode,train,score,zero2 profile=0
 root=$(cd "$(dirname "$0")/../.." && pwd)
 shared=$root/../shared
 while [ $# -gt 0 ]; do
@@ -108,6 +109,7 @@ while read -r part budget flags; do
   else
     # shellcheck disable=SC2206
     command=("$python" bench/real_size.py --scale "$scale" --part "$part" --output "$out/real_size.jsonl" $flags "${profile_flags[@]}")
+    [ "$part" = train ] && command+=(--train-profile "$out/train_profile.txt")
   fi
   echo "== $part: budget ${budget}s, ${left}s left: ${command[*]}"
   began=$SECONDS
