@@ -525,26 +525,33 @@ def train_variant(run: Run, variant: str, profile: bool) -> None:
                     "accelerator": peak.name if peak else None, "peak_bf16_tflops": peak.bf16_tflops if peak else None,
                     **run.judge(train_shortfall(ratio, mfu(flops, tokens_per_s, peak))),
                 })
-            if profile and not checkpointing:
-                profile_steps(run, trainer, collators["trims"], batches(largest)[0], config.vocab_size, variant)
+            if profile and not checkpointing:  # at the largest batch measured (after any late step-down)
+                profile_steps(run, trainer, collators["trims"], batches(size)[0], config.vocab_size, variant)
 
 
 def profile_steps(run: Run, trainer: Any, collator: TrimsDataCollator, rows: list[dict], vocab: int,
                   variant: str) -> None:
     """:data:`PROFILED_STEPS` optimizer steps on ``rows`` under torch.profiler (one warm-up step first), summarised
     by :func:`train_profile.summarise` and appended to ``--train-profile``."""
-    step(trainer, collator, rows)
-    cuda = run.device.type == "cuda"
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with torch.profiler.profile(activities=activities, record_shapes=True) as profiler:
-        began = time.perf_counter()
-        for _ in range(PROFILED_STEPS):
-            step(trainer, collator, rows)
-        wall = time.perf_counter() - began
     title = (f"train ({run.scale}, {device_name(run.device)}): {MODEL_NAMES[run.student]}, variant {variant}, "
              f"batch {len(rows)} x {SEQUENCE_LENGTH[run.scale]}, LoRA r=32, {str(run.dtype).removeprefix('torch.')}")
+    cuda = run.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    try:
+        step(trainer, collator, rows)
+        with torch.profiler.profile(activities=activities, record_shapes=True) as profiler:
+            began = time.perf_counter()
+            for _ in range(PROFILED_STEPS):
+                step(trainer, collator, rows)
+            wall = time.perf_counter() - began
+    except RuntimeError as error:
+        if not out_of_memory(error):
+            raise
+        summary = f"== {title} ==\nnot profiled: out of memory under the profiler ({error})\n"
+    else:
+        summary = train_profile.summarise(profiler.events(), PROFILED_STEPS, vocab, 32, wall, title)
     with run.train_profile.open("a") as handle:
-        handle.write(train_profile.summarise(profiler.events(), PROFILED_STEPS, vocab, 32, wall, title))
+        handle.write(summary)
 
 
 # --- part 1b: one DeepSpeed ZeRO-2 run through the shipped recipe ------------------------------------------------
@@ -824,12 +831,20 @@ def decode_part(run: Run) -> None:
             for mode in run.cache_modes:
                 for step in steps:
                     reset_peak_memory(run.device)
-                    with forward_times(run.device) as times:
-                        results |= decode_modes(model, [prompts], base, (mode,), (step,))
+                    try:
+                        with forward_times(run.device) as times:
+                            results |= decode_modes(model, [prompts], base, (mode,), (step,))
+                    except RuntimeError as error:  # one mode failing on the device must not cost the others' lines
+                        run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "batch": batch,
+                                            "cache": mode, "step": step, "error": f"{type(error).__name__}: {error}"[:2000]})
+                        release(run.device)
+                        continue
                     calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
             per_second = {key: summary["tokens_per_second"] for key, (summary, _) in results.items()}
             single = single or per_second
             for (mode, step), (summary, responses) in results.items():
+                if ("none", step) not in results or (mode, step) not in single:
+                    continue  # its reference failed: the error line says why
                 timing = calls[mode, step]
                 forward_ms = timing["forward_ms"]
                 speedup = per_second[mode, step] / per_second["none", step]
