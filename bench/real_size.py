@@ -1018,9 +1018,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
             parser.error(f"argument --{flag}: folder {path.parent} does not exist")
     step_modes = tuple(dict.fromkeys(mode.strip() for mode in (args.step_modes or ",".join(STEP_MODES[device.type]))
                                      .split(",")))
-    if step_modes[0] != "eager" or any(mode not in STEP_MODES[device.type] for mode in step_modes):
-        parser.error(f"argument --step-modes: {args.step_modes!r}: eager first, then any of "
-                     f"{', '.join(STEP_MODES[device.type][1:])} ({device.type})")
+    if step_modes[0] != "eager" or any(mode not in STEP_MODES["cuda"] for mode in step_modes):
+        parser.error(f"argument --step-modes: {args.step_modes!r}: eager first, then any of static, graph")
+    if "graph" in step_modes and device.type != "cuda":  # the CPU pre-flight passes the GPU window's flags
+        step_modes = tuple(mode for mode in step_modes if mode != "graph")
+        print(f"note: --step-modes: CUDA graphs need CUDA; the decode part times {','.join(step_modes)} on the "
+              f"{device.type}", file=sys.stderr)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     chunk = args.logits_chunk_elements or (CUDA_LOGITS_CHUNK_ELEMENTS if device.type == "cuda"
                                            else ScoringOptions.logits_chunk_elements)
