@@ -400,10 +400,12 @@ def test_graph_replay_equals_eager_forward_bitwise(cache):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bench/gpu/run_all.sh runs these on a GPU)")
 def test_compiled_blocks_keep_the_bf16_loss_and_gradients(tmp_path):
-    """MDLMConfig(compile_blocks=True) changes kernels, not the objective: under bf16 autocast, as Trainer.train runs,
-    the loss is within bf16's own error of the eager one and every LoRA gradient within 2% of the eager gradient's
-    norm (bf16 keeps 8 significant bits; fused norms and rotary round differently). The CPU twin, in fp32 to float
-    rounding, is tests/test_trainer.py's."""
+    """MDLMConfig(compile_blocks=True) changes kernels, not the objective. Under bf16 autocast (as Trainer.train runs)
+    the compiled step's loss and LoRA gradients are measured against the fp32 eager step's: they may be no further
+    from it than twice the eager bf16 step is (the fused kernels keep fp32 between ops where eager rounds to bf16, so
+    they are often closer). Measured on an H100: the compiled and eager bf16 gradients differ by ~6% of their norm,
+    both being bf16 approximations of the fp32 gradient. The CPU twin, in fp32 to float rounding, is in
+    tests/test_trainer.py."""
     from trims_hf import MDLMConfig, MDLMTrainer
 
     rows = [{"input_ids": torch.randint(0, 250, (96,), generator=torch.Generator().manual_seed(i)).tolist(),
@@ -411,16 +413,22 @@ def test_compiled_blocks_keep_the_bf16_loss_and_gradients(tmp_path):
     tokenizer = type("Tokenizer", (), {"eos_token_id": 254, "mask_token_id": 255})()
     batch = {key: value.cuda() for key, value in TrimsDataCollator(tokenizer)(rows).items()}
     results = {}
-    for compiled in (False, True):
-        base = student("llada", "cuda", torch.bfloat16)
-        torch.manual_seed(0)  # the same adapter initialisation both times
+    for name, dtype, compiled in (("fp32", torch.float32, False), ("eager", torch.bfloat16, False),
+                                  ("compiled", torch.bfloat16, True)):
+        base = student("llada", "cuda", torch.float32)  # fp32 weights: bf16 is the autocast's, as in training
+        torch.manual_seed(0)  # the same adapter initialisation every time
         model = get_peft_model(base, lora_config(base, lora_dropout=0.0))
-        args = MDLMConfig(output_dir=str(tmp_path), bf16=True, report_to="none", compile_blocks=compiled)
+        args = MDLMConfig(output_dir=str(tmp_path), bf16=dtype == torch.bfloat16, report_to="none",
+                          compile_blocks=compiled)
         trainer = MDLMTrainer(model, args, data_collator=TrimsDataCollator(tokenizer))
-        prepared = trainer.accelerator.prepare_model(model)  # bf16 autocast, as Trainer.train runs
+        prepared = trainer.accelerator.prepare_model(model)
         loss = trainer.compute_loss(prepared, batch)
         loss.backward()
-        results[compiled] = (float(loss), {name: p.grad.float() for name, p in model.named_parameters() if p.requires_grad})
-    assert results[True][0] == pytest.approx(results[False][0], rel=LOSS_TOLERANCE)
-    for name, grad in results[False][1].items():
-        assert (results[True][1][name] - grad).norm() <= 0.02 * grad.norm() + 1e-8, name
+        grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.requires_grad])
+        results[name] = (float(loss), grads)
+    reference_loss, reference = results["fp32"]
+    assert reference.norm() > 0
+    eager_error = (results["eager"][1] - reference).norm()
+    assert (results["compiled"][1] - reference).norm() <= 2 * eager_error
+    assert abs(results["compiled"][0] - reference_loss) <= max(2 * abs(results["eager"][0] - reference_loss),
+                                                               LOSS_TOLERANCE * reference_loss)

@@ -541,7 +541,7 @@ def test_decoding_stops_at_the_end_of_response_training_appends():
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_static_step_attends_without_a_mask_unless_a_row_is_padded(monkeypatch, llama, tokenizer, padded):
-    """SDPA gets no mask (so it may pick its flash kernels) when no row is padded, else one boolean mask that
+    """SDPA gets no mask (so it may pick its flash kernels) when no row is padded, else one additive mask that
     broadcasts over heads and queries and hides exactly the padding; every call of the generation shares it."""
     masks = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -558,9 +558,10 @@ def test_static_step_attends_without_a_mask_unless_a_row_is_padded(monkeypatch, 
     if not padded:
         assert all(m is None for m in masks)
         return
-    assert len({m.data_ptr() for m in masks}) == 1 and masks[0].dtype == torch.bool
-    expected = torch.cat([mask, torch.ones(len(PROMPTS), 16, dtype=torch.long)], dim=1).bool()[:, None, None, :]
-    assert torch.equal(masks[0], expected)
+    assert len({m.data_ptr() for m in masks}) == 1 and masks[0].dtype == llama.dtype
+    keep = torch.cat([mask, torch.ones(len(PROMPTS), 16, dtype=torch.long)], dim=1).bool()[:, None, None, :]
+    assert masks[0].shape == keep.shape and torch.equal(masks[0] == 0, keep)
+    assert bool((masks[0][~keep] == torch.finfo(llama.dtype).min).all())
 
 
 @pytest.mark.parametrize("kind", ["llada", "dream"])
