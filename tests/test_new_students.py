@@ -84,3 +84,49 @@ def test_llada_moe_trains_exports_and_evaluates_from_its_recipe(moe_hub_folder, 
                  "--block-length", "8", "--limit", "2", "--no-progress"]) == 0
     (result,) = json.loads(output.read_text())["results"]
     assert result["num_samples"] == 2 and result["nfe"] >= 2 and result["generated_tokens"] > 0
+
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+          "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+"""The Qwen (ChatML) turn structure Dream-Coder's and DiffuCoder's templates share (apple/ml-diffucoder README)."""
+
+
+@pytest.fixture
+def coder_tokenizer(tokenizer):
+    """The test tokenizer with the coders' special tokens (EOS ``<|endoftext|>``, mask ``<|mask|>``, ``<|dlm_pad|>``)
+    and a ChatML template, as their Hub tokenizers have them."""
+    from copy import deepcopy
+
+    coder = deepcopy(tokenizer)
+    coder.add_special_tokens({"eos_token": "<|endoftext|>", "mask_token": "<|mask|>",
+                              "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|dlm_pad|>"]})
+    coder.chat_template = CHATML
+    return coder
+
+
+@pytest.mark.parametrize("recipe", ["dream_coder/trims_s1k.yaml", "diffucoder/trims_s1k.yaml"])
+def test_coder_recipes_end_responses_where_their_templates_do(recipe, coder_tokenizer):
+    from trims_hf.prompts import end_of_response_ids
+
+    _, _, config = parse_recipe(RECIPES / recipe, ["--bf16", "false", "--use_cpu", "true"])
+    ids = end_of_response_ids(coder_tokenizer, config.end_of_response)
+    tokens = coder_tokenizer.convert_ids_to_tokens(ids)
+    assert tokens[0] == "<|im_end|>" == coder_tokenizer.convert_ids_to_tokens(end_of_response_ids(coder_tokenizer, None))[0]
+    assert tokens[1] == ("<|dlm_pad|>" if recipe.startswith("diffucoder") else "<|endoftext|>")
+
+
+def test_coder_checkpoints_are_dream_students_with_their_mask_id(original_checkpoint, tmp_path):
+    """A Dream-architecture checkpoint with a coder's config (``model_type: Dream``, its own ids) loads as Dream, with
+    the config's mask id, and gives the original Dream logits."""
+    import shutil
+
+    from trims_hf import mask_token_id, student_spec
+
+    shutil.copytree(original_checkpoint("dream"), tmp_path / "coder")
+    config = json.loads((tmp_path / "coder" / "config.json").read_text())
+    (tmp_path / "coder" / "config.json").write_text(json.dumps({**config, "mask_token_id": 250, "bos_token_id": 253}))
+    model = load_student(str(tmp_path / "coder"))
+    assert student_spec(model).kind == "dream" and mask_token_id(model) == 250
+    parity = load_file(original_checkpoint("dream") / "parity.safetensors")
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=parity["input_ids"]).logits, parity["logits"], atol=1e-4, rtol=1e-4)
