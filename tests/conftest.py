@@ -23,6 +23,27 @@ carried inside the checkout, since only the checkout travels there)."""
 GSM8K_TRAIN = SHARED / "data" / "gsm8k" / "train.jsonl"
 
 
+@pytest.fixture(scope="session")
+def original_checkpoint(tmp_path_factory):
+    """``kind`` -> a tiny checkpoint in that family's original layout, with ``parity.safetensors``: LLaDA and Dream from
+    ../shared/fixtures (logits of the original code), LLaDA-MoE written by the test (logits of the reference)."""
+    built = {}
+
+    def folder(kind: str) -> Path:
+        if kind == "llada_moe":
+            from helpers_students import write_llada_moe_checkpoint
+
+            if kind not in built:
+                built[kind] = write_llada_moe_checkpoint(tmp_path_factory.mktemp("llada_moe_tiny"))
+            return built[kind]
+        path = SHARED / "fixtures" / f"{kind}_tiny"
+        if not path.is_dir():
+            pytest.skip(f"{path} is missing")
+        return path
+
+    return folder
+
+
 def read_jsonl(path: Path, limit: int) -> list[dict]:
     rows = []
     with path.open() as handle:

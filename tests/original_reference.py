@@ -1,12 +1,18 @@
-"""Independent plain-PyTorch references of the original LLaDA and Dream models, with the original module names.
+"""Independent plain-PyTorch references of the original LLaDA, LLaDA-MoE and Dream models, with the original module names.
 
 Written for the tests from the public descriptions of the original code (GSAI-ML LLaDA ``modeling_llada.py``:
 ``LLaDAModelLM.model.transformer.{wte, blocks.N.{attn_norm, q_proj, k_proj, v_proj, attn_out, ff_norm, ff_proj,
 up_proj, ff_out}, ln_f, ff_out}``; Dream-org ``modeling_dream.py``: ``DreamModel.{model.{embed_tokens, layers.N.
 {input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}, lm_head}``)
 and ../shared/fixtures/README.md: pre-norm blocks, RMSNorm computed in float32, half-split RoPE with float32 angles,
-fully bidirectional attention, SwiGLU MLP. Nothing here uses transformers, so a checkpoint read into it by name
-(``load_state_dict(strict=True)``) checks the saved names, shapes and values against the original architecture.
+fully bidirectional attention, SwiGLU MLP. LLaDA-MoE follows inclusionAI's ``modeling_lladamoe.py`` as dLLM ships it
+(ZHZisZZ/dllm ``dllm/pipelines/llada/models/modeling_lladamoe.py`` at ca176752; ``LLaDAMoEModelLM.{model.{embed_tokens,
+layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm, mlp.{gate,
+experts.E.{gate,up,down}_proj} or mlp.{gate,up,down}_proj}, norm}, lm_head}``): q and k RMS-normalised per head before
+RoPE, a float32 softmax router whose top-k weights are not renormalised, a dense MLP where ``moe_layer_freq`` is 0.
+Checked once against that file run under transformers 4.57 (docs/students.md). Nothing here uses transformers,
+so a checkpoint read into it by name (``load_state_dict(strict=True)``) checks the saved names, shapes and values
+against the original architecture.
 """
 
 from __future__ import annotations
@@ -112,10 +118,11 @@ class DreamAttention(nn.Module):
                                      self.c["num_key_value_heads"], self.c["rope_theta"]))
 
 
-class DreamMLP(nn.Module):
-    def __init__(self, c: dict[str, Any]) -> None:
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))`` (Dream's MLP, LLaDA-MoE's dense MLP and each expert)."""
+
+    def __init__(self, d: int, h: int) -> None:
         super().__init__()
-        d, h = c["hidden_size"], c["intermediate_size"]
         self.gate_proj, self.up_proj, self.down_proj = (nn.Linear(d, h, bias=False), nn.Linear(d, h, bias=False),
                                                         nn.Linear(h, d, bias=False))
 
@@ -129,18 +136,20 @@ class DreamLayer(nn.Module):
         self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         self.self_attn = DreamAttention(c)
         self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-        self.mlp = DreamMLP(c)
+        self.mlp = MLP(c["hidden_size"], c["intermediate_size"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DreamBody(nn.Module):
-    def __init__(self, c: dict[str, Any]) -> None:
+class Body(nn.Module):
+    """Embedding, ``layers``, final norm (Dream's and LLaDA-MoE's ``model``)."""
+
+    def __init__(self, c: dict[str, Any], layers: list[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList(DreamLayer(c) for _ in range(c["num_hidden_layers"]))
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -155,14 +164,76 @@ class DreamModel(nn.Module):
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
-        self.model = DreamBody(config)
+        self.model = Body(config, [DreamLayer(config) for _ in range(config["num_hidden_layers"])])
         self.lm_head = nn.Linear(config["hidden_size"], config["vocab_size"], bias=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.model(input_ids))
 
 
-REFERENCES = {"llada": LLaDAModelLM, "dream": DreamModel}
+class SparseMoE(nn.Module):
+    """Every expert on every token, then the top-k softmax weights (zero elsewhere) mix them."""
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.top_k = c["num_experts_per_tok"]
+        self.gate = nn.Linear(c["hidden_size"], c["num_experts"], bias=False)
+        self.experts = nn.ModuleList(MLP(c["hidden_size"], c["expert_intermediate_size"])
+                                     for _ in range(c["num_experts"]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = self.gate(x).float().softmax(-1)
+        top, chosen = probs.topk(self.top_k, dim=-1)
+        weights = torch.zeros_like(probs).scatter(-1, chosen, top).to(x.dtype)  # [batch, length, experts]
+        outputs = torch.stack([expert(x) for expert in self.experts], dim=-2)  # [batch, length, experts, d]
+        return (weights.unsqueeze(-1) * outputs).sum(-2)
+
+
+class LLaDAMoEAttention(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        d, heads = c["hidden_size"], c["num_attention_heads"]
+        self.head_dim, self.c = d // heads, c
+        kv = self.head_dim * c["num_key_value_heads"]
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d, bias=False), nn.Linear(d, kv, bias=False), nn.Linear(
+            d, kv, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.q_norm, self.k_norm = RMSNorm(self.head_dim, c["rms_norm_eps"]), RMSNorm(self.head_dim, c["rms_norm_eps"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, length, -1, self.head_dim)).view(batch, length, -1)
+        k = self.k_norm(self.k_proj(x).view(batch, length, -1, self.head_dim)).view(batch, length, -1)
+        return self.o_proj(attention(q, k, self.v_proj(x), self.c["num_attention_heads"], self.c["num_key_value_heads"],
+                                     self.c["rope_theta"]))
+
+
+class LLaDAMoELayer(nn.Module):
+    def __init__(self, c: dict[str, Any], sparse: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.self_attn = LLaDAMoEAttention(c)
+        self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.mlp = SparseMoE(c) if sparse else MLP(c["hidden_size"], c["dense_intermediate_size"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LLaDAMoEModelLM(nn.Module):
+    """Original LLaDA-MoE: logits at position i predict token i."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = Body(config, [LLaDAMoELayer(config, freq != 0) for freq in config["moe_layer_freq"]])
+        self.lm_head = nn.Linear(config["hidden_size"], config["vocab_size"], bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model(input_ids))
+
+
+REFERENCES = {"llada": LLaDAModelLM, "llada_moe": LLaDAMoEModelLM, "dream": DreamModel}
 
 
 def load_reference(folder: str, kind: str) -> nn.Module:

@@ -1,4 +1,4 @@
-"""Students: native LLaDA/Dream ports reproduce the reference logits; attention is bidirectional."""
+"""Students: native LLaDA / LLaDA-MoE / Dream ports reproduce the reference logits; attention is bidirectional."""
 
 from __future__ import annotations
 
@@ -7,17 +7,20 @@ import json
 import pytest
 import torch
 from conftest import SHARED, tiny_student
+from helpers_students import LLADA_MOE_TINY
 from safetensors.torch import load_file
 
 from trims_hf import (
     MaskTokenError,
     StudentKindError,
+    detect_student_kind,
     load_student,
     mask_token_id,
     student_logits,
     student_mask_token_id,
     student_spec,
 )
+from trims_hf.students import student_config
 from trims_hf.students.llada import llama_config_from_llada
 
 FIXTURES = SHARED / "fixtures"
@@ -120,3 +123,75 @@ def test_recipes_take_the_mask_token_id(plain_llama_folder, tokenizer, tmp_path)
     assert model_args.mask_token_id == 7 and mask_token_id(built) == 7
     scratch = ModelArguments(plain_llama_folder, model_kind="llada", init_from_config=True, mask_token_id=6)
     assert mask_token_id(build_student(scratch, resolve_student(scratch, tokenizer=tokenizer))) == 6
+
+
+def test_llada_moe_port_gives_the_reference_logits_and_is_recognised_from_its_config(original_checkpoint):
+    folder = original_checkpoint("llada_moe")
+    model = load_student(str(folder))
+    parity = load_file(str(folder / "parity.safetensors"))
+    assert type(model).__name__ == "Qwen3MoeForCausalLM" and student_spec(model).kind == "llada_moe"
+    assert mask_token_id(model) == 255
+    with torch.no_grad():
+        logits = model(input_ids=parity["input_ids"]).logits
+        aligned = student_logits(model, parity["input_ids"])
+    torch.testing.assert_close(logits, parity["logits"], atol=1e-4, rtol=1e-4)
+    assert torch.equal(aligned, logits)  # unshifted, as LLaDA
+
+
+@pytest.mark.parametrize("change,kind", [
+    ({}, "llada_moe"),
+    ({"model_type": "lladamoe"}, "llada_moe"),  # as dLLM asks its users to rewrite the Hub config
+    ({"model_type": "llama", "trims_student": "llada_moe"}, "llada_moe"),  # saved natively by trims_hf
+])
+def test_llada_moe_is_told_apart_from_llada_8b(change, kind):
+    assert detect_student_kind({**LLADA_MOE_TINY, **change}) == kind
+    llada_8b = json.loads((FIXTURES / "llada_tiny" / "config.json").read_text())
+    assert llada_8b["model_type"] == LLADA_MOE_TINY["model_type"] == "llada" and detect_student_kind(llada_8b) == "llada"
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"shared_expert_intermediate_size": 64}, "shared expert"),
+    ({"moe_router_enable_expert_bias": True}, "expert bias"),
+    ({"qk_layernorm": False}, "qk_layernorm"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({"moe_layer_freq": [1, 1]}, "moe_layer_freq has 2 entries for 3 layers"),
+])
+def test_llada_moe_features_the_port_cannot_express_are_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        student_config({**LLADA_MOE_TINY, **change}, "llada_moe")
+
+
+def test_llada_moe_ignores_the_configs_norm_topk_prob_as_the_original_does():
+    """The original MoE block hard-codes ``norm_topk_prob = False``: a config saying True changes nothing."""
+    assert student_config({**LLADA_MOE_TINY, "norm_topk_prob": True}, "llada_moe").norm_topk_prob is False
+
+
+def test_llada_moe_attention_is_bidirectional_and_lora_wraps_attention_only(original_checkpoint):
+    from peft import get_peft_model
+
+    from trims_hf import lora_config
+
+    model = load_student(str(original_checkpoint("llada_moe")))
+    ids = load_file(str(original_checkpoint("llada_moe") / "parity.safetensors"))["input_ids"][:1]
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1) % 250
+    with torch.no_grad():
+        assert not torch.allclose(model(input_ids=ids).logits[0, 0], model(input_ids=changed).logits[0, 0])
+    wrapped = get_peft_model(model, lora_config(model, r=4))
+    targets = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name, _ in wrapped.named_parameters() if ".lora_" in name}
+    assert targets == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+def test_llada_moe_training_loss_has_no_router_auxiliary_loss(original_checkpoint):
+    """dLLM's MDLM trainer (the one that trains LLaDA-MoE) takes its loss from the logits alone: so does ours."""
+    from trims_hf.loss import mdlm_loss
+
+    model = load_student(str(original_checkpoint("llada_moe"))).train()
+    ids = load_file(str(original_checkpoint("llada_moe") / "parity.safetensors"))["input_ids"]
+    masked = ids == 255
+    labels = torch.randint(0, 250, ids.shape, generator=torch.Generator().manual_seed(0))
+    weights = torch.tensor([2.0, 0.5])
+    out = model(input_ids=ids, labels=labels, masked=masked, loss_weights=weights, num_items_in_batch=torch.tensor(14))
+    assert out.get("aux_loss") is None and not model.config.output_router_logits
+    expected = mdlm_loss(out.logits, labels, masked, weights, student_spec(model), torch.tensor(14))
+    torch.testing.assert_close(out.loss, expected)

@@ -19,7 +19,8 @@ from typing import Any, Literal
 from .errors import InputError
 from .settings import check_choice
 
-StudentKind = Literal["llada", "dream", "masked_lm"]  # the keys of trims_hf.students.STUDENTS (tested), torch-free here
+# The keys of trims_hf.students.STUDENTS (tested), torch-free here.
+StudentKind = Literal["llada", "llada_moe", "dream", "masked_lm"]
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 FieldName = Callable[[str], str]
 """How a message names a field: as itself (a recipe key, a keyword argument) or as a flag (:func:`flag_name`)."""
@@ -40,7 +41,7 @@ class ModelConfig:
     """A masked-diffusion student: weights, family, mask token, dtype, adapter and tokenizer."""
 
     model_name_or_path: str = field(
-        metadata={"help": "Student Hub id or local folder (weights and config; LLaDA, Dream or a masked LM).",
+        metadata={"help": "Student Hub id or local folder (weights and config; LLaDA, LLaDA-MoE, Dream or a masked LM).",
                   "aliases": ["--model"]},
     )
     model_revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit) of the student."})

@@ -1,8 +1,9 @@
 """Masked-diffusion students: loading, the per-family spec, and aligned logits.
 
-Three families: LLaDA (Llama blocks, no logit shift), Dream (Qwen2 blocks, logits shifted right by
-one) and any ``AutoModelForMaskedLM`` (e.g. ModernBERT). LLaDA and Dream run on transformers' own
-Llama/Qwen2 code made bidirectional, so no Hub remote code is executed.
+Four families: LLaDA (Llama blocks, no logit shift; LLaDA-8B and LLaDA 1.5), LLaDA-MoE (Qwen3-MoE blocks, no logit
+shift), Dream (Qwen2 blocks, logits shifted right by one; Dream, Dream-Coder, DiffuCoder) and any
+``AutoModelForMaskedLM`` (e.g. ModernBERT). The decoders run on transformers' own Llama / Qwen3-MoE / Qwen2 code made
+bidirectional, so no Hub remote code is executed.
 """
 
 from __future__ import annotations
@@ -26,15 +27,23 @@ from .dream import dream_config_from_qwen2, qwen2_config_from_dream
 from .layout import OriginalLayout, use_original_layout
 from .llada import MODULE_NAMES as LLADA_MODULE_NAMES
 from .llada import llada_config_from_llama, llama_config_from_llada
+from .llada_moe import fuse_expert_weights, llada_moe_config_from_qwen3_moe, qwen3_moe_config_from_llada_moe
 
 _DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Attention only: peft maps any MLP projection name (even a regex matching only a dense layer's) onto the experts'
+# fused 3-D parameters, whose adapter has no counterpart among the original code's per-expert modules.
+_MOE_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 STUDENTS: dict[str, StudentSpec] = {
     "llada": StudentSpec(kind="llada", shift_logits=False, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
-                         native_model_type="llada", translate_config=llama_config_from_llada,
+                         native_model_types=("llada",), native_key="d_model", translate_config=llama_config_from_llada,
                          original_config=llada_config_from_llama, module_names=LLADA_MODULE_NAMES),
+    "llada_moe": StudentSpec(kind="llada_moe", shift_logits=False, lora_target_modules=_MOE_LORA_TARGETS,
+                             decoder=True, native_model_types=("llada", "lladamoe"), native_key="num_experts",
+                             translate_config=qwen3_moe_config_from_llada_moe, fuse_state_dict=fuse_expert_weights,
+                             original_config=llada_moe_config_from_qwen3_moe),
     "dream": StudentSpec(kind="dream", shift_logits=True, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
-                         native_model_type="dream", translate_config=qwen2_config_from_dream,
+                         native_model_types=("dream",), translate_config=qwen2_config_from_dream,
                          original_config=dream_config_from_qwen2),
     "masked_lm": StudentSpec(kind="masked_lm", shift_logits=False, lora_target_modules="all-linear", decoder=False),
 }
@@ -132,29 +141,24 @@ def student_logits(
 
 
 def detect_student_kind(config_dict: dict[str, Any]) -> str:
-    """The student family of a ``config.json`` dict: a saved student's own mark, a LLaDA/Dream checkpoint's
-    ``model_type``, or a masked LM; a causal LM needs the caller to say how it was made bidirectional."""
+    """The student family of a ``config.json`` dict: a saved student's own mark, an original LLaDA / LLaDA-MoE / Dream
+    checkpoint's config, or a masked LM; a causal LM needs the caller to say how it was made bidirectional."""
     if config_dict.get("trims_student"):
         return config_dict["trims_student"]
-    model_type = str(config_dict.get("model_type", "")).lower()
     for spec in STUDENTS.values():
-        if spec.native_model_type == model_type:
+        if spec.is_original(config_dict):
             return spec.kind
+    model_type = str(config_dict.get("model_type", "")).lower()
     if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
         return "masked_lm"
     raise StudentKindError(model_type)
-
-
-def _native(config_dict: dict[str, Any], spec: StudentSpec) -> bool:
-    """An original LLaDA / Dream ``config.json`` (translated at load), not a transformers one."""
-    return spec.translate_config is not None and str(config_dict.get("model_type", "")).lower() == spec.native_model_type
 
 
 def student_config(config_dict: dict[str, Any], kind: str) -> PreTrainedConfig:
     """The transformers config a student of ``kind`` with this ``config.json`` dict loads with (LLaDA / Dream
     originals translated), so checks that need only the config run before any weight is read."""
     spec = STUDENTS[kind]
-    return spec.translate_config(config_dict) if _native(config_dict, spec) else PreTrainedConfig.from_dict(config_dict)
+    return spec.translate_config(config_dict) if spec.is_original(config_dict) else PreTrainedConfig.from_dict(config_dict)
 
 
 def check_sequence_length(config_dict: dict[str, Any], kind: str, max_length: int) -> None:
@@ -224,7 +228,7 @@ def load_student(
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **hub_kwargs)
         mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id, tokenizer)
     if spec.decoder:
-        native = _native(config_dict, spec)
+        native = spec.is_original(config_dict)
         model, info = AutoModelForCausalLM.from_pretrained(
             name_or_path, config=spec.translate_config(config_dict) if native else None,
             key_mapping=spec.key_mapping, output_loading_info=True, **hub_kwargs, **from_pretrained_kwargs,

@@ -26,7 +26,7 @@ class StudentSpec:
     """Static facts about one family of masked-diffusion students."""
 
     kind: str
-    """Registry name: ``"llada"``, ``"dream"`` or ``"masked_lm"``."""
+    """Registry name: ``"llada"``, ``"llada_moe"``, ``"dream"`` or ``"masked_lm"``."""
     shift_logits: bool
     """True when the logits at position ``i - 1`` predict token ``i`` (Dream)."""
     lora_target_modules: tuple[str, ...] | str
@@ -34,15 +34,28 @@ class StudentSpec:
     decoder: bool
     """A transformers causal-LM class made bidirectional (takes position ids, a KV cache and ``logits_to_keep``);
     False for an ``AutoModelForMaskedLM``."""
-    native_model_type: str | None = None
-    """``model_type`` of the family's original checkpoints, whose config :attr:`translate_config` converts."""
+    native_model_types: tuple[str, ...] = ()
+    """``model_type`` values (lower case) of the family's original checkpoints, whose config :attr:`translate_config`
+    converts (LLaDA-MoE's Hub config says ``llada`` like LLaDA-8B's; dLLM asks its users to rewrite it ``lladamoe``)."""
+    native_key: str | None = None
+    """A ``config.json`` key only this family's originals have, telling apart families that share a ``model_type``
+    (LLaDA-8B's ``d_model``, LLaDA-MoE's ``num_experts``)."""
     translate_config: Callable[[dict[str, Any]], Any] | None = None
     """Original ``config.json`` dict -> the equivalent transformers config."""
     module_names: ModuleNames = SAME_NAMES
     """Original module paths <-> native ones where they differ (LLaDA's; none for Dream, whose names are Qwen2's)."""
+    fuse_state_dict: Callable[[dict[str, Any], str], None] | None = None
+    """(state dict, key prefix) -> None: original-layout tensors under the prefix merged, in place, into the native
+    class's fused parameters (LLaDA-MoE's per-expert weights), where renaming alone does not reach them."""
     original_config: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
     """(native config, the original ``config.json`` dict it was loaded from) -> the original dict to save: the
     inverse of :attr:`translate_config`, so a trained student is written as the original model is."""
+
+    def is_original(self, config_dict: dict[str, Any]) -> bool:
+        """Whether ``config_dict`` is an original checkpoint's ``config.json`` of this family (translated at load)."""
+        return (self.translate_config is not None
+                and str(config_dict.get("model_type", "")).lower() in self.native_model_types
+                and (self.native_key is None or self.native_key in config_dict))
 
     @property
     def key_mapping(self) -> dict[str, str] | None:

@@ -58,14 +58,17 @@ def use_original_layout(model: nn.Module, layout: OriginalLayout) -> None:
 
 
 def _native_names(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-    """A ``load_state_dict`` pre-hook: keys in the original layout renamed in place to the native ones."""
+    """A ``load_state_dict`` pre-hook: keys in the original layout renamed (and fused) in place to the native ones."""
     from . import student_spec
 
-    rename = student_spec(module).module_names.to_native
+    spec = student_spec(module)
+    rename = spec.module_names.to_native
     for key in [key for key in state_dict if key.startswith(prefix)]:
         native = prefix + rename(key[len(prefix):])
         if native != key:
             state_dict[native] = state_dict.pop(key)
+    if spec.fuse_state_dict is not None:
+        spec.fuse_state_dict(state_dict, prefix)
 
 
 def original_layout(model: nn.Module) -> OriginalLayout | None:

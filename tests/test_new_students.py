@@ -1,0 +1,132 @@
+"""The newer students end to end: their recipes, and `trims train` / `trims export` / `trims eval` on a tiny LLaDA-MoE
+in the original layout (LLaDA 1.5, Dream-Coder and DiffuCoder run the LLaDA / Dream code paths tested elsewhere)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SHARED, synthetic_scored_rows
+from helpers_students import write_llada_moe_checkpoint
+from original_reference import load_reference
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from trims_hf import load_student
+from trims_hf.cli import main
+from trims_hf.jobs.train import parse_recipe
+from trims_hf.students import detect_student_kind
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+NEW_RECIPES = {  # recipe -> (student kind, a config.json of that family as its Hub checkpoint has it)
+    "llada15/trims_s1k.yaml": ("llada", {"model_type": "llada", "d_model": 4096, "n_layers": 32}),
+    "llada_moe/trims_s1k.yaml": ("llada_moe", {"model_type": "llada", "num_experts": 64, "hidden_size": 2048}),
+    "dream_coder/trims_s1k.yaml": ("dream", {"model_type": "Dream", "hidden_size": 3584}),
+    "diffucoder/trims_s1k.yaml": ("dream", {"model_type": "Dream", "hidden_size": 3584}),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(NEW_RECIPES))
+def test_new_recipes_parse_and_name_the_kind_their_checkpoint_is_detected_as(recipe):
+    model_args, _, config = parse_recipe(RECIPES / recipe, ["--bf16", "false", "--use_cpu", "true"])
+    kind, hub_config = NEW_RECIPES[recipe]
+    assert model_args.model_kind == kind == detect_student_kind(hub_config)
+    assert (config.max_length, config.num_buckets, config.trajectory_ratio, model_args.lora_r) == (1024, 8, 0.1, 32)
+
+
+@pytest.fixture(scope="module")
+def moe_hub_folder(tmp_path_factory, tokenizer) -> Path:
+    """A tiny LLaDA-MoE Hub folder: original config and per-expert weights, its tokenizer, its modeling file."""
+    folder = write_llada_moe_checkpoint(tmp_path_factory.mktemp("llada-moe-hub"), tokenizer)
+    (folder / "modeling_lladamoe.py").write_text("# the original modeling code\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_llada_moe_trains_exports_and_evaluates_from_its_recipe(moe_hub_folder, tokenizer, gsm8k_rows, tmp_path):
+    rows = tmp_path / "scored.jsonl"
+    rows.write_text("".join(json.dumps(row) + "\n" for row in synthetic_scored_rows(gsm8k_rows[:16], tokenizer)))
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(RECIPES / "llada_moe/trims_s1k.yaml"), "--model_name_or_path",
+                 str(moe_hub_folder), "--dataset_name", str(rows), "--output_dir", str(run), "--max_steps", "2",
+                 "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--max_length", "512",
+                 "--lora_r", "4", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+                 "--save_strategy", "no", "--padding", "longest", "--num_train_epochs", "1"]) == 0
+    state = json.loads((run / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and all(entry["loss"] > 0 for entry in state["log_history"] if "loss" in entry)
+    adapter = json.loads((run / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+
+    ids = load_file(moe_hub_folder / "parity.safetensors")["input_ids"]
+    with torch.no_grad():
+        ours = load_student(str(moe_hub_folder), adapter=str(run)).eval()(input_ids=ids).logits
+        base = load_student(str(moe_hub_folder))(input_ids=ids).logits
+    assert (ours - base).abs().max() > 0  # the trained adapter changed the model
+
+    merged, exported = tmp_path / "merged", tmp_path / "adapter"
+    assert main(["export", "--model", str(moe_hub_folder), "--adapter", str(run), "--output", str(merged)]) == 0
+    assert main(["export", "--model", str(moe_hub_folder), "--adapter", str(run), "--output", str(exported),
+                 "--format", "adapter"]) == 0
+    assert set(load_file(merged / "model.safetensors")) == set(load_file(moe_hub_folder / "model.safetensors"))
+    config = json.loads((merged / "config.json").read_text())
+    assert config == json.loads((moe_hub_folder / "config.json").read_text())
+    assert (merged / "modeling_lladamoe.py").is_file() and (merged / "tokenizer_config.json").is_file()
+    with torch.no_grad():
+        torch.testing.assert_close(load_reference(str(merged), "llada_moe")(ids), ours, atol=1e-4, rtol=1e-4)
+        original = PeftModel.from_pretrained(load_reference(str(moe_hub_folder), "llada_moe"), exported)
+        torch.testing.assert_close(original(ids), ours, atol=1e-4, rtol=1e-4)
+
+    output = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(moe_hub_folder), "--adapter", str(run), "--task", "gsm8k", "--data-file",
+                 str(SHARED / "data" / "gsm8k" / "test.jsonl"), "--output", str(output), "--gen-length", "16",
+                 "--block-length", "8", "--limit", "2", "--no-progress"]) == 0
+    (result,) = json.loads(output.read_text())["results"]
+    assert result["num_samples"] == 2 and result["nfe"] >= 2 and result["generated_tokens"] > 0
+
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+          "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+"""The Qwen (ChatML) turn structure Dream-Coder's and DiffuCoder's templates share (apple/ml-diffucoder README)."""
+
+
+@pytest.fixture
+def coder_tokenizer(tokenizer):
+    """The test tokenizer with the coders' special tokens (EOS ``<|endoftext|>``, mask ``<|mask|>``, ``<|dlm_pad|>``)
+    and a ChatML template, as their Hub tokenizers have them."""
+    from copy import deepcopy
+
+    coder = deepcopy(tokenizer)
+    coder.add_special_tokens({"eos_token": "<|endoftext|>", "mask_token": "<|mask|>",
+                              "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|dlm_pad|>"]})
+    coder.chat_template = CHATML
+    return coder
+
+
+@pytest.mark.parametrize("recipe", ["dream_coder/trims_s1k.yaml", "diffucoder/trims_s1k.yaml"])
+def test_coder_recipes_end_responses_where_their_templates_do(recipe, coder_tokenizer):
+    from trims_hf.prompts import end_of_response_ids
+
+    _, _, config = parse_recipe(RECIPES / recipe, ["--bf16", "false", "--use_cpu", "true"])
+    ids = end_of_response_ids(coder_tokenizer, config.end_of_response)
+    tokens = coder_tokenizer.convert_ids_to_tokens(ids)
+    assert tokens[0] == "<|im_end|>" == coder_tokenizer.convert_ids_to_tokens(end_of_response_ids(coder_tokenizer, None))[0]
+    assert tokens[1] == ("<|dlm_pad|>" if recipe.startswith("diffucoder") else "<|endoftext|>")
+
+
+def test_coder_checkpoints_are_dream_students_with_their_mask_id(original_checkpoint, tmp_path):
+    """A Dream-architecture checkpoint with a coder's config (``model_type: Dream``, its own ids) loads as Dream, with
+    the config's mask id, and gives the original Dream logits."""
+    import shutil
+
+    from trims_hf import mask_token_id, student_spec
+
+    shutil.copytree(original_checkpoint("dream"), tmp_path / "coder")
+    config = json.loads((tmp_path / "coder" / "config.json").read_text())
+    (tmp_path / "coder" / "config.json").write_text(json.dumps({**config, "mask_token_id": 250, "bos_token_id": 253}))
+    model = load_student(str(tmp_path / "coder"))
+    assert student_spec(model).kind == "dream" and mask_token_id(model) == 250
+    parity = load_file(original_checkpoint("dream") / "parity.safetensors")
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=parity["input_ids"]).logits, parity["logits"], atol=1e-4, rtol=1e-4)
