@@ -130,3 +130,24 @@ def test_coder_checkpoints_are_dream_students_with_their_mask_id(original_checkp
     parity = load_file(original_checkpoint("dream") / "parity.safetensors")
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=parity["input_ids"]).logits, parity["logits"], atol=1e-4, rtol=1e-4)
+
+
+def test_llada_moe_decodes_the_same_tokens_in_every_step_mode(original_checkpoint):
+    """The MoE student's forward goes through the static step (buffers written in place, one padding mask) as
+    LLaDA's and Dream's do: the same tokens, fills and forwards as the eager step, batch 1 and left-padded."""
+    from dataclasses import replace
+
+    from trims_hf import load_student
+    from trims_hf.generation import DecodingConfig, generate
+
+    model = load_student(str(original_checkpoint("llada_moe"))).eval()
+    ids = torch.randint(3, 200, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = mask[2, :2] = 0
+    for cache in ("none", "dual"):
+        for batch in ((ids[:1], None), (ids, mask)):
+            config = DecodingConfig(gen_length=16, block_length=8, threshold=0.3, cache=cache, early_stop=False,
+                                    step="eager")
+            eager = generate(model, *batch, config)
+            static = generate(model, *batch, replace(config, step="static"))
+            assert torch.equal(static.sequences, eager.sequences) and static.nfe == eager.nfe
