@@ -34,6 +34,11 @@ Public configs (verified with the search tool on 2026-11-26; the Hub itself is u
   Qwen2.5-7B-based) and Qwen2.5-7B's config give: hidden 3584, 28 layers, 28 heads / 4 KV (head_dim 128),
   intermediate 18944, vocab 152064, max_position_embeddings 131072, rope_theta 1e6, rms_norm_eps 1e-6,
   tie_word_embeddings false, mask 151666, bos = eos = pad 151643 (as ../shared/fixtures/README.md lists for 7B).
+- LLaDA-MoE-7B-A1B-Instruct (``--student llada_moe``): its Hub config.json as a third-party guide quotes it (found with
+  the search tool's find_string/read_file, consistent with a vLLM plugin's docs; not byte-verified): hidden 2048,
+  16 layers, 16 heads / 16 KV, 64 experts of 1,024, 8 routed per token, every layer sparse, vocab 157184, rope_theta
+  50000, q/k norms; the mask id 156895 is not in it (the port's default). The experts are fused 3-D weights, so
+  :func:`linear_weights` counts the 8 routed experts per token, not all 64; the weight-read bound counts all 64.
 - Qwen3-8B: "Copy config.json from Qwen/Qwen3-8B" (huggingface.co/thejaminator/qwen-hook-layer-9, commit
   478fb72): hidden 4096, 36 layers, 32 heads / 8 KV, head_dim 128, intermediate 12288, vocab 151936,
   max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-6, tie_word_embeddings false, no attention bias.
@@ -105,8 +110,19 @@ QWEN3_8B: dict[str, Any] = {
     "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
     "attention_bias": False, "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645,
 }
-PUBLIC_CONFIGS = {"llada": LLADA_8B_INSTRUCT, "dream": DREAM_V0_INSTRUCT_7B, "teacher": QWEN3_8B}
-MODEL_NAMES = {"llada": "LLaDA-8B-Instruct", "dream": "Dream-v0-Instruct-7B", "teacher": "Qwen3-8B"}
+LLADA_MOE_7B_A1B_INSTRUCT: dict[str, Any] = {
+    "model_type": "llada", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "expert_intermediate_size": 1024, "dense_intermediate_size": 8192, "num_experts": 64,
+    "num_experts_per_tok": 8, "moe_layer_freq": [1] * 16, "shared_expert_intermediate_size": None,
+    "vocab_size": 157184, "max_position_embeddings": 8192, "rope_theta": 50000, "rms_norm_eps": 1e-5,
+    "qk_layernorm": True, "partial_rotary_factor": 1, "moe_router_enable_expert_bias": False,
+    "routed_scaling_factor": 1, "attention_bias": False, "tie_word_embeddings": False, "hidden_act": "silu",
+    "norm_topk_prob": False, "eos_token_id": 156892, "pad_token_id": 156892, "mask_token_id": 156895,
+}
+PUBLIC_CONFIGS = {"llada": LLADA_8B_INSTRUCT, "dream": DREAM_V0_INSTRUCT_7B, "llada_moe": LLADA_MOE_7B_A1B_INSTRUCT,
+                  "teacher": QWEN3_8B}
+MODEL_NAMES = {"llada": "LLaDA-8B-Instruct", "dream": "Dream-v0-Instruct-7B", "llada_moe": "LLaDA-MoE-7B-A1B-Instruct",
+               "teacher": "Qwen3-8B"}
 
 # Tiny dimensions: same fields, same classes; vocab 512 with the special ids at its top.
 TINY_OVERRIDES: dict[str, dict[str, Any]] = {
@@ -115,6 +131,10 @@ TINY_OVERRIDES: dict[str, dict[str, Any]] = {
     "dream": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 4096,
               "mask_token_id": 511, "bos_token_id": 510, "eos_token_id": 510, "pad_token_id": 510},
+    "llada_moe": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                  "expert_intermediate_size": 32, "dense_intermediate_size": 128, "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_layer_freq": [1, 1], "vocab_size": 512, "max_position_embeddings": 4096,
+                  "mask_token_id": 511, "eos_token_id": 510, "pad_token_id": 510},
     "teacher": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "head_dim": 16, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 4096,
                 "bos_token_id": 510, "eos_token_id": 510},
@@ -235,8 +255,17 @@ def shape(config: PreTrainedConfig, parameters: int) -> dict[str, int]:
 
 
 def linear_weights(model: nn.Module) -> int:
-    """Parameters of the matmuls (every nn.Linear, LM head included; the embedding lookup is no matmul)."""
-    return sum(module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear))
+    """Parameters of the matmuls one token goes through (every nn.Linear, LM head included; the embedding lookup is no
+    matmul; an MoE router's weight too); of a sparse MoE block's fused experts (3-D ``gate_up_proj`` / ``down_proj``),
+    the ``num_experts_per_tok`` a token is routed to."""
+    total = sum(module.weight.numel() for module in model.modules()
+                if isinstance(module, nn.Linear) or type(module).__name__.endswith("Router"))  # MoE routers: a matmul
+    routed = getattr(model.config.get_text_config(), "num_experts_per_tok", None)
+    for module in model.modules():
+        experts = [getattr(module, name, None) for name in ("gate_up_proj", "down_proj")]
+        if routed and all(isinstance(w, nn.Parameter) and w.dim() == 3 for w in experts):
+            total += sum(w.numel() // w.shape[0] * routed for w in experts)
+    return total
 
 
 def training_flops_per_token(config: PreTrainedConfig, sequence: int, frozen_matmul: int, lora: int) -> float:
@@ -261,7 +290,7 @@ class Run:
 
     scale: str
     student: str
-    """Student family of the train, zero2 and decode parts: llada (the goals are set for it) or dream."""
+    """Student family of the train, zero2 and decode parts: llada (the goals are set for it), dream or llada_moe."""
     device: torch.device
     dtype: torch.dtype
     attn_implementation: str | None
@@ -947,7 +976,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
     parser = argparse.ArgumentParser(prog="bench/real_size.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--part", choices=(*PARTS, "all"), default="all")
-    parser.add_argument("--student", choices=("llada", "dream"), default="llada",
+    parser.add_argument("--student", choices=("llada", "dream", "llada_moe"), default="llada",
                         help="student shape of the train, zero2 and decode parts (the goals are set for llada)")
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,

@@ -332,3 +332,19 @@ def test_measurement_steps_down_after_a_late_out_of_memory(error):
 def test_other_runtime_errors_are_not_out_of_memory():
     with pytest.raises(RuntimeError, match="shape mismatch"):
         real_size.stepping_down(lambda size: (_ for _ in ()).throw(RuntimeError("shape mismatch")), 4, lambda: None)
+
+
+def test_llada_moe_real_shape_counts_all_experts_and_routes_eight():
+    """LLaDA-MoE-7B-A1B from its public config by hand: 7.36B parameters (64 experts of 3 x 2048 x 1024 per layer, q/k
+    norms, the router), of which a token's matmuls use the attention, the router, its 8 routed experts and the head."""
+    c = real_size.PUBLIC_CONFIGS["llada_moe"]
+    d, layers, vocab, experts, routed, width = (c[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size",
+                                                                "num_experts", "num_experts_per_tok",
+                                                                "expert_intermediate_size"))
+    head_dim = d // c["num_attention_heads"]
+    attention, router, expert = 4 * d * d, experts * d, 3 * d * width
+    per_layer = attention + 2 * head_dim + router + experts * expert + 2 * d
+    model = real_size.build_model("llada_moe", "real", "meta", torch.bfloat16)
+    assert model.num_parameters() == 2 * vocab * d + layers * per_layer + d == 7_356_880_896
+    assert real_size.linear_weights(model) == vocab * d + layers * (attention + router + routed * expert)
+    assert getattr(model.config, "is_causal", True) is False
