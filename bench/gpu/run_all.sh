@@ -5,7 +5,7 @@
 # into OUT as it happens, so a call killed at its limit keeps what was done.
 #
 #   bash bench/gpu/run_all.sh OUT [--scale real|tiny] [--deadline SECONDS] [--parts tests,decode,train,score,zero2]
-#                                 [--profile | --profile-worst FILE] [--shared DIR]
+#                                 [--profile | --profile-worst FILE] [--shared DIR] [--student llada|dream|llada_moe]
 #
 #   OUT/log.txt          everything printed, part by part
 #   OUT/env.json         GPU, driver, CUDA, Python and library versions, commit, date
@@ -26,7 +26,7 @@ set -uo pipefail
 usage() { sed -n '7,8p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
 [ $# -ge 1 ] && [ "${1#-}" = "$1" ] || usage
 out=$1; shift
-scale=real deadline=480 parts=tests,decode,train,score,zero2 profile=0
+scale=real deadline=480 parts=tests,decode,train,score,zero2 profile=0 student=llada
 root=$(cd "$(dirname "$0")/../.." && pwd)
 shared=$root/../shared
 while [ $# -gt 0 ]; do
@@ -37,10 +37,12 @@ while [ $# -gt 0 ]; do
     --profile) profile=1; shift ;;
     --profile-worst) profile=1; worst_from=${2:-}; shift 2 ;;
     --shared) shared=${2:-}; shift 2 ;;
+    --student) student=${2:-}; shift 2 ;;
     *) echo "error: unknown argument $1" >&2; usage ;;
   esac
 done
 case $scale in real|tiny) ;; *) echo "error: --scale must be real or tiny, got '$scale'" >&2; exit 2 ;; esac
+case $student in llada|dream|llada_moe) ;; *) echo "error: --student must be llada, dream or llada_moe, got '$student'" >&2; exit 2 ;; esac
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "error: --deadline must be whole seconds, got '$deadline'" >&2; exit 2; }
 for part in ${parts//,/ }; do
   case $part in tests|train|decode|score|zero2) ;; *) echo "error: --parts: unknown part '$part' (tests, train, decode, score, zero2)" >&2; exit 2 ;; esac
@@ -108,7 +110,7 @@ while read -r part budget flags; do
     command=("$python" -m pytest -q -rs -p no:cacheprovider tests/test_cuda_correctness.py "${select[@]}" --junitxml "$out/tests.xml")
   else
     # shellcheck disable=SC2206
-    command=("$python" bench/real_size.py --scale "$scale" --part "$part" --output "$out/real_size.jsonl" $flags "${profile_flags[@]}")
+    command=("$python" bench/real_size.py --scale "$scale" --part "$part" --student "$student" --output "$out/real_size.jsonl" $flags "${profile_flags[@]}")
     [ "$part" = train ] && command+=(--train-profile "$out/train_profile.txt")
   fi
   echo "== $part: budget ${budget}s, ${left}s left: ${command[*]}"
