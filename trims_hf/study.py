@@ -35,6 +35,7 @@ from transformers import (
 
 from .analysis import TeacherNLL, bucket_statistics, format_study, hard_first_correlation, study_rows
 from .config import MDLMConfig
+from .distributed import name_cpu_accelerator
 from .evaluation import EvalResult, SampleRecord, evaluate_task, format_table, plot_frontier, save_results
 from .generation import TrajectoryRecorder, teacher_nll_per_step
 from .generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
@@ -79,6 +80,8 @@ class Units:
     deadline: float = math.inf
     ran: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
+    progress: Callable[[], str] | None = None
+    """What the header line of a unit that starts adds (:meth:`Study.progress`: where the run is, the time left)."""
 
     def key(self, name: str, stage: str | None) -> dict[str, str]:
         return {"unit": name, "protocol": self.protocol.fingerprint(stage), "format": UNIT_FORMAT}
@@ -96,7 +99,7 @@ class Units:
             return False
         if timed and time.monotonic() + expected_s > self.deadline:
             raise OutOfBudget(f"{name} (expected {expected_s:.0f} s)" if expected_s else name)
-        print(f"\n== {name} ==", flush=True)
+        print(f"\n== {name} =={self.progress() if self.progress else ''}", flush=True)
         self.ran.append(name)
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -292,6 +295,16 @@ def on_device(model: PreTrainedModel, device: str) -> PreTrainedModel:
     return model.to(device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
 
 
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``1 h 02 min``: a time as a progress line says it."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
 REPORT_FILES = ("results.json", "table.md", "frontier.png", "teacher_nll_per_step.png")
 """What :meth:`Study.stage_report` copies to a results folder (the per-problem records stay in the study)."""
 
@@ -319,7 +332,12 @@ class Study:
     def __init__(self, output: Path, protocol: StudyProtocol, device: str = "cpu", deadline: float = math.inf,
                  results_dir: Path | None = None) -> None:
         self.output, self.protocol, self.results_dir = Path(output), protocol, results_dir
-        self.units = Units(protocol, device, deadline)
+        self.units = Units(protocol, device, deadline, progress=self.progress)
+        if device == "cpu":
+            name_cpu_accelerator()
+        self.started = time.monotonic()
+        self.position: tuple[str, int] = (self.stages[0], 0)
+        """The unit running now: (stage, 0), or ("models", its index in :func:`models_plan`)."""
         self.dropped: list[str] = []
         """Tail units this invocation dropped for time (:meth:`stage_models`)."""
         self.loaded: dict[str, Any] = {}
@@ -395,12 +413,57 @@ class Study:
         """Expected wall time of a unit: from the finished units of the same kind in this study when there are some
         (``train``: the slowest seconds per step seen; ``eval``, ``traced``: the slowest such evaluation), before the
         first :meth:`prior_s`."""
+        measured = self.measured_s(kind, steps)
+        return self.prior_s(kind, steps) if measured is None else measured
+
+    def measured_s(self, kind: str, steps: int = 0) -> float | None:
+        """:meth:`expected_s` from the finished units alone; None before one of the kind has finished."""
         walls = [json.loads(path.read_text()) for path in self.output.glob("**/unit.json")]
         if kind == "train":
             rates = [w["wall_s"] / w["steps"] for w in walls if w.get("steps")]
-            return steps * max(rates) if rates else self.prior_s(kind, steps)
+            return steps * max(rates) if rates else None
         measured = [w["wall_s"] for w in walls if "threshold" in w and w.get("traced") == (kind == "traced")]
-        return max(measured) if measured else self.prior_s(kind)
+        return max(measured) if measured else None
+
+    def stage_estimate(self, stage: str) -> tuple[str, float | None]:
+        """(kind, expected seconds or None when not known yet) of a stage's unit, for :meth:`progress`; a study with
+        a stage of its own may say more."""
+        p = self.protocol
+        estimates = {"data": 0.0, "report": 0.0, "base": self.measured_s("train", p.base_steps)}
+        kind = "training" if stage == "base" else stage
+        return kind, estimates.get(stage, self.prior_s(stage) or None)
+
+    def progress(self) -> str:
+        """`` (unit 7 of 19, 2 min 10 s so far; about 3 min 40 s left)``: where the run is when a unit starts, and the
+        time left as the finished units measure it (:meth:`measured_s`; a study's :meth:`prior_s` before that); while
+        a kind of unit has not been timed yet, the line names it and gives the time left as a lower bound."""
+        p, plan = self.protocol, models_plan(self.protocol)
+        positions = [(stage, index) for stage in self.stages
+                     for index in (range(len(plan)) if stage == "models" else [0])]
+        at = positions.index(self.position) if self.position in positions else 0
+        in_models = self.position[0] == "models"  # before, a unit's name may not be known yet (a test task's tag)
+        known, untimed = 0.0, []
+        for stage, index in positions[at:]:
+            current = (stage, index) == self.position
+            if stage == "models":
+                unit = plan[index]
+                if not current and in_models and self.finished(unit):
+                    continue
+                kind = "train" if unit.threshold is None else "traced" if p.traced(unit.threshold, unit.seed) else "eval"
+                seconds = self.measured_s(kind, p.variant_steps)
+                seconds = self.prior_s(kind, p.variant_steps) or None if seconds is None else seconds
+                kind = {"train": "training", "eval": "evaluation", "traced": "traced evaluation"}[kind]
+            elif not current and (self.output / stage / KEY_FILE).is_file():
+                continue
+            else:
+                kind, seconds = self.stage_estimate(stage)
+            if seconds is None:
+                untimed += [kind] if kind not in untimed else []
+            else:
+                known += seconds
+        left = (f"about {duration(known)} left" if not untimed else
+                f"over {duration(known)} left; not timed yet: {', '.join(untimed)}")
+        return f" (unit {at + 1} of {len(positions)}, {duration(time.monotonic() - self.started)} so far; {left})"
 
     def training_record(self, args: MDLMConfig, steps: int, model: PreTrainedModel) -> dict[str, Any]:
         """What a student run records to be checked against the protocol: its seed, ratio and ordering as the trainer
@@ -444,6 +507,7 @@ class Study:
         and every later one, named in one line: the pre-registered tail, never a choice among its units."""
         plan = models_plan(self.protocol)
         for index, unit in enumerate(plan):
+            self.position = ("models", index)
             try:
                 if unit.threshold is None:
                     self.train_variant(unit)
@@ -581,11 +645,11 @@ class Study:
     def run(self, until: str = "report") -> bool:
         """The stages up to ``until``, skipping finished units; False when the time budget stopped it (the finished
         models' report is then written, marked partial, and running it again continues)."""
-        start = time.monotonic()
+        start = self.started = time.monotonic()
         stages = self.stages[: self.stages.index(until) + 1]
         try:
             for stage in stages:
-                reached = stage
+                reached, self.position = stage, (stage, 0)
                 getattr(self, f"stage_{stage}")()
         except OutOfBudget as stop:
             print(f"stopped before {stop} after {(time.monotonic() - start) / 60:.1f} min; run the same command again "

@@ -126,7 +126,7 @@ class DemoStudy(Study):
         pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (p.hidden_size, p.num_layers, p.num_heads),
                             p.student_format.max_length, p.teacher_steps, p.teacher_lr, p.batch_size, p.data_seed,
                             self.output / "work" / "pretrained")
-        self.units.done(folder, "pretrained", started, stage="pretrained")
+        self.units.done(folder, "pretrained", started, {"steps": p.teacher_steps}, stage="pretrained")
 
     def load_teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         if self.protocol.teacher == "embedded":

@@ -39,7 +39,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from ..callbacks import DecodeEvalCallback
 from ..config import MDLMConfig
-from ..distributed import announce
+from ..distributed import announce, name_cpu_accelerator
 from ..errors import InputError, check_output_path, did_you_mean
 from ..evaluation import check_task_inputs
 from ..hub import check_push_access, load_source_dataset
@@ -468,7 +468,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     train_dataset = prepare_rows(train_dataset, "train_split", data_args.train_split, data_args.dataset_name, tokenizer, args)
     eval_dataset = prepare_rows(eval_dataset, "eval_split", data_args.eval_split, data_args.dataset_name, tokenizer, args)
     set_seed(args.seed)
-    args.device  # noqa: B018 - sets up (once, cached) the processes that distributed_state describes
+    if args.device.type == "cpu":  # also sets up (once, cached) the processes that distributed_state describes
+        name_cpu_accelerator()
     announce("trims train", args.distributed_state)
     model = wrap_lora(build_student(model_args, student), model_args, args.gradient_checkpointing)
     trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
