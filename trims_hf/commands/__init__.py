@@ -19,6 +19,9 @@ from transformers.hf_argparser import string_to_bool
 from ..errors import did_you_mean
 from ..model_config import flag_name
 
+INTERRUPTED = 130
+"""The exit status of a command ended by Ctrl-C (the shell's 128 + SIGINT)."""
+
 
 class HelpFormatter(argparse.HelpFormatter):
     """A command's help as the docs write it: each flag in its dashed spelling (``--data_file`` still parses),

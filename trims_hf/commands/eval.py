@@ -28,9 +28,7 @@ from ..model_config import (
 )
 from ..published import PublishedResult, published_results
 from ..settings import DecodingConfig, ResponseFormat
-from . import CommandParser, fail
-
-INTERRUPTED = 130  # the shell's exit status for Ctrl-C
+from . import INTERRUPTED, CommandParser, fail
 
 
 @dataclass

@@ -9,8 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import fail
-from .score import INTERRUPTED
+from . import INTERRUPTED, fail
 
 USAGE = """usage: trims train --config RECIPE.yaml [--key value ...]
        trims train --help-keys
