@@ -36,7 +36,7 @@ from transformers import (
 from .analysis import TeacherNLL, bucket_statistics, format_study, hard_first_correlation, study_rows
 from .config import MDLMConfig
 from .distributed import name_cpu_accelerator
-from .evaluation import EvalResult, SampleRecord, evaluate_task, format_table, plot_frontier, save_results
+from .evaluation import EvalResult, SampleRecord, evaluate_task
 from .generation import TrajectoryRecorder, teacher_nll_per_step
 from .generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from .jobs.score import build_scored_dataset
@@ -44,6 +44,7 @@ from .model_config import ModelConfig, load_model, load_tokenizer, resolve_stude
 from .preparation import prepare_dataset
 from .protocol import BASE, PROTOCOL_FILE, StudyProtocol
 from .reports import library_versions, weights_fingerprint, write_atomic
+from .results import format_table, plot_frontier, save_results
 from .students import add_mask_token, prepare_student
 from .tasks.base import Task, read_json_rows
 from .trainer import MDLMTrainer
@@ -665,7 +666,7 @@ class Study:
 
 
 def load_result(path: Path) -> EvalResult:
-    """An :class:`~trims_hf.evaluation.EvalResult` back from the file :func:`~trims_hf.evaluation.save_results`
+    """An :class:`~trims_hf.evaluation.EvalResult` back from the file :func:`~trims_hf.results.save_results`
     wrote."""
     (row,) = json.loads(path.read_text())["results"]
     return EvalResult(**{**row, "samples": [SampleRecord(**s) for s in row["samples"]]})

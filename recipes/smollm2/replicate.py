@@ -39,7 +39,7 @@ from datasets import Dataset
 
 from trims_hf.accelerators import TimeModel
 from trims_hf.errors import InputError, check_output_path
-from trims_hf.evaluation import evaluate_task, save_results
+from trims_hf.evaluation import evaluate_task
 from trims_hf.protocol import (
     BASE,
     VARIANTS,
@@ -50,6 +50,7 @@ from trims_hf.protocol import (
     record_protocol,
     with_overrides,
 )
+from trims_hf.results import save_results
 from trims_hf.schema import as_prompt_completion
 from trims_hf.settings import DecodingConfig, ScoringOptions, StudentFormat
 from trims_hf.sources import smollm2_gguf
