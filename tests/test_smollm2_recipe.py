@@ -425,8 +425,8 @@ def test_progress_counts_the_units_and_names_the_kinds_not_timed_yet(tmp_path):
     study = smoke_study(tmp_path)
     total = len(study.stages) - 1 + len(models_plan(recipe.SMOKE))
     line = study.progress()
-    assert line == (f" (unit 1 of {total}, 0 s so far; time left not known yet: pretrained, score, training, select, "
-                    "evaluation, traced evaluation not timed yet)")  # the smoke run has no priors (a GPU run has budgets)
+    assert line == (f" (unit 1 of {total}, 0 s so far; time left unknown; not timed yet: pretrained, score, training, "
+                    "select, evaluation, traced evaluation)")  # the smoke run has no priors (a GPU run has budgets)
 
 
 @pytest.mark.slow

@@ -455,8 +455,7 @@ class Study:
             else:
                 known += seconds
         left = (f"about {duration(known)} left" if not untimed else
-                f"{f'over {duration(known)}' if known else 'time'} left not known yet: "
-                f"{', '.join(untimed)} not timed yet")
+                f"{f'over {duration(known)} left' if known else 'time left unknown'}; not timed yet: {', '.join(untimed)}")
         return f" (unit {at + 1} of {len(positions)}, {duration(time.monotonic() - self.started)} so far; {left})"
 
     def training_record(self, args: MDLMConfig, steps: int, model: PreTrainedModel) -> dict[str, Any]:
