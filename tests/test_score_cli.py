@@ -21,6 +21,7 @@ from huggingface_hub import HfApi
 from trims_hf.cli import main as trims_main
 from trims_hf.jobs import score as job
 from trims_hf.jobs.score import work_dir_for
+from trims_hf.schema import SchemaError, as_prompt_completion
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +34,15 @@ def teacher_dir(tokenizer, tmp_path_factory) -> Path:
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
+
+
+def test_as_prompt_completion_renames_the_two_columns_and_keeps_the_rest():
+    rows = Dataset.from_list([{"question": "q1", "answer": "a1", "prompt": "stale", "id": 7}])
+    renamed = as_prompt_completion(rows, "question", "answer")
+    assert list(renamed) == [{"prompt": "q1", "completion": "a1", "id": 7}]  # a column already named prompt is replaced
+    assert list(as_prompt_completion(renamed, "prompt", "completion")) == list(renamed)  # schema rows pass through
+    with pytest.raises(SchemaError, match=r"^--completion-column solution: no such column \(columns: question, answer"):
+        as_prompt_completion(rows, "question", "solution", names=("--prompt-column", "--completion-column"))
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +99,9 @@ CASES = {
     "blank lines only": (["--dataset", "{tmp}/blank.jsonl"], {"blank.jsonl": "\n\n"}, "--dataset {tmp}/blank.jsonl: no rows."),
     "null completion": (["--dataset", "{tmp}/null.jsonl"], {"null.jsonl": '{"question": "q", "answer": null}\n'},
                         "row 0: column 'answer' (--completion-column) is missing or null."),
-    "too long": (["--max-length", "30"], {},
+    "too long": (["--teacher-max-length", "30"], {},
                  "row 0: column 'answer' (--completion-column) is too long for the teacher: 108 prompt + 90 completion "
-                 "tokens > context 30 (pass a larger --max-length, or --truncate)."),
+                 "tokens > context 30 (pass a larger --teacher-max-length, or --truncate)."),
     "prompt without tokens": (["--dataset", "{tmp}/p.jsonl", "--prompt-format", "verbatim"],
                               {"p.jsonl": '{"question": "", "answer": "Natalia sold 48 clips."}\n'},
                               "row 0: column 'question' (--prompt-column) renders to no teacher tokens, so nothing predicts "
@@ -109,6 +119,20 @@ CASES = {
     "push offline": (["--push-to-hub", "me/x"], {},
                      "Cannot push to me/x: HF_HUB_OFFLINE is set. Unset it, or drop --push-to-hub."),
 }
+
+
+def test_the_old_max_length_flag_still_sets_the_teachers_context_with_a_notice(teacher_dir, data_file, tmp_path, capsys,
+                                                                              no_model_load):
+    """``--max-length`` of ``trims score`` was the teacher's context, while ``trims train``'s is the student's
+    sequence: renamed ``--teacher-max-length``, the old spelling still works and says so in one line."""
+    base = ["score", "--teacher", str(teacher_dir), "--dataset", str(data_file), "--prompt-column", "question",
+            "--completion-column", "answer", "--output", str(tmp_path / "out")]
+    assert trims_main([*base, "--max-length", "30"]) == 2  # the row is too long for a context of 30: it was set
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("note")] == [
+        "note: --max-length is now --teacher-max-length (its value is used as given)."]
+    (error,) = error_lines(err)
+    assert error.endswith("tokens > context 30 (pass a larger --teacher-max-length, or --truncate).")
 
 
 @pytest.mark.parametrize("case", list(CASES))
