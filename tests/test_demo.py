@@ -3,6 +3,7 @@ run reuses what its changed setting does not touch)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -15,9 +16,9 @@ import pytest
 import torch
 
 from trims_hf.cli import main
-from trims_hf.demo.task import DemoTask, make_splits
-from trims_hf.demo.tokenizer import build_tokenizer
 from trims_hf.determinism import DEFAULT_THREADS, PINNED_ENVIRONMENT
+from trims_hf.tasks.arith import ArithTask, make_splits
+from trims_hf.tiny import build_tokenizer
 
 MODELS = 5  # base + MDLM + three TRIMS orderings
 THRESHOLDS = (0.5, 0.9)
@@ -32,7 +33,7 @@ def test_splits_are_seeded_and_disjoint():
 
 def test_gold_answers_grade_correct_in_both_answer_formats():
     _, test = make_splits(0, 60, seed=1)
-    task = DemoTask(test)
+    task = ArithTask(test)
     examples = task.load()
     assert {e.fields["answer"].splitlines()[-1].startswith("####") for e in examples} == {True, False}
     assert all(task.grade(e, e.fields["answer"])["correct"] for e in examples)
@@ -49,6 +50,24 @@ def test_tokenizer_splits_digits_and_round_trips():
     assert tokenizer.decode(encoded["input_ids"]) == text
     assert encoded["offset_mapping"][-1][1] == len(text)
     assert tokenizer.unk_token_id not in encoded["input_ids"]
+
+
+def test_the_library_and_the_recipes_never_import_the_demo():
+    # The demo is a command over the library (its task is trims_hf.tasks.arith, its small models trims_hf.tiny):
+    # only the command that runs it imports it.
+    root = Path(__file__).resolve().parents[1]
+    files = [*(root / "trims_hf").rglob("*.py"), *(root / "recipes").rglob("*.py"), *(root / "bench").rglob("*.py")]
+    importers = []
+    for path in files:
+        if path.is_relative_to(root / "trims_hf" / "demo") or path == root / "trims_hf" / "commands" / "demo.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                     [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            level = getattr(node, "level", 0)
+            if any(name.startswith("trims_hf.demo") or (level and name.split(".")[0] == "demo") for name in names):
+                importers.append(str(path.relative_to(root)))
+    assert len(files) > 50 and importers == []
 
 
 def markers(output: Path) -> dict[str, int]:

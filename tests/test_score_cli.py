@@ -21,6 +21,7 @@ from huggingface_hub import HfApi
 from trims_hf.cli import main as trims_main
 from trims_hf.jobs import score as job
 from trims_hf.jobs.score import work_dir_for
+from trims_hf.schema import SchemaError, as_prompt_completion
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +34,15 @@ def teacher_dir(tokenizer, tmp_path_factory) -> Path:
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
+
+
+def test_as_prompt_completion_renames_the_two_columns_and_keeps_the_rest():
+    rows = Dataset.from_list([{"question": "q1", "answer": "a1", "prompt": "stale", "id": 7}])
+    renamed = as_prompt_completion(rows, "question", "answer")
+    assert list(renamed) == [{"prompt": "q1", "completion": "a1", "id": 7}]  # a column already named prompt is replaced
+    assert list(as_prompt_completion(renamed, "prompt", "completion")) == list(renamed)  # schema rows pass through
+    with pytest.raises(SchemaError, match=r"^--completion-column solution: no such column \(columns: question, answer"):
+        as_prompt_completion(rows, "question", "solution", names=("--prompt-column", "--completion-column"))
 
 
 @pytest.fixture(scope="module")

@@ -110,13 +110,19 @@ def test_the_budget_table_prints_without_an_output(capsys):
     assert "| train TRIMS easy-to-hard | tail |" in table and "main comparison" in table
 
 
+def questions_in(path: Path) -> list[str]:
+    """The questions of a data file: the training rows are prompt/completion (the scored schema), the held-out
+    ones the task's question/answer."""
+    return [row["prompt" if path.name == "train.jsonl" else "question"] for row in recipe.read_rows(path)]
+
+
 @pytest.mark.slow
 def test_every_stage_produced_its_outputs(study):
     output, results, first, _ = study
     p = recipe.SMOKE
     data = output / "data"
     assert len(recipe.read_rows(data / "train.jsonl")) == p.train_per_level * len(p.levels)
-    questions = [row["question"] for path in sorted(data.glob("*.jsonl")) for row in recipe.read_rows(path)]
+    questions = [question for path in sorted(data.glob("*.jsonl")) for question in questions_in(path)]
     assert len(questions) == len(set(questions))  # every question once over all levels and splits
     for level in p.levels:
         assert len(recipe.read_rows(data / f"test-L{level}.jsonl")) == p.test_problems
@@ -145,7 +151,7 @@ def test_full_size_data_holds_every_question_once(tmp_path):
     p = recipe.Protocol(student="tiny", levels=(1, 2))
     recipe.make_study(tmp_path, p, None, "cpu").stage_data()
     rows = {path.name: recipe.read_rows(path) for path in (tmp_path / "data").glob("*.jsonl")}
-    questions = [row["question"] for split in rows.values() for row in split]
+    questions = [question for path in (tmp_path / "data").glob("*.jsonl") for question in questions_in(path)]
     assert len(questions) == len(set(questions))
     assert len(rows["train.jsonl"]) == len(p.levels) * p.train_per_level
     assert all(len(rows[f"test-L{level}.jsonl"]) == p.test_problems for level in p.levels)
@@ -420,6 +426,9 @@ def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monke
     monkeypatch.setattr(study_module, "write_atomic", lambda path, text: written.append(path.name) or write(path, text))
     units_.done(folder, "u", time.perf_counter())
     assert written == ["unit.json", study_module.KEY_FILE] and units_.finished(folder, "u")
+    key = json.loads((folder / study_module.KEY_FILE).read_text())
+    (folder / study_module.KEY_FILE).write_text(json.dumps({k: v for k, v in key.items() if k != "format"}))
+    assert not units_.finished(folder, "u")  # written by code whose units had another shape: rebuilt, never misread
     (folder / study_module.KEY_FILE).unlink()  # killed after its outputs and unit.json, before its marker
     assert units_.unit(folder, "u") and not list(folder.iterdir())
     with pytest.raises(OutOfBudget, match="expected 20 s"):

@@ -31,7 +31,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "lora": ("lora_config",),
     "metrics": ("available_metrics", "metric_path"),
     "tasks": (
-        "BOXED_INSTRUCTION", "CodeExecutionDisabled", "CodeTask", "Example", "Grade", "GSM8KTask", "HumanEvalTask",
+        "ArithTask", "BOXED_INSTRUCTION", "CodeExecutionDisabled", "CodeTask", "Example", "Grade", "GSM8KTask", "HumanEvalTask",
         "Math500Task", "MBPPTask", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "Task", "TaskDataError",
         "get_task", "registry",
         "run_program", "run_tests",

@@ -59,6 +59,18 @@ class SchemaError(ValueError):
     """A row does not follow the scored or prepared format; the message names the row and field."""
 
 
+def as_prompt_completion(dataset: Any, prompt_column: str, completion_column: str,
+                         names: tuple[str, str] = ("prompt column", "completion column")) -> Any:
+    """A ``datasets.Dataset`` with its prompt and completion columns renamed to :data:`PROMPT` / :data:`COMPLETION`
+    (other columns kept; a column already named so is replaced): how any row source becomes the rows a teacher
+    scores and a student trains on. ``names`` are what the error calls the two columns (a command's flags)."""
+    for name, column in zip(names, (prompt_column, completion_column)):
+        if column not in dataset.column_names:
+            raise SchemaError(f"{name} {column}: no such column (columns: {', '.join(dataset.column_names)}).")
+    renames = {old: new for old, new in ((prompt_column, PROMPT), (completion_column, COMPLETION)) if old != new}
+    return dataset.remove_columns([new for new in renames.values() if new in dataset.column_names]).rename_columns(renames)
+
+
 def _where(index: int | None) -> str:
     return f"row {index}" if index is not None else "row"
 

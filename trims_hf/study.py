@@ -29,13 +29,8 @@ from datasets import Dataset, load_dataset
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    DataCollatorForSeq2Seq,
-    LlamaConfig,
-    LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    Trainer,
-    TrainingArguments,
 )
 
 from .analysis import TeacherNLL, bucket_statistics, format_study, hard_first_correlation, study_rows
@@ -45,8 +40,8 @@ from .generation import TrajectoryRecorder, teacher_nll_per_step
 from .generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from .jobs.score import build_scored_dataset
 from .model_config import ModelConfig, load_model, load_tokenizer, resolve_student
-from .preparation import prepare_dataset, tokenize_example
-from .protocol import BASE, PROTOCOL_FILE, StudyProtocol, training_arguments
+from .preparation import prepare_dataset
+from .protocol import BASE, PROTOCOL_FILE, StudyProtocol
 from .reports import library_versions, weights_fingerprint, write_atomic
 from .students import add_mask_token, prepare_student
 from .tasks.base import Task, read_json_rows
@@ -59,6 +54,9 @@ def slug(name: str) -> str:
 
 
 KEY_FILE = "cache-key.json"
+UNIT_FORMAT = 2
+"""The shape of what units write (2: ``data/train.jsonl`` holds prompt/completion rows); part of every unit's key, so
+a folder made by code that wrote another shape is rebuilt, never misread."""
 
 
 class OutOfBudget(Exception):
@@ -83,7 +81,7 @@ class Units:
     skipped: list[str] = dataclasses.field(default_factory=list)
 
     def key(self, name: str, stage: str | None) -> dict[str, str]:
-        return {"unit": name, "protocol": self.protocol.fingerprint(stage)}
+        return {"unit": name, "protocol": self.protocol.fingerprint(stage), "format": UNIT_FORMAT}
 
     def finished(self, folder: Path, name: str, stage: str | None = None) -> bool:
         path = folder / KEY_FILE
@@ -115,19 +113,6 @@ class Units:
 
 
 # -- the stages shared by every study ---------------------------------------------------------------------------------
-def tiny_llama(tokenizer: PreTrainedTokenizerBase, hidden_size: int, num_layers: int, num_heads: int,
-               max_length: int, seed: int) -> LlamaForCausalLM:
-    """A small Llama (rotary positions, like LLaDA): a teacher as is, a student once made bidirectional."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=3 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-        max_position_embeddings=2 * max_length, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config)
-
-
 def score_rows(protocol: StudyProtocol, rows: Sequence[Mapping[str, str]], folder: Path,
                teacher: tuple[PreTrainedModel, PreTrainedTokenizerBase], teacher_name: str, source: str) -> None:
     """Teacher NLL and entropy of every completion token through ``trims score``'s code path, into ``folder``."""
@@ -209,21 +194,6 @@ def evaluate_at(protocol: StudyProtocol, name: str, seed: int | None, model: Pre
     return Evaluation(result, metrics)
 
 
-def train_causal_lm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, rows: Sequence[Mapping[str, str]],
-                    args: TrainingArguments) -> PreTrainedModel:
-    """Autoregressive SFT on ``prompt``/``completion`` rows, prompts rendered by the library's one renderer.
-
-    The loss covers the completion and its end-of-response tokens only: the teacher models p(y | x), which is what
-    its NLL scores measure. DataCollatorForSeq2Seq pads precomputed labels with -100 and ids with the pad token.
-    """
-    examples = [tokenize_example(tokenizer, row["prompt"], row["completion"]) for row in rows]
-    prepared = Dataset.from_list([{"input_ids": e.input_ids,
-                                   "labels": [-100] * e.prompt_length + list(e.input_ids[e.prompt_length :])}
-                                  for e in examples])
-    Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer)).train()
-    return model.eval()
-
-
 def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Dataset,
                   args: MDLMConfig, record: dict[str, Any] | None = None) -> PreTrainedModel:
     """MDLMTrainer with the collator it builds from ``args``: ``trajectory_ratio`` 0 is MDLM, otherwise TRIMS.
@@ -284,17 +254,6 @@ def write_study_reports(output: Path, results: Sequence[tuple[int | None, EvalRe
     return paths
 
 
-def pretrain_tiny_llama(folder: Path, tokenizer: PreTrainedTokenizerBase, rows: Sequence[Mapping[str, str]],
-                        sizes: tuple[int, int, int], max_length: int, steps: int, lr: float, batch_size: int,
-                        seed: int, work: Path) -> None:
-    """A tiny Llama of ``sizes`` (hidden, layers, heads) trained autoregressively on ``rows`` and saved with
-    ``tokenizer`` into ``folder``: the pretrained model of a study that has none (the demo's; a smoke run's)."""
-    model = tiny_llama(tokenizer, *sizes, max_length, seed=seed)
-    train_causal_lm(model, tokenizer, rows, training_arguments(TrainingArguments, work, steps, lr, batch_size, seed))
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
 # -- the runner -------------------------------------------------------------------------------------------------------
 class PlannedUnit(NamedTuple):
     """A unit of the models stage: a model's training (``threshold`` None) or its evaluation at ``threshold``."""
@@ -340,7 +299,7 @@ REPORT_FILES = ("results.json", "table.md", "frontier.png", "teacher_nll_per_ste
 class Study:
     """A study run in a folder: the stages every TRIMS study shares, each made of resumable :class:`Units`.
 
-    ``data``        (subclass) ``data/train.jsonl`` and whatever its :meth:`test_task` reads
+    ``data``        (subclass) ``data/train.jsonl`` (prompt/completion rows) and whatever its :meth:`test_task` reads
     ``pretrained``  (subclass) ``pretrained/``: the causal LM and tokenizer the base starts from; the teacher too,
                     unless :meth:`load_teacher` says otherwise (the paper's teacher is used as it is)
     ``score``       every training completion scored by the teacher with ``trims score``'s code path
@@ -381,10 +340,9 @@ class Study:
         raise NotImplementedError
 
     def training_rows(self) -> list[dict[str, str]]:
-        """``data/train.jsonl`` (question/answer rows) as the prompt/completion rows the teacher and students see."""
-        from .demo.task import as_prompt_completion
-
-        return as_prompt_completion(read_json_rows(self.output / "data" / "train.jsonl"))
+        """``data/train.jsonl``: the prompt/completion rows (:func:`~trims_hf.schema.as_prompt_completion`) the
+        teacher scores and the students train on."""
+        return read_json_rows(self.output / "data" / "train.jsonl")
 
     def load_teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """The scoring teacher: the pretrained model as it is (bf16 on a GPU, float32 on a CPU)."""
@@ -540,7 +498,7 @@ class Study:
         started = time.perf_counter()
         if "task" not in self.loaded:
             task = self.test_task()
-            self.loaded["task"] = task, {example.id: example.fields["question"] for example in task.load()}
+            self.loaded["task"] = task, {e.id: task.plain_text(task.messages(e)) for e in task.load()}
         task, prompts = self.loaded["task"]
         if self.loaded.get("model", (None,))[0] != unit.folder:
             self.loaded["model"] = unit.folder, on_device(self.load_student(self.model_folder(unit)), self.device)

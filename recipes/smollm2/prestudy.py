@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from trims_hf.demo.task import DemoTask, make_splits
 from trims_hf.evaluation import load_examples
 from trims_hf.generation import cut_at_stop_strings
 from trims_hf.settings import PromptFormat
 from trims_hf.sources import smollm2_gguf
 from trims_hf.tasks import Task, get_task
+from trims_hf.tasks.arith import ArithTask, make_splits
 from trims_hf.teacher import load_teacher
 
 
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, tokenizer = load_teacher(str(args.gguf), device="cpu", dtype=torch.float32)
     sets: list[tuple[str, Task, list]] = []
     for level in (int(part) for part in args.levels.split(",")):
-        task = DemoTask(make_splits(0, args.per_level, args.seed + level, level)[1], name=f"arith-L{level}")
+        task = ArithTask(make_splits(0, args.per_level, args.seed + level, level)[1], name=f"arith-L{level}")
         sets.append((task.name, task, task.load()))
     gsm8k = get_task("gsm8k")
     sets.append(("gsm8k", gsm8k, load_examples(gsm8k, str(args.gsm8k), args.per_level)))

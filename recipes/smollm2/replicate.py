@@ -124,7 +124,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 def draw_unique(rng: random.Random, level: int, count: int, taken: set[str]) -> list[dict[str, str]]:
     """``count`` problems of ``level`` whose questions are new (not in ``taken``, which grows with them)."""
-    from trims_hf.demo.task import make_problem
+    from trims_hf.tasks.arith import make_problem
 
     rows = []
     for _ in range(100 * count):
@@ -317,6 +317,9 @@ def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str,
             """Train rows of every level (shuffled together) and held-out selection and test rows per level, every
             question once over all of them: the held-out rows of every level are drawn first, then train rows that are
             none of them (small levels repeat problems, and a level-1 problem can be drawn at level 2)."""
+            from datasets import Dataset
+
+            from trims_hf.schema import as_prompt_completion
             from trims_hf.tasks.base import write_json_rows
 
             folder, p = self.output / "data", self.protocol
@@ -331,7 +334,7 @@ def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str,
             for level in p.levels:
                 train += draw_unique(streams[level], level, p.train_per_level, taken)
             random.Random(p.data_seed).shuffle(train)
-            write_json_rows(folder / "train.jsonl", train)
+            write_json_rows(folder / "train.jsonl", as_prompt_completion(Dataset.from_list(train), "question", "answer"))
             self.units.done(folder, "data", started, {"train_rows": len(train)})
 
         def stage_pretrained(self) -> None:
@@ -344,21 +347,19 @@ def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str,
             if p.student == "smollm2":
                 converted(gguf, folder)
             else:
-                from trims_hf.demo.tokenizer import build_tokenizer
-                from trims_hf.study import pretrain_tiny_llama
+                from trims_hf.tiny import build_tokenizer, pretrain_tiny_llama
 
-                rows = read_rows(self.output / "data" / "train.jsonl")
-                tokenizer = build_tokenizer(row["question"] + "\n" + row["answer"] for row in rows)
+                tokenizer = build_tokenizer(row["prompt"] + "\n" + row["completion"] for row in self.training_rows())
                 pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (32, 2, 2), p.student_format.max_length,
                                     TINY_PRETRAIN_STEPS, 3e-3, p.batch_size, p.data_seed, self.output / "work" / "pretrained")
             self.units.done(folder, "pretrained", started)
 
         def stage_select(self) -> None:
             """The base's accuracy per level on the selection rows at ``selection_threshold`` decides the level."""
-            from trims_hf.demo.task import DemoTask
             from trims_hf.evaluation import evaluate_task, save_results
             from trims_hf.protocol import BASE
             from trims_hf.study import on_device
+            from trims_hf.tasks.arith import ArithTask
 
             folder, p = self.output / "select", self.protocol
             if not self.units.unit(folder, "select"):
@@ -368,7 +369,7 @@ def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str,
             accuracies = {}
             for level in p.levels:
                 rows = read_rows(self.output / "data" / f"selection-L{level}.jsonl")
-                result = evaluate_task(model, self.tokenizer(), DemoTask(rows, name=f"arith-L{level} selection"),
+                result = evaluate_task(model, self.tokenizer(), ArithTask(rows, name=f"arith-L{level} selection"),
                                        p.decoding_at(p.selection_threshold), batch_size=p.eval_batch_size,
                                        model_name=BASE)
                 save_results([result], folder / f"L{level}.json")
@@ -382,10 +383,10 @@ def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str,
             return int(json.loads((self.output / "select" / "unit.json").read_text())["level"])
 
         def test_task(self) -> Any:
-            from trims_hf.demo.task import DemoTask
+            from trims_hf.tasks.arith import ArithTask
 
             level = self.selected_level()
-            return DemoTask(read_rows(self.output / "data" / f"test-L{level}.jsonl"), name=f"arith-L{level}")
+            return ArithTask(read_rows(self.output / "data" / f"test-L{level}.jsonl"), name=f"arith-L{level}")
 
         def eval_tag(self) -> str:
             return f" L{self.selected_level()}"

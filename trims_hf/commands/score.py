@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schema import COMPLETION, PROMPT
+from ..schema import COMPLETION, PROMPT, as_prompt_completion
 from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
 from . import CommandParser, fail
 
@@ -148,17 +148,6 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
     return 0
 
 
-def as_prompt_completion(dataset: Any, prompt_column: str, completion_column: str) -> Any:
-    """Rename the user's columns to the schema's ``prompt`` / ``completion``."""
-    from ..schema import SchemaError
-
-    for flag, column in (("--prompt-column", prompt_column), ("--completion-column", completion_column)):
-        if column not in dataset.column_names:
-            raise SchemaError(f"{flag} {column}: no such column (columns: {', '.join(dataset.column_names)}).")
-    renames = {old: new for old, new in ((prompt_column, PROMPT), (completion_column, COMPLETION)) if old != new}
-    return dataset.remove_columns([new for new in renames.values() if new in dataset.column_names]).rename_columns(renames)
-
-
 def main(argv: list[str]) -> int:
     parser = CommandParser((SourceArguments, *SCORING_TYPES), prog="trims score",
                            description="Score completions with an autoregressive teacher (NLL, entropy, buckets).")
@@ -168,7 +157,8 @@ def main(argv: list[str]) -> int:
         from ..hub import load_source_dataset
 
         rows = load_source_dataset(source.dataset, source.split, limit.limit, flag="--dataset")
-        return as_prompt_completion(rows, source.prompt_column, source.completion_column)
+        return as_prompt_completion(rows, source.prompt_column, source.completion_column,
+                                    names=("--prompt-column", "--completion-column"))
 
     return score(load, teacher, options, buckets, out, DataSource("--dataset", source.dataset), parser,
                  column_terms(source.prompt_column, source.completion_column))

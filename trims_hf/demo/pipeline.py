@@ -17,18 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..determinism import DEFAULT_THREADS
 from ..errors import check_output_path
 from ..protocol import StudyProtocol
+from ..schema import as_prompt_completion
 from ..settings import DecodingConfig, MaskingConfig, StudentFormat
 from ..sources import smollm2_gguf
-from ..study import Study, pretrain_tiny_llama
+from ..study import Study
+from ..tasks.arith import ArithTask, make_splits
 from ..tasks.base import read_json_rows, write_json_rows
 from ..teacher import load_teacher
-from .task import DemoTask, make_splits
-from .tokenizer import build_tokenizer
+from ..tiny import build_tokenizer, pretrain_tiny_llama
 
 DATA_FIELDS = ("num_train", "num_test", "data_seed", "data_file")
 PRETRAINED_FIELDS = (*DATA_FIELDS, "threads", "hidden_size", "num_layers", "num_heads", "batch_size", "teacher_steps",
@@ -79,7 +81,7 @@ def load_rows(settings: DemoSettings) -> tuple[list[dict], list[dict]]:
     if not Path(settings.data_file).is_file():
         raise FileNotFoundError(f"--data-file {settings.data_file}: no such file.")
     rows = read_json_rows(settings.data_file)
-    DemoTask(rows, name=f"--data-file {settings.data_file}").load()  # every row has a question and a gradable answer
+    ArithTask(rows, name=f"--data-file {settings.data_file}").load()  # every row has a question and a gradable answer
     random.Random(settings.data_seed).shuffle(rows)
     if len(rows) < settings.num_test + 1:
         raise ValueError(f"--data-file {settings.data_file} has {len(rows)} rows; the demo needs more than {settings.num_test}.")
@@ -102,13 +104,14 @@ class DemoStudy(Study):
         return "embedded causal Llama" if self.protocol.teacher == "embedded" else f"SmolLM2-135M-Instruct ({gguf.name})"
 
     def stage_data(self) -> None:
-        """The train and test rows, and a tokenizer built over both (digits split, the task's words whole)."""
+        """The train rows as prompt/completion, the test rows as the task's, and a tokenizer built over both (digits
+        split, the task's words whole)."""
         folder = self.output / "data"
         if not self.units.unit(folder, "data", "data"):
             return
         started = time.perf_counter()
         train, test = self.rows
-        write_json_rows(folder / "train.jsonl", train)
+        write_json_rows(folder / "train.jsonl", as_prompt_completion(Dataset.from_list(train), "question", "answer"))
         write_json_rows(folder / "test.jsonl", test)
         build_tokenizer(row["question"] + "\n" + row["answer"] for row in train + test).save_pretrained(folder / "tokenizer")
         self.units.done(folder, "data", started, {"train_rows": len(train)}, stage="data")
@@ -130,9 +133,9 @@ class DemoStudy(Study):
             return super().load_teacher()
         return load_teacher(str(smollm2_gguf()), device="cpu")
 
-    def test_task(self) -> DemoTask:
+    def test_task(self) -> ArithTask:
         rows = read_json_rows(self.output / "data" / "test.jsonl")
-        return DemoTask(rows, name="arith" if self.protocol.data_file is None else "gsm8k-file")
+        return ArithTask(rows, name="arith" if self.protocol.data_file is None else "gsm8k-file")
 
 
 def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> DemoStudy:

@@ -1,12 +1,14 @@
-"""Benchmark tasks of the paper (GSM8K, MATH-500, HumanEval, MBPP): data, prompts, grading.
+"""Benchmark tasks of the paper (GSM8K, MATH-500, HumanEval, MBPP) and the studies' arithmetic word problems
+(:mod:`.arith`): data, prompts, grading.
 
-``get_task("mbpp", style="3shot")`` builds a task by name; options go to the task's constructor.
+``get_task("mbpp", style="3shot")`` builds a benchmark task by name; options go to the task's constructor.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .arith import ArithTask
 from .base import BOXED_INSTRUCTION, CodeExecutionDisabled, CodeTask, Example, Grade, Task, TaskDataError
 from .gsm8k import GSM8KTask
 from .humaneval import HumanEvalTask
@@ -38,6 +40,7 @@ def get_task(name: str, **options: Any) -> Task:
 
 
 __all__ = [
+    "ArithTask",
     "BOXED_INSTRUCTION",
     "CodeExecutionDisabled",
     "CodeTask",
