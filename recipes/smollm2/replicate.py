@@ -122,23 +122,6 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     return read_json_rows(path)
 
 
-def draw_unique(rng: random.Random, level: int, count: int, taken: set[str]) -> list[dict[str, str]]:
-    """``count`` problems of ``level`` whose questions are new (not in ``taken``, which grows with them)."""
-    from trims_hf.tasks.arith import make_problem
-
-    rows = []
-    for _ in range(100 * count):
-        if len(rows) == count:
-            break
-        row = make_problem(rng, level)
-        if row["question"] not in taken:
-            taken.add(row["question"])
-            rows.append(row)
-    if len(rows) < count:
-        raise ValueError(f"level {level} has fewer than {count} distinct new problems.")
-    return rows
-
-
 def converted(gguf: Path, folder: Path) -> None:
     """SmolLM2 from its GGUF saved as a plain float32 checkpoint (the dequantized weights, exactly): reading the
     GGUF takes ~35 s of CPU time (measured here), the checkpoint ~1 s, and the study loads the model three times."""
@@ -320,6 +303,7 @@ def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str,
             from datasets import Dataset
 
             from trims_hf.schema import as_prompt_completion
+            from trims_hf.tasks.arith import draw_unique
             from trims_hf.tasks.base import write_json_rows
 
             folder, p = self.output / "data", self.protocol
