@@ -45,11 +45,10 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
         protocol = with_overrides(RegimeProtocol(), [*(SMOKE if args.smoke else ()), *args.set])
     except ValueError as error:
         raise InputError(f"--set {error}") from None
-    try:
-        args.sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes]
-        assert all(len(size) == 3 and min(size) > 0 for size in args.sizes)
-    except (ValueError, AssertionError):
-        raise InputError(f"--sizes {' '.join(map(str, args.sizes))}: expected HIDDENxLAYERSxHEADS, e.g. 64x4x4.") from None
+    sizes = [tuple(int(v) for v in size.split("x") if v.isdigit()) for size in args.sizes]
+    if any(len(size) != 3 or min(size) < 1 or len(text.split("x")) != 3 for size, text in zip(sizes, args.sizes)):
+        raise InputError(f"--sizes {' '.join(args.sizes)}: expected HIDDENxLAYERSxHEADS, e.g. 64x4x4.")
+    args.sizes = sizes
     for flag, values in (("--batch-sizes", args.batch_sizes), ("--base-steps", args.base_steps)):
         if min(values) < 1:
             raise InputError(f"{flag} {min(values)}: must be at least 1.")
