@@ -363,6 +363,11 @@ class Study:
         """What this study adds to results.json."""
         return {}
 
+    def before_base_training(self, model: PreTrainedModel) -> dict[str, Any]:
+        """Change how the base trains (e.g. :class:`~trims_hf.annealing.AttentionAnnealing`); returns what the base's
+        unit records about it."""
+        return {}
+
     # -- shared pieces ----------------------------------------------------------------------------------------------
     def teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         if "teacher" not in self.loaded:
@@ -431,7 +436,7 @@ class Study:
         data = self.prepared("hard_to_easy", tokenizer)
         buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.masking.num_buckets)
         args = p.student_args(self.output / "work" / "base", BASE, p.base_seed(), self.device)
-        record = self.training_record(args, p.base_steps, model)
+        record = {**self.training_record(args, p.base_steps, model), **self.before_base_training(model)}
         train_student(model, tokenizer, data, args, record)
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)  # a complete student folder: `trims train` / `trims eval` can use it directly
