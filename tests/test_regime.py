@@ -193,7 +193,8 @@ def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     argv = ["study", "--smoke", "--output", str(study), "--seeds", "0", "1", "--set", "base_steps=2"]
     assert recipe.main(argv) == 0
     report = json.loads((study / "report" / "study.json").read_text())
-    assert report["evaluations"] == report["planned"] == 2 * 5 * 2  # 2 seeds x (base + 4 variants) x 2 thresholds
+    assert report["evaluations"] == report["planned"] == 2 * 4 * 2  # 2 seeds x 4 variants x 2 thresholds (the probe
+    assert set(report["probes"]) == {"0", "1"}                        # measures each seed's base)
     assert {c["model"] for c in report["claim"]} == {"TRIMS hard-to-easy", "TRIMS easy-to-hard", "TRIMS random"}
     assert all(c["seeds"] == [0, 1] for c in report["claim"])
     bases = [json.loads((study / f"seed-{s}" / "base" / "unit.json").read_text()) for s in (0, 1)]

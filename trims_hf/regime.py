@@ -89,6 +89,9 @@ class RegimeProtocol(StudyProtocol):
     threads: int = 1
     """torch CPU threads (they decide float results); 1 because two threads on two shared cores ran 6x slower."""
 
+    EVALUATE_BASE = False
+    """The probe measures the base (on the selection problems) before any variant; the study's evaluations are the
+    four models' only."""
     STAGE_FIELDS = {"data": DATA_FIELDS, "pretrained": PRETRAINED_FIELDS, "score": SCORE_FIELDS, "base": BASE_FIELDS,
                     "probe": PROBE_FIELDS}
 

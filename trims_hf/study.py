@@ -276,7 +276,8 @@ def models_plan(p: StudyProtocol) -> list[PlannedUnit]:
         training = [] if name == BASE else [PlannedUnit(name, folder, seed, None, tail)]
         return training + [PlannedUnit(name, folder, seed, tau, tail) for tau in p.thresholds]
 
-    main = units(BASE, None, False) + [u for seed in p.sft_seeds() for name in p.variants for u in units(name, seed, False)]
+    base = units(BASE, None, False) if p.EVALUATE_BASE else []
+    main = base + [u for seed in p.sft_seeds() for name in p.variants for u in units(name, seed, False)]
     tail = [u for seed in p.sft_seeds() for name in p.tail_variants for u in units(name, seed, True)]
     evaluated = [u for u in main + tail if u.threshold == p.thresholds[0]]
     return main + tail + [u._replace(threshold=tau, tail=True) for u in evaluated for tau in p.tail_thresholds]
