@@ -4,6 +4,7 @@ no or an unknown command is one error line."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -37,3 +38,54 @@ def test_no_or_unknown_command_is_one_error_line(argv, problem, capsys):
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"trims_hf {version('trims_hf')}\n"
+
+
+FLAG_COMMANDS = [name for name in COMMANDS if name not in ("train", "lm-eval")]
+"""The commands whose flags are parsed from settings dataclasses; `trims train` takes recipe keys (its help names
+the recipe and `--help-keys`), `trims lm-eval` is the harness's own command line."""
+
+
+def help_text(argv: list[str], capsys) -> tuple[str, dict[str, str]]:
+    """A command's `--help` as (usage, {invocation: help text}), read from the page as printed."""
+    assert main([*argv, "--help"]) == 0
+    page = capsys.readouterr().out
+    usage, _, rest = page.partition("\n\n")
+    entries: dict[str, str] = {}
+    invocation = None
+    for line in rest.split("options:", 1)[1].splitlines():
+        if line.startswith("  -"):
+            invocation, _, text = line.strip().partition("  ")
+            entries[invocation] = text.strip()
+        elif invocation and line.strip():
+            entries[invocation] += " " + line.strip()
+    return " ".join(usage.split()), entries
+
+
+@pytest.mark.parametrize("name", FLAG_COMMANDS)
+def test_help_pages_show_flags_as_the_docs_write_them(name, capsys):
+    usage, entries = help_text([name], capsys)
+    assert len(entries) > 3
+    assert not re.search(r"--\w+_\w+", usage), usage  # the dashed spelling (the underscore one still parses)
+    assert not re.search(r"\[--[\w-]+ \[[A-Z_]+\]\]", usage), usage  # an on/off setting is a bare flag
+    required = set(re.findall(r"(?<!\[)(--[\w-]+) [A-Z_]+", usage.replace(" | ", "|")))
+    for invocation, text in entries.items():
+        flag = invocation.split()[0].rstrip(",")
+        assert text.lower().count("default") <= 1, f"{invocation}: {text}"
+        assert "(default: None)" not in text and "(default: False)" not in text, f"{invocation}: {text}"
+        assert (flag in required) == text.endswith("(required)"), f"{invocation}: {text}"
+        assert not (flag in required and "default" in text.lower()), f"{invocation}: {text}"
+        assert "_" not in invocation.split(" ", 1)[0], invocation
+
+
+def test_on_off_settings_parse_as_flags_in_both_spellings():
+    from trims_hf.commands.eval import parser
+
+    def parsed(*flags: str):
+        _, args, decoding, _ = parser().parse(["--model", "m", "--task", "gsm8k", "--output", "o.json", *flags])
+        return args.progress, decoding.early_stop, args.allow_code_execution
+
+    assert parsed() == (True, True, False)
+    assert parsed("--no-progress", "--no-early-stop", "--allow-code-execution") == (False, False, True)
+    assert parsed("--no_progress", "--no_early_stop", "--allow_code_execution") == (False, False, True)
+    with pytest.raises(SystemExit):
+        parser().parse(["--model", "m", "--task", "gsm8k", "--output", "o.json", "--allow-code-execution", "true"])

@@ -6,24 +6,83 @@ the library's heavy modules only inside ``main``, so ``trims <command> --help`` 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import sys
 from collections.abc import Iterable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
 
 from ..errors import did_you_mean
 from ..model_config import flag_name
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """A command's help as the docs write it: each flag in its dashed spelling (``--data_file`` still parses),
+    on/off settings as bare flags, ``(required)`` on a required flag, and one default per flag: the value, unless
+    the help text already says what happens without the flag (or the flag is off, or unset)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        shown = [option for option in action.option_strings if "_" not in option] or action.option_strings[:1]
+        if action.nargs == 0:
+            return ", ".join(shown)
+        return ", ".join(f"{option} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+                         for option in shown[:1]) + "".join(f", {option}" for option in shown[1:])
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.required:
+            return f"{text} (required)"
+        if "default" in text.lower() or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Flags:
+    """What :class:`CommandParser` hands ``HfArgumentParser``'s field parsing instead of itself: the same
+    ``add_argument`` with the dashed spelling first (usage lines print the first), and a ``bool`` field as a flag
+    (``--fast``; a field on by default as ``--progress`` / ``--no-progress``) instead of an option taking a value."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    def add_argument(self, *options: str, **kwargs: Any) -> Any:
+        dashed = tuple(option for option in options if "_" not in option)
+        underscored = tuple(option for option in options if "_" in option)
+        if kwargs.get("type") is string_to_bool and kwargs.get("nargs") == "?":
+            for key in ("type", "nargs", "const"):
+                kwargs.pop(key)
+            if kwargs.get("default") is not True:
+                return self.parser.add_argument(*dashed, *underscored, action="store_true", **kwargs)
+            action = self.parser.add_argument(*dashed, action=argparse.BooleanOptionalAction, **kwargs)
+            if underscored:  # the underscore spelling still parses, unlisted
+                self.parser.add_argument(*underscored, action="store_true", dest=action.dest, default=True,
+                                         help=argparse.SUPPRESS)
+            return action
+        if kwargs.get("action") == "store_false":  # HF's --no_x complement: BooleanOptionalAction made --no-x
+            taken = self.parser._option_string_actions
+            underscored = tuple(option for option in options if option not in taken)
+            return self.parser.add_argument(*underscored, **{**kwargs, "help": argparse.SUPPRESS}) if underscored else None
+        return self.parser.add_argument(*dashed, *underscored, **kwargs)
+
+
 class CommandParser(HfArgumentParser):
-    """``HfArgumentParser`` for a ``trims`` command: both ``--a_b`` and ``--a-b`` spellings, no abbreviations,
-    and a user mistake is one ``error:`` line (exit code 2) instead of the whole usage."""
+    """``HfArgumentParser`` for a ``trims`` command: both ``--a-b`` and ``--a_b`` spellings (help and usage show
+    the dashed one), on/off settings as flags, no abbreviations, and a user mistake is one ``error:`` line (exit
+    code 2) instead of the whole usage."""
 
     def __init__(self, dataclass_types, prog: str, description: str | None = None) -> None:
-        super().__init__(dataclass_types, prog=prog, description=description, allow_abbrev=False)
+        super().__init__(dataclass_types, prog=prog, description=description, allow_abbrev=False,
+                         formatter_class=HelpFormatter)
+
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
+        HfArgumentParser._parse_dataclass_field(_Flags(parser), field)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
