@@ -118,10 +118,11 @@ class Protocol2(Protocol):
     test_problems: int = 500
     """500 per cell, the seed study's size; one decoding batch (window 1 decoded 1,000 in two)."""
     target_accuracy: float = 0.60
-    base_steps: int = 1500
-    """The most that keeps the main comparison inside the window by window 1's unit times (``--budgets``)."""
+    base_steps: int = 1400
+    """What keeps the main comparison inside the window by window 1's unit times (``--budgets``: ~490 s of the call's
+    510), with ~20 s left for the chain rows being ~20% longer than window 1's (a step is host-bound: ~0.15 s)."""
     chain_steps: int = 3
-    anneal_steps: int = 375
+    anneal_steps: int = 350
     """The base's first quarter: causal to bidirectional (DiffuLLaMA anneals over its first steps too)."""
 
 
@@ -298,12 +299,19 @@ WINDOW_1 = Path(__file__).resolve().parent / "results" / "window-1" / "results.j
 sized with."""
 
 
+WINDOW_1_ANSWER_TOKENS = 46.0
+"""Mean generated tokens per answer over window 1's 20,000 graded problems (``records.jsonl.gz``)."""
+CHAIN_ANSWER_TOKENS = 68.0
+"""Mean SmolLM2 tokens of a chain problem's reference answer (3 steps; 300 rows: 64.7 at level 1, 70.7 at level 2),
+what an accurate protocol-2 model generates."""
+
+
 def measured_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
     """:func:`stage_budgets`' units with window 1's measured wall times scaled to ``p``: training by steps (a SmolLM2
     step at batch 32 is host-bound: ~0.15 s whatever its FLOPs), the score stage by rows, the selection and every
-    evaluation by decoding batches (host-bound too: a batch of 500 costs about what one of 250 does), each evaluation
-    at the slowest time window 1 measured at its threshold (at any threshold for one it did not run). Install, start
-    and report keep their estimates."""
+    evaluation by decoding batches (host-bound too: a batch of 500 costs about what one of 250 does) and by the
+    answers' length (decoding steps), each evaluation at the slowest time window 1 measured at its threshold (at any
+    threshold for one it did not run). Install, start and report keep their estimates."""
     record = json.loads(WINDOW_1.read_text())
     walls, ran = record["unit_wall_s"], record["protocol"]
 
@@ -313,15 +321,17 @@ def measured_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
     def batches(problems: int, size: int) -> int:
         return -(-problems // size)
 
+    length = (CHAIN_ANSWER_TOKENS if p.chain_steps else WINDOW_1_ANSWER_TOKENS) / WINDOW_1_ANSWER_TOKENS
+
     def evaluation(tau: float) -> float:
         seconds = slowest("eval", f" tau {tau}") if any(k.endswith(f" tau {tau}") for k in walls) else slowest("eval")
-        return (seconds * batches(p.test_problems, p.eval_batch_size)
+        return (seconds * length * batches(p.test_problems, p.eval_batch_size)
                 / batches(ran["test_problems"], ran["eval_batch_size"]))
 
     rows = len(p.levels) * p.train_per_level
     measured = {"data": walls["data"], "score": walls["score"] * rows / (len(ran["levels"]) * ran["train_per_level"]),
                 "base": walls["base"] * p.base_steps / ran["base_steps"],
-                "select": walls["select"] * len(p.levels) * batches(p.selection_per_level, p.eval_batch_size)
+                "select": walls["select"] * length * len(p.levels) * batches(p.selection_per_level, p.eval_batch_size)
                 / (len(ran["levels"]) * batches(ran["selection_per_level"], ran["eval_batch_size"]))}
     budgets = []
     for unit, seconds, tail in stage_budgets(p):
