@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -564,3 +565,44 @@ def test_an_empty_tuple_setting_takes_values_of_its_declared_type():
     assert protocol_module.with_overrides(recipe.SMOKE, ["tail_thresholds="]).tail_thresholds == ()
     with pytest.raises(ValueError, match="tail_thresholds=x"):
         protocol_module.with_overrides(empty, ["tail_thresholds=x"])
+
+
+# -- protocol 2 -------------------------------------------------------------------------------------------------------
+def test_protocol_1_is_still_the_one_window_1_ran():
+    window_1 = json.loads(recipe.WINDOW_1.read_text())
+    assert recipe.FULL.fingerprint() == window_1["protocol_fingerprint"]
+    assert recipe.FULL2.fingerprint() != recipe.FULL.fingerprint()
+
+
+def test_measured_budgets_are_window_1s_unit_times_scaled_to_the_protocol():
+    walls = json.loads(recipe.WINDOW_1.read_text())["unit_wall_s"]
+    one = dict((unit, seconds) for unit, seconds, _ in recipe.measured_budgets(recipe.FULL))
+    assert one["base"] == walls["base"] and one["score"] == walls["score"]
+    assert one["train MDLM"] == max(v for k, v in walls.items() if k.startswith("variant"))
+    two = dict((unit, seconds) for unit, seconds, _ in recipe.measured_budgets(recipe.FULL2))
+    assert two["base"] == pytest.approx(walls["base"] * recipe.FULL2.base_steps / recipe.FULL.base_steps)
+    # 500 problems are one decoding batch where window 1 decoded 1,000 in two; chain answers are longer
+    length = recipe.CHAIN_ANSWER_TOKENS / recipe.WINDOW_1_ANSWER_TOKENS
+    assert two["evaluate MDLM at tau 0.7"] == pytest.approx(one["evaluate MDLM at tau 0.7"] / 2 * length)
+
+
+def test_protocol_2s_main_comparison_ends_inside_the_device_call():
+    deadline = int(re.search(r"DEADLINE_S:-(\d+)", (RECIPE.parent / "device_call.sh").read_text()).group(1))
+    main = sum(seconds for unit, seconds, tail in recipe.measured_budgets(recipe.FULL2) if not tail and unit != "report")
+    assert main <= deadline - 10  # every main unit ends before the call's deadline, with a margin
+    assert recipe.FULL2.anneal_steps * 4 == recipe.FULL2.base_steps and recipe.FULL2.chain_steps == 3
+
+
+@pytest.mark.slow
+def test_protocol_2_smoke_study_draws_chain_problems_and_anneals_the_base(tmp_path):
+    output = tmp_path / "study"
+    before = torch.get_num_threads()
+    try:
+        assert recipe.main(["--size", "smoke", "--protocol", "2", "--output", str(output), "--threads", "1",
+                            "--until", "base"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    base = json.loads((output / "base" / "unit.json").read_text())
+    assert base["attention_anneal_steps"] == recipe.SMOKE2.anneal_steps
+    rows = [json.loads(line) for line in (output / "data" / "test-L1.jsonl").read_text().splitlines()]
+    assert all(row["question"].count("Then ") == 3 and len(row["answer"].splitlines()) == 4 for row in rows)
