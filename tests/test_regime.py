@@ -107,9 +107,13 @@ def test_grid_points_run_cheapest_first_and_cost_scales_with_steps_batch_and_wid
     points = regime.CurveGrid(sizes=((64, 4, 4), (128, 4, 4)), batch_sizes=(16, 32), base_steps=(500, 1000)).points(P)
     costs = [p.cost() for p in points]
     assert costs == sorted(costs) and len(points) == 8
-    small = regime.RegimeProtocol(hidden_size=64, batch_size=16, base_steps=500)
-    assert regime.RegimeProtocol(hidden_size=128, batch_size=16, base_steps=500).cost() == 4 * small.cost()
-    assert regime.RegimeProtocol(hidden_size=64, batch_size=32, base_steps=1000).cost() == 4 * small.cost()
+    small = regime.RegimeProtocol(hidden_size=64, batch_size=16, base_steps=500, pretrain_steps=250)  # 8,000 rows each
+    assert regime.RegimeProtocol(hidden_size=128, batch_size=16, base_steps=500, pretrain_steps=250).cost() == 4 * small.cost()
+    assert regime.RegimeProtocol(hidden_size=64, batch_size=32, base_steps=1000, pretrain_steps=1000).cost() == 4 * small.cost()
+    grid = regime.CurveGrid(sizes=((64, 4, 4),), batch_sizes=(16,), base_steps=(500,), pretrain_steps=(3000, 1500))
+    assert [p.pretrain_steps for p in grid.points(P)] == [1500, 3000]  # the cheaper pretrained model first
+    assert [regime.point_name(p) for p in grid.points(P)] == ["h64-L4-p1500-b16-s500", "h64-L4-p3000-b16-s500"]
+    assert regime.point_name(small) == "h64-L4-p250-b16-s500" and regime.point_name(P) == "h64-L4-b16-s1000"
 
 
 def test_protocol_rejects_a_test_level_it_does_not_draw():
@@ -201,3 +205,16 @@ def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     assert [b["seed"] for b in bases] == [0, 1] and bases[0]["saved_weights"] != bases[1]["saved_weights"]
     shared = [json.loads((study / f"seed-{s}" / "pretrained" / "unit.json").read_text())["wall_s"] for s in (0, 1)]
     assert shared[0] == shared[1]  # copied, not retrained
+
+
+def test_the_study_takes_the_chosen_point_and_refuses_a_curve_that_missed(tmp_path, capsys):
+    rows = [row("h64-L4-p1600-b16-s1000", 2.0, L1=(0.7, 55), L2=(0.3, 58)) | {"num_layers": 4, "num_heads": 4,
+                                                                              "pretrain_steps": 1600, "base_steps": 1000}]
+    p = regime.chosen_protocol(P, rows)
+    assert (p.hidden_size, p.pretrain_steps, p.batch_size, p.base_steps, p.variant_steps, p.test_level) == \
+        (64, 1600, 16, 1000, 250, 1)
+    with pytest.raises(ValueError, match="no point that meets the rule"):
+        regime.chosen_protocol(P, [row("a", 1.0, L1=(0.3, 60))])
+    (tmp_path / "curve.jsonl").write_text(json.dumps(row("a", 1.0, L1=(0.3, 60))) + "\n")
+    assert recipe.main(["study", "--output", str(tmp_path / "s"), "--from-curve", str(tmp_path)]) == 2
+    assert "no study is run there" in capsys.readouterr().err and not (tmp_path / "s").exists()

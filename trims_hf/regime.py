@@ -121,8 +121,10 @@ class RegimeProtocol(StudyProtocol):
         return self.num_layers * (4 * h * h + 3 * h * 3 * h)
 
     def cost(self) -> float:
-        """The base's training cost, the curve's order: steps x batch x parameters (FLOPs up to a constant)."""
-        return float(self.base_steps * self.batch_size * self.parameters())
+        """The training cost of the base and its pretrained model, the curve's order: rows seen x parameters (FLOPs up
+        to a constant)."""
+        rows = self.base_steps * self.batch_size + self.pretrain_steps * self.pretrain_batch_size
+        return float(rows * self.parameters())
 
 
 def make_regime_study(output: Path, protocol: RegimeProtocol, deadline: float = math.inf) -> Any:
@@ -234,23 +236,32 @@ class CurveGrid:
     """(hidden, layers, heads) of the tiny Llama."""
     batch_sizes: tuple[int, ...] = (16, 32)
     base_steps: tuple[int, ...] = (500, 1000, 2000)
+    pretrain_steps: tuple[int, ...] = ()
+    """Autoregressive steps of the pretrained model (the student's start and the teacher); none: the protocol's."""
 
     def points(self, protocol: RegimeProtocol) -> list[RegimeProtocol]:
         """Every point as a protocol, cheapest first (:meth:`RegimeProtocol.cost`; ties: smaller model, fewer steps)."""
         points = [dataclasses.replace(protocol, hidden_size=h, num_layers=layers, num_heads=heads, batch_size=batch,
-                                      base_steps=steps)
-                  for h, layers, heads in self.sizes for batch in self.batch_sizes for steps in self.base_steps]
-        return sorted(points, key=lambda p: (p.cost(), p.parameters(), p.base_steps))
+                                      base_steps=steps, pretrain_steps=pretrain)
+                  for h, layers, heads in self.sizes for pretrain in self.pretrain_steps or (protocol.pretrain_steps,)
+                  for batch in self.batch_sizes for steps in self.base_steps]
+        return sorted(points, key=lambda p: (p.cost(), p.parameters(), p.pretrain_steps, p.base_steps))
+
+
+def pretrained_tag(p: RegimeProtocol) -> str:
+    """The pretrained model's part of a point's name: its size, and its steps when not the default."""
+    steps = "" if p.pretrain_steps == RegimeProtocol.pretrain_steps else f"-p{p.pretrain_steps}"
+    return f"h{p.hidden_size}-L{p.num_layers}{steps}"
 
 
 def point_name(p: RegimeProtocol) -> str:
-    return f"h{p.hidden_size}-L{p.num_layers}-b{p.batch_size}-s{p.base_steps}"
+    return f"{pretrained_tag(p)}-b{p.batch_size}-s{p.base_steps}"
 
 
 def size_folder(output: Path, p: RegimeProtocol) -> Path:
-    """One study folder per student size: its points share the data, the pretrained model and the scores, and each
-    rebuilds only the base and the probe."""
-    return output / f"h{p.hidden_size}-L{p.num_layers}"
+    """One study folder per pretrained model (size and steps): its points share the data, the pretrained model and
+    the scores, and each rebuilds only the base and the probe."""
+    return output / pretrained_tag(p)
 
 
 def point_row(p: RegimeProtocol, study_folder: Path) -> dict[str, Any]:
@@ -258,8 +269,9 @@ def point_row(p: RegimeProtocol, study_folder: Path) -> dict[str, Any]:
     teacher's NLL and the wall times of its base and probe."""
     base, probe = unit_record(study_folder, "base"), unit_record(study_folder, "probe")
     hardest = base["buckets"]["per_bucket"][0]
-    return {"point": point_name(p), "hidden_size": p.hidden_size, "num_layers": p.num_layers, "batch_size": p.batch_size,
-            "base_steps": p.base_steps, "parameters": p.parameters(), "cost": p.cost(),
+    return {"point": point_name(p), "hidden_size": p.hidden_size, "num_layers": p.num_layers, "num_heads": p.num_heads,
+            "batch_size": p.batch_size,
+            "base_steps": p.base_steps, "pretrain_steps": p.pretrain_steps, "parameters": p.parameters(), "cost": p.cost(),
             "hard_share": hardest["nll_share"], "levels": {int(k): v for k, v in probe["levels"].items()},
             "base_wall_s": base["wall_s"], "probe_wall_s": probe["wall_s"]}
 
@@ -287,16 +299,43 @@ def choose(rows: Sequence[Mapping[str, Any]], p: RegimeProtocol) -> dict[str, An
     return {"point": row["point"], "level": level, "meets_target": False}
 
 
+def read_curve(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``curve.jsonl`` (the levels keyed by number again)."""
+    from .tasks.base import read_json_rows
+
+    rows = read_json_rows(path)
+    for row in rows:
+        row["levels"] = {int(k): v for k, v in row["levels"].items()}
+    return rows
+
+
+VARIANT_SHARE = 4
+"""The study's variants train a quarter of their base's steps (the demo: 150 after 500)."""
+
+
+def chosen_protocol(protocol: RegimeProtocol, rows: Sequence[Mapping[str, Any]]) -> RegimeProtocol:
+    """The seed study's protocol from a curve: the chosen point's size, pretrained model, batch and steps, the
+    variants at a quarter of the base's steps, the chosen level as the test level. ValueError when the curve chose
+    nothing or its choice missed the target (a study at the floor cannot judge "at equal accuracy")."""
+    chosen = choose(rows, protocol)
+    if chosen is None or not chosen["meets_target"]:
+        raise ValueError("the curve chose no point that meets the rule (see its curve.md): no study is run there.")
+    row = next(r for r in rows if r["point"] == chosen["point"])
+    return dataclasses.replace(protocol, hidden_size=row["hidden_size"], num_layers=row["num_layers"],
+                               num_heads=row.get("num_heads", protocol.num_heads),
+                               pretrain_steps=row.get("pretrain_steps", RegimeProtocol.pretrain_steps),
+                               batch_size=row["batch_size"], base_steps=row["base_steps"],
+                               variant_steps=max(1, row["base_steps"] // VARIANT_SHARE), test_level=chosen["level"])
+
+
 def run_curve(output: Path, protocol: RegimeProtocol, grid: CurveGrid, budget_s: float = math.inf) -> list[dict]:
     """Probe the grid's points cheapest first into ``output`` (``curve.jsonl``, one row per finished point; a rerun
     skips them). It stops once a point meets the rule and every point of the same cost has run (a dearer point can no
     longer be chosen), or before a point would start after ``budget_s``; returns the rows."""
-    from .tasks.base import read_json_rows, write_json_rows
+    from .tasks.base import write_json_rows
 
     start, path = time.monotonic(), output / "curve.jsonl"
-    rows = read_json_rows(path) if path.is_file() else []
-    for row in rows:
-        row["levels"] = {int(k): v for k, v in row["levels"].items()}
+    rows = read_curve(path) if path.is_file() else []
     done = {row["point"] for row in rows}
     for p in grid.points(protocol):
         chosen = choose(rows, protocol)
@@ -347,7 +386,7 @@ def plot_curve(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
         for level, probe in row["levels"].items():
-            key = f"h{row['hidden_size']} b{row['batch_size']} level {level}"
+            key = f"h{row['hidden_size']} p{row.get('pretrain_steps', 400)} b{row['batch_size']} level {level}"
             series.setdefault(key, []).append((row["base_steps"], 100 * probe["accuracy"]))
     for key, points in sorted(series.items()):
         xs, ys = zip(*sorted(points), strict=True)

@@ -35,7 +35,12 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     parser.add_argument("--sizes", nargs="+", default=["64x4x4", "128x4x4"], help="curve: HIDDENxLAYERSxHEADS each.")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 32], help="curve: base batch sizes.")
     parser.add_argument("--base-steps", nargs="+", type=int, default=[500, 1000, 2000], help="curve: base MDLM steps.")
+    parser.add_argument("--pretrain-steps", nargs="+", type=int, default=[],
+                        help="curve: autoregressive steps of the pretrained model (the student's start, the teacher; "
+                        "default: the protocol's, 400).")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="study: one base per seed.")
+    parser.add_argument("--from-curve", type=Path, help="study: run in the point a curve folder's rule chose (its "
+                        "size, pretrained model, batch, steps and level); --set then changes the rest.")
     args = parser.parse_args(argv)
     from trims_hf.errors import InputError, check_output_path
     from trims_hf.protocol import with_overrides
@@ -45,12 +50,23 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
         protocol = with_overrides(RegimeProtocol(), [*(SMOKE if args.smoke else ()), *args.set])
     except ValueError as error:
         raise InputError(f"--set {error}") from None
+    if args.from_curve is not None:
+        from trims_hf.regime import chosen_protocol, read_curve
+
+        curve = args.from_curve / "curve.jsonl"
+        if not curve.is_file():
+            raise InputError(f"--from-curve {args.from_curve}: no curve.jsonl there.")
+        try:
+            protocol = with_overrides(chosen_protocol(protocol, read_curve(curve)), args.set)
+        except ValueError as error:
+            raise InputError(f"--from-curve {args.from_curve}: {error}") from None
     sizes = [tuple(int(v) for v in size.split("x") if v.isdigit()) for size in args.sizes]
     if any(len(size) != 3 or min(size) < 1 or len(text.split("x")) != 3 for size, text in zip(sizes, args.sizes)):
         raise InputError(f"--sizes {' '.join(args.sizes)}: expected HIDDENxLAYERSxHEADS, e.g. 64x4x4.")
     args.sizes = sizes
-    for flag, values in (("--batch-sizes", args.batch_sizes), ("--base-steps", args.base_steps)):
-        if min(values) < 1:
+    for flag, values in (("--batch-sizes", args.batch_sizes), ("--base-steps", args.base_steps),
+                         ("--pretrain-steps", args.pretrain_steps)):
+        if values and min(values) < 1:
             raise InputError(f"{flag} {min(values)}: must be at least 1.")
     if args.budget_minutes is not None and args.budget_minutes <= 0:
         raise InputError(f"--budget-minutes {args.budget_minutes}: must be positive.")
@@ -77,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
     if args.command == "curve":
-        grid = regime.CurveGrid(tuple(args.sizes), tuple(args.batch_sizes), tuple(args.base_steps))
+        grid = regime.CurveGrid(tuple(args.sizes), tuple(args.batch_sizes), tuple(args.base_steps),
+                                tuple(args.pretrain_steps))
         rows = regime.run_curve(args.output, protocol, grid, budget)
         table = regime.format_curve(rows, protocol)
         write_atomic(args.output / "curve.md", table)
