@@ -185,16 +185,19 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
 @pytest.mark.slow
 def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     curve = tmp_path / "curve"
-    argv = ["curve", "--smoke", "--output", str(curve), "--sizes", "32x2x2", "--batch-sizes", "8", "--base-steps", "2", "4"]
+    rule = ["--set", "target_accuracy=0", "--set", "min_hard_share=0"]  # a smoke base meets nothing else
+    argv = ["curve", "--smoke", "--output", str(curve), "--sizes", "32x2x2", "--batch-sizes", "8", "--base-steps", "2", "4",
+            *rule]
     assert recipe.main(argv) == 0
     rows = [json.loads(line) for line in (curve / "curve.jsonl").read_text().splitlines()]
-    assert [r["point"] for r in rows] == ["h32-L2-b8-s2", "h32-L2-b8-s4"]
-    assert (curve / "curve.png").is_file() and "| h32-L2-b8-s2 |" in (curve / "curve.md").read_text()
+    assert [r["point"] for r in rows] == ["h32-L2-p20-b8-s2"]  # it met the rule: the dearer point is never run
+    assert (curve / "curve.png").is_file() and "| h32-L2-p20-b8-s2 **(chosen)** | 1 |" in (curve / "curve.md").read_text()
     assert recipe.main(argv) == 0  # a rerun skips both points
     assert [json.loads(line)["point"] for line in (curve / "curve.jsonl").read_text().splitlines()] == [r["point"] for r in rows]
 
+    assert json.loads((curve / "choice.json").read_text())["point"] == "h32-L2-p20-b8-s2"  # the cheaper one
     study = tmp_path / "study"
-    argv = ["study", "--smoke", "--output", str(study), "--seeds", "0", "1", "--set", "base_steps=2"]
+    argv = ["study", "--smoke", "--output", str(study), "--seeds", "0", "1", "--from-curve", str(curve), *rule]
     assert recipe.main(argv) == 0
     report = json.loads((study / "report" / "study.json").read_text())
     assert report["evaluations"] == report["planned"] == 2 * 4 * 2  # 2 seeds x 4 variants x 2 thresholds (the probe
@@ -203,8 +206,11 @@ def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     assert all(c["seeds"] == [0, 1] for c in report["claim"])
     bases = [json.loads((study / f"seed-{s}" / "base" / "unit.json").read_text()) for s in (0, 1)]
     assert [b["seed"] for b in bases] == [0, 1] and bases[0]["saved_weights"] != bases[1]["saved_weights"]
-    shared = [json.loads((study / f"seed-{s}" / "pretrained" / "unit.json").read_text())["wall_s"] for s in (0, 1)]
-    assert shared[0] == shared[1]  # copied, not retrained
+    shared = [json.loads((folder / "pretrained" / "unit.json").read_text())["wall_s"]
+              for folder in (curve / "h32-L2-p20", study / "seed-0", study / "seed-1")]
+    assert shared[0] == shared[1] == shared[2]  # the curve's pretrained model, copied, not retrained
+    assert bases[0]["steps"] == 2 and json.loads((study / "seed-0" / "protocol.json").read_text())["protocol"][
+        "variant_steps"] == 1  # the chosen point's steps, its variants a quarter of them
 
 
 def test_the_study_takes_the_chosen_point_and_refuses_a_curve_that_missed(tmp_path, capsys):

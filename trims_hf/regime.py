@@ -406,18 +406,22 @@ SHARED_STAGES = ("data", "pretrained", "score")
 """Stages a seed does not change (their fingerprints exclude the seed): made once, copied into every seed's folder."""
 
 
-def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], deadline: float = math.inf) -> bool:
-    """The study in ``output/seed-<s>`` for each seed, each with its own base; the shared stages are copied from the
-    first seed's folder once finished there. False when the deadline stopped it (rerun to continue)."""
+def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], deadline: float = math.inf,
+              shared_from: Path | None = None) -> bool:
+    """The study in ``output/seed-<s>`` for each seed, each with its own base; the shared stages are copied from
+    ``shared_from`` (e.g. the curve's folder of the chosen pretrained model) into the first seed's folder, and from
+    there into the others', wherever finished (a unit checks its key, so a copy made under other settings is
+    rebuilt). False when the deadline stopped it (rerun to continue)."""
     first = output / f"seed-{seeds[0]}"
     for seed in seeds:
         folder, p = output / f"seed-{seed}", dataclasses.replace(protocol, seed=seed)
         check_protocol(folder, p)
         folder.mkdir(parents=True, exist_ok=True)
         record_protocol(folder, p)
-        for stage in SHARED_STAGES if folder != first else ():
-            if not (folder / stage).exists() and (first / stage / "cache-key.json").is_file():
-                shutil.copytree(first / stage, folder / stage)
+        source = first if folder != first else shared_from
+        for stage in SHARED_STAGES if source is not None else ():
+            if not (folder / stage).exists() and (source / stage / "cache-key.json").is_file():
+                shutil.copytree(source / stage, folder / stage)
         if not make_regime_study(folder, p, deadline).run():
             return False
     return True

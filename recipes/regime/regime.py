@@ -103,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             regime.plot_curve(rows, args.output / "curve.png")
         print("\n" + table)
         return 0
-    finished = regime.run_seeds(args.output, protocol, args.seeds, start + budget)
+    shared = args.from_curve / regime.pretrained_tag(protocol) if args.from_curve is not None else None
+    finished = regime.run_seeds(args.output, protocol, args.seeds, start + budget, shared)
     print("\n" + regime.write_seed_report(args.output, protocol, args.seeds).read_text())
     return 0 if finished else 3
 
