@@ -468,11 +468,11 @@ def claim_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> li
     seeds above 1, the accuracy difference to MDLM over the paired (seed, problem) records with its 95% interval,
     and ``holds``: above 1 in at least 4 of 5 seeds and an interval that includes 0 or favours TRIMS."""
     by_key = {(result.model, result.decoding["threshold"], seed): result for seed, result in results}
+    pairs = sorted({(model, tau) for model, tau, _ in by_key if model != baseline and VARIANTS.get(model, (False,))[0]},
+                   key=lambda pair: (pair[1], list(VARIANTS).index(pair[0])))
     rows = []
-    for (model, tau, seed) in sorted(by_key, key=lambda k: (k[1], list(VARIANTS).index(k[0]) if k[0] in VARIANTS else 9)):
-        if model == baseline or not VARIANTS.get(model, (False,))[0] or seed != min(s for _, _, s in by_key):
-            continue
-        seeds = sorted(s for m, t, s in by_key if m == model and t == tau and (baseline, tau, s) in by_key)
+    for model, tau in pairs:
+        seeds = sorted(s for m, t, s in by_key if (m, t) == (model, tau) and (baseline, tau, s) in by_key)
         ratios = {s: by_key[model, tau, s].tokens_per_step / by_key[baseline, tau, s].tokens_per_step for s in seeds}
         ours, theirs = [], []
         for s in seeds:
@@ -483,11 +483,11 @@ def claim_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> li
             theirs += [base[i] for i in shared]
         mean, low, high = paired_difference(ours, theirs) if ours else (math.nan,) * 3
         above = sum(r > 1 for r in ratios.values())
-        needed = math.ceil(MIN_SEEDS_ABOVE / 5 * len(seeds))
         rows.append({"model": model, "threshold": tau, "seeds": seeds, "ratio_per_seed": ratios,
                      "mean_ratio": statistics.fmean(ratios.values()) if ratios else math.nan,
                      "seeds_above": above, "accuracy_difference": mean, "difference_interval": [low, high],
-                     "paired_problems": len(ours), "holds": bool(seeds) and above >= needed and high >= 0})
+                     "paired_problems": len(ours),
+                     "holds": bool(seeds) and above >= math.ceil(MIN_SEEDS_ABOVE / 5 * len(seeds)) and high >= 0})
     return rows
 
 
