@@ -224,3 +224,18 @@ def test_the_study_takes_the_chosen_point_and_refuses_a_curve_that_missed(tmp_pa
     (tmp_path / "curve.jsonl").write_text(json.dumps(row("a", 1.0, L1=(0.3, 60))) + "\n")
     assert recipe.main(["study", "--output", str(tmp_path / "s"), "--from-curve", str(tmp_path)]) == 2
     assert "no study is run there" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_grid_crosses_learning_rates_and_annealing_at_equal_cost():
+    grid = regime.CurveGrid(sizes=((64, 4, 4),), batch_sizes=(16,), base_steps=(1000,), pretrain_steps=(1600,),
+                            base_lrs=(1e-3, 3e-4), anneal_fractions=(0.0, 0.25))
+    points = grid.points(P)
+    assert [regime.point_name(p) for p in points] == ["h64-L4-p1600-b16-s1000", "h64-L4-p1600-b16-s1000-a250",
+                                                      "h64-L4-p1600-b16-s1000-lr0.0003",
+                                                      "h64-L4-p1600-b16-s1000-lr0.0003-a250"]
+    assert len({p.cost() for p in points}) == 1 and {p.anneal_steps for p in points} == {0, 250}
+    assert len({regime.size_folder(Path("x"), p) for p in points}) == 1  # one pretrained model for all four
+    chosen = regime.chosen_protocol(P, [{**row("h64-L4-p1600-b16-s1000-lr0.0003-a250", 1.0, L1=(0.7, 55)),
+                                         "num_layers": 4, "base_steps": 1000, "pretrain_steps": 1600, "base_lr": 3e-4,
+                                         "anneal_steps": 250}])
+    assert (chosen.base_lr, chosen.anneal_steps, chosen.variant_steps) == (3e-4, 250, 250)

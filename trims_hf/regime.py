@@ -36,7 +36,7 @@ DATA_FIELDS = ("levels", "chain_steps", "train_per_level", "selection_per_level"
 PRETRAINED_FIELDS = (*DATA_FIELDS, "student_format", "hidden_size", "num_layers", "num_heads", "pretrain_steps",
                      "pretrain_lr", "pretrain_batch_size", "threads")
 SCORE_FIELDS = (*PRETRAINED_FIELDS, "masking")
-BASE_FIELDS = (*SCORE_FIELDS, "base_steps", "base_lr", "batch_size", "seed")
+BASE_FIELDS = (*SCORE_FIELDS, "base_steps", "base_lr", "batch_size", "anneal_steps", "seed")
 PROBE_FIELDS = (*BASE_FIELDS, "decoding", "selection_threshold", "eval_batch_size")
 
 
@@ -70,6 +70,9 @@ class RegimeProtocol(StudyProtocol):
     batch_size: int = 16
     base_steps: int = 1000
     base_lr: float = 1e-3
+    anneal_steps: int = 0
+    """The base's first steps over which its attention turns from causal to bidirectional (DiffuLLaMA's annealing,
+    :class:`~trims_hf.annealing.AttentionAnnealing`); 0: bidirectional from the first step."""
     variant_steps: int = 250
     variant_lr: float = 3e-4
     eval_batch_size: int = 500
@@ -203,6 +206,14 @@ def make_regime_study(output: Path, protocol: RegimeProtocol, deadline: float = 
                       f"tokens per answer (n={result.num_samples})", flush=True)
             self.units.done(folder, "probe", started, {"levels": levels}, stage="probe")
 
+        def before_base_training(self, model: Any) -> dict[str, Any]:
+            if not self.protocol.anneal_steps:
+                return {}
+            from .annealing import AttentionAnnealing
+
+            AttentionAnnealing(model, self.protocol.anneal_steps, seed=self.protocol.seed)
+            return {"attention_anneal_steps": self.protocol.anneal_steps}
+
         def test_task(self) -> Any:
             level = self.protocol.test_level
             return ArithTask(read_json_rows(self.output / "data" / f"test-L{level}.jsonl"), name=f"chain-L{level}")
@@ -238,13 +249,21 @@ class CurveGrid:
     base_steps: tuple[int, ...] = (500, 1000, 2000)
     pretrain_steps: tuple[int, ...] = ()
     """Autoregressive steps of the pretrained model (the student's start and the teacher); none: the protocol's."""
+    base_lrs: tuple[float, ...] = ()
+    """The base's learning rates; none: the protocol's."""
+    anneal_fractions: tuple[float, ...] = ()
+    """Shares of the base's steps over which its attention anneals from causal to bidirectional; none: the
+    protocol's ``anneal_steps``."""
 
     def points(self, protocol: RegimeProtocol) -> list[RegimeProtocol]:
-        """Every point as a protocol, cheapest first (:meth:`RegimeProtocol.cost`; ties: smaller model, fewer steps)."""
+        """Every point as a protocol, cheapest first (:meth:`RegimeProtocol.cost`; ties: smaller model, fewer steps,
+        then the grid's order of learning rates and annealing)."""
         points = [dataclasses.replace(protocol, hidden_size=h, num_layers=layers, num_heads=heads, batch_size=batch,
-                                      base_steps=steps, pretrain_steps=pretrain)
+                                      base_steps=steps, pretrain_steps=pretrain, base_lr=lr,
+                                      anneal_steps=protocol.anneal_steps if share is None else round(share * steps))
                   for h, layers, heads in self.sizes for pretrain in self.pretrain_steps or (protocol.pretrain_steps,)
-                  for batch in self.batch_sizes for steps in self.base_steps]
+                  for batch in self.batch_sizes for steps in self.base_steps
+                  for lr in self.base_lrs or (protocol.base_lr,) for share in self.anneal_fractions or (None,)]
         return sorted(points, key=lambda p: (p.cost(), p.parameters(), p.pretrain_steps, p.base_steps))
 
 
@@ -255,7 +274,11 @@ def pretrained_tag(p: RegimeProtocol) -> str:
 
 
 def point_name(p: RegimeProtocol) -> str:
-    return f"{pretrained_tag(p)}-b{p.batch_size}-s{p.base_steps}"
+    """A point's name: the pretrained model, batch and steps, and the base's learning rate and annealing where not the
+    defaults."""
+    lr = "" if p.base_lr == RegimeProtocol.base_lr else f"-lr{p.base_lr:g}"
+    anneal = f"-a{p.anneal_steps}" if p.anneal_steps else ""
+    return f"{pretrained_tag(p)}-b{p.batch_size}-s{p.base_steps}{lr}{anneal}"
 
 
 def size_folder(output: Path, p: RegimeProtocol) -> Path:
@@ -271,7 +294,8 @@ def point_row(p: RegimeProtocol, study_folder: Path) -> dict[str, Any]:
     hardest = base["buckets"]["per_bucket"][0]
     return {"point": point_name(p), "hidden_size": p.hidden_size, "num_layers": p.num_layers, "num_heads": p.num_heads,
             "batch_size": p.batch_size,
-            "base_steps": p.base_steps, "pretrain_steps": p.pretrain_steps, "parameters": p.parameters(), "cost": p.cost(),
+            "base_steps": p.base_steps, "pretrain_steps": p.pretrain_steps, "base_lr": p.base_lr,
+            "anneal_steps": p.anneal_steps, "parameters": p.parameters(), "cost": p.cost(),
             "hard_share": hardest["nll_share"], "levels": {int(k): v for k, v in probe["levels"].items()},
             "base_wall_s": base["wall_s"], "probe_wall_s": probe["wall_s"]}
 
@@ -325,6 +349,8 @@ def chosen_protocol(protocol: RegimeProtocol, rows: Sequence[Mapping[str, Any]])
                                num_heads=row.get("num_heads", protocol.num_heads),
                                pretrain_steps=row.get("pretrain_steps", RegimeProtocol.pretrain_steps),
                                batch_size=row["batch_size"], base_steps=row["base_steps"],
+                               base_lr=row.get("base_lr", RegimeProtocol.base_lr),
+                               anneal_steps=row.get("anneal_steps", 0),
                                variant_steps=max(1, row["base_steps"] // VARIANT_SHARE), test_level=chosen["level"])
 
 
@@ -386,7 +412,8 @@ def plot_curve(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
         for level, probe in row["levels"].items():
-            key = f"h{row['hidden_size']} p{row.get('pretrain_steps', 400)} b{row['batch_size']} level {level}"
+            key = (f"h{row['hidden_size']} p{row.get('pretrain_steps', 400)} b{row['batch_size']} "
+                   f"lr{row.get('base_lr', 1e-3):g} a{row.get('anneal_steps', 0)} level {level}")
             series.setdefault(key, []).append((row["base_steps"], 100 * probe["accuracy"]))
     for key, points in sorted(series.items()):
         xs, ys = zip(*sorted(points), strict=True)

@@ -38,6 +38,11 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     parser.add_argument("--pretrain-steps", nargs="+", type=int, default=[],
                         help="curve: autoregressive steps of the pretrained model (the student's start, the teacher; "
                         "default: the protocol's, 400).")
+    parser.add_argument("--base-lrs", nargs="+", type=float, default=[], help="curve: the base's learning rates "
+                        "(default: the protocol's, 1e-3).")
+    parser.add_argument("--anneal-fractions", nargs="+", type=float, default=[],
+                        help="curve: shares of the base's steps over which its attention anneals from causal to "
+                        "bidirectional (DiffuLLaMA; 0: at once; default: the protocol's anneal_steps, 0).")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="study: one base per seed.")
     parser.add_argument("--from-curve", type=Path, help="study: run in the point a curve folder's rule chose (its "
                         "size, pretrained model, batch, steps and level); --set then changes the rest.")
@@ -68,6 +73,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
                          ("--pretrain-steps", args.pretrain_steps)):
         if values and min(values) < 1:
             raise InputError(f"{flag} {min(values)}: must be at least 1.")
+    for flag, values, low in (("--base-lrs", args.base_lrs, 0.0), ("--anneal-fractions", args.anneal_fractions, -1e-12)):
+        if values and not all(low < v <= 1 for v in values):
+            raise InputError(f"{flag} {' '.join(map(str, values))}: each must lie in {'(0' if low == 0 else '[0'}, 1].")
     if args.budget_minutes is not None and args.budget_minutes <= 0:
         raise InputError(f"--budget-minutes {args.budget_minutes}: must be positive.")
     check_output_path(args.output, f"--output {args.output}")
@@ -94,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
     if args.command == "curve":
         grid = regime.CurveGrid(tuple(args.sizes), tuple(args.batch_sizes), tuple(args.base_steps),
-                                tuple(args.pretrain_steps))
+                                tuple(args.pretrain_steps), tuple(args.base_lrs), tuple(args.anneal_fractions))
         rows = regime.run_curve(args.output, protocol, grid, budget)
         table = regime.format_curve(rows, protocol)
         write_atomic(args.output / "curve.md", table)
