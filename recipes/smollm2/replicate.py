@@ -108,10 +108,10 @@ class Protocol(StudyProtocol):
 @dataclass(frozen=True)
 class Protocol2(Protocol):
     """Protocol 2, for the windows after window 1 (whose base reached 6%, so its table could not judge "at equal
-    accuracy"): the regime found on the MDLM base alone (docs/regime.md) carried to SmolLM2. The task is the chain
-    problems (long answers, mostly template; one-digit operands on a running total at level 1), the target 60%, and the
-    base trains as long as one window allows (sized from window 1's measured unit times: :func:`measured_budgets`),
-    turning bidirectional gradually as DiffuLLaMA does (:class:`trims_hf.annealing.AttentionAnnealing`)."""
+    accuracy"). The task is the chain problems (long answers, mostly template; one-digit operands on a running total at
+    level 1), the target 60%, and the base, where the CPU curves lost the pretrained model's arithmetic (docs/regime.md),
+    trains as long as one window allows (sized from window 1's measured unit times: :func:`measured_budgets`), turning
+    bidirectional gradually as DiffuLLaMA does (:class:`trims_hf.annealing.AttentionAnnealing`)."""
 
     levels: tuple[int, ...] = (1, 2)
     train_per_level: int = 2000
