@@ -121,48 +121,8 @@ TINY_OVERRIDES: dict[str, dict[str, Any]] = {
 TOKEN_ID_HIGH = 500
 """Synthetic token ids are drawn from [3, 500): below every model's special ids at both scales."""
 
-# --- accelerators: the one table of peaks ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    """Dense bf16 tensor-core peak (no sparsity) and HBM bandwidth, from the vendors' data sheets."""
-
-    name: str
-    bf16_tflops: float
-    bandwidth_tb_s: float
-
-
-# Matched in order against torch.cuda.get_device_name(): the more specific names first.
-ACCELERATORS = (
-    ("GH200 144G", Accelerator("GH200 144GB HBM3e", 989.0, 4.9)),
-    ("GH200", Accelerator("GH200 96GB HBM3", 989.0, 4.0)),
-    ("H200 NVL", Accelerator("H200 NVL", 835.0, 4.8)),
-    ("H200", Accelerator("H200 SXM", 989.0, 4.8)),
-    ("H100 NVL", Accelerator("H100 NVL", 835.0, 3.9)),
-    ("H100 PCIe", Accelerator("H100 PCIe", 756.0, 2.0)),
-    ("H100", Accelerator("H100 SXM", 989.0, 3.35)),
-    ("A100-SXM4-80GB", Accelerator("A100 SXM 80GB", 312.0, 2.039)),
-    ("A100 80GB PCIe", Accelerator("A100 PCIe 80GB", 312.0, 1.935)),
-    ("A100", Accelerator("A100 40GB", 312.0, 1.555)),
-    ("L40S", Accelerator("L40S", 362.0, 0.864)),
-)
-
-
-def accelerator(device_name: str) -> Accelerator | None:
-    """The peaks of a CUDA device by its name; None for a CPU or a device missing from :data:`ACCELERATORS`."""
-    return next((spec for key, spec in ACCELERATORS if key in device_name), None)
-
-
-def mfu(flops_per_token: float, tokens_per_s: float, peak: Accelerator | None) -> float | None:
-    """Model FLOPs utilisation: achieved model FLOP/s over the dense bf16 peak; None without a known peak."""
-    return flops_per_token * tokens_per_s / (peak.bf16_tflops * 1e12) if peak else None
-
-
-def weight_read_bound_ms(weight_bytes: int, peak: Accelerator | None) -> float | None:
-    """Milliseconds to read every weight once at the peak bandwidth: no forward can be faster at small batch."""
-    return weight_bytes / (peak.bandwidth_tb_s * 1e12) * 1e3 if peak else None
-
+# --- accelerators: the library's one table of peaks ----------------------------------------------------------------
+from trims_hf.accelerators import accelerator, mfu, weight_read_bound_ms  # noqa: E402
 
 TRIMS_OVER_MDLM_MAX, TRAIN_MFU_MIN = 1.02, 0.40
 SCORE_SECONDS_PER_MILLION_MAX = 60.0

@@ -4,6 +4,7 @@ no or an unknown command is one error line."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -89,3 +90,27 @@ def test_on_off_settings_parse_as_flags_in_both_spellings():
     assert parsed("--no_progress", "--no_early_stop", "--allow_code_execution") == (False, False, True)
     with pytest.raises(SystemExit):
         parser().parse(["--model", "m", "--task", "gsm8k", "--output", "o.json", "--allow-code-execution", "true"])
+
+
+@pytest.mark.parametrize("preset,expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_commands_let_waiting_threads_sleep_unless_the_user_chose(preset, expected, monkeypatch, capsys):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    if preset:
+        monkeypatch.setenv("OMP_WAIT_POLICY", preset)
+    assert main(["export", "--help"]) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == expected
+
+
+@pytest.mark.slow
+def test_deepspeed_is_told_it_runs_on_the_cpu_and_says_nothing_about_it():
+    pytest.importorskip("deepspeed")
+    code = "import sys; from trims_hf.distributed import name_cpu_accelerator; {} import deepspeed"
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    runs = {named: subprocess.run([sys.executable, "-c", code.format("name_cpu_accelerator();" if named else "")],
+                                  capture_output=True, text=True, timeout=120, env=env) for named in (True, False)}
+    assert all(run.returncode == 0 for run in runs.values()), runs
+    assert "unable to detect" not in runs[True].stdout + runs[True].stderr
+    import torch
+
+    if not torch.cuda.is_available():  # left to guess on a CPU machine, DeepSpeed says it could not find a GPU
+        assert "unable to detect" in runs[False].stdout + runs[False].stderr

@@ -83,7 +83,7 @@ def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict, dict[str, int], dict[
     argv = ["demo", "--fast", "--output", str(output)]
     assert main(argv) == 0
     first, first_markers = json.loads((output / "results.json").read_text()), markers(output)
-    assert main([*argv, "--sft-steps", "7"]) == 0
+    assert main([*argv, "--set", "variant_steps=7"]) == 0
     return output, first, json.loads((output / "results.json").read_text()), first_markers, markers(output)
 
 
@@ -107,7 +107,7 @@ def test_each_stage_depends_on_the_settings_it_declares():
     float results, so everything from the pretrained model on is rebuilt; SFT steps touch only the variants."""
     from dataclasses import replace
 
-    from trims_hf.demo.pipeline import FAST
+    from trims_hf.demo.presets import FAST
 
     fewer_threads, more_steps = replace(FAST, threads=FAST.threads + 1), replace(FAST, variant_steps=7)
     assert fewer_threads.fingerprint("data") == FAST.fingerprint("data")
@@ -201,18 +201,25 @@ def test_rerun_reuses_what_the_changed_setting_does_not_touch(demo_runs):
     assert base == [(r["accuracy"], r["tokens_per_step"]) for r in second["results"] if r["model"] == "base (before SFT)"]
 
 
-def test_demo_flags_reach_the_settings(monkeypatch, tmp_path):
-    """Dash and underscore spellings both work, lists are space-separated, abbreviations are refused."""
+def test_demo_presets_and_set_reach_the_settings(monkeypatch, tmp_path, capsys):
+    """A preset changed field by field: --set takes several assignments and repeats; the later one wins; --fields
+    prints the fields as set and runs nothing; abbreviations are refused."""
     from trims_hf.cli import main
     from trims_hf.demo import pipeline
+    from trims_hf.demo.presets import FAST, DemoSettings
 
     seen = []
     monkeypatch.setattr(pipeline, "run_demo", lambda output, settings: seen.append(settings))
-    assert main(["demo", "--sft-steps", "600", "--output", str(tmp_path), "--thresholds", "0.5", "0.9"]) == 0
-    assert main(["demo", "--sft_steps", "600", "--output", str(tmp_path), "--seeds", "0", "1"]) == 0
-    assert (seen[0].variant_steps, seen[0].thresholds, seen[1].seeds) == (600, (0.5, 0.9), (0, 1))
-    assert pipeline.settings_for(False, False, variant_steps=None).variant_steps == 150
-    assert main(["demo", "--sft-step", "600"]) == 2 and len(seen) == 2  # an abbreviation never silently sets a flag
+    assert main(["demo", "--set", "variant_steps=600", "thresholds=0.5,0.9", "--output", str(tmp_path)]) == 0
+    assert main(["demo", "--study", "--set", "variant_steps=1", "--set", "variant_steps=600", "--output", str(tmp_path)]) == 0
+    assert main(["demo", "--fast", "--data-file", str(tmp_path / "gsm8k.jsonl"), "--set", "seeds=3,4",
+                 "--output", str(tmp_path)]) == 0
+    assert (seen[0].variant_steps, seen[0].thresholds, seen[0].seeds) == (600, (0.5, 0.9), (0,))
+    assert (seen[1].variant_steps, seen[1].seeds, seen[1].num_train) == (600, (0, 1, 2), DemoSettings().num_train)
+    assert (seen[2].seeds, seen[2].num_train, seen[2].student_format.max_length) == ((3, 4), FAST.num_train, 512)
+    assert main(["demo", "--fast", "--set", "variant_steps=9", "--fields"]) == 0 and len(seen) == 3
+    assert "variant_steps=9\n" in capsys.readouterr().out
+    assert main(["demo", "--fiel"]) == 2 and len(seen) == 3  # an abbreviation never silently sets a flag
 
 
 GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer": "2 + 3 = 5\n#### 5"}
@@ -221,11 +228,13 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
 @pytest.mark.parametrize("flags,expected", [
     (["--fats"], r"unknown flag --fats \(did you mean --fast\?\)"),
     (["extra"], r"unexpected argument 'extra'"),
-    (["--threads", "0"], r"--threads 0: must be at least 1"),
+    (["--threads", "0"], r"threads=0: must be at least 1"),
     (["--threads", "two"], r"argument --threads: invalid int value: 'two'"),
-    (["--sft-steps", "0"], r"--sft-steps 0: must be at least 1"),
-    (["--thresholds", "0.5", "1.5"], r"--thresholds 1.5: a confidence threshold lies in \(0, 1\]"),
-    (["--teacher", "qwen"], r"argument --teacher: invalid choice: 'qwen' \(choose from 'embedded', 'smollm2'\)"),
+    (["--set", "variant_steps=0"], r"variant_steps=0: must be at least 1"),
+    (["--set", "thresholds=0.5,1.5"], r"threshold=1\.5: must be in \[0, 1\]"),
+    (["--set", "teacher=qwen"], r"teacher=qwen: choose embedded or smollm2\."),
+    (["--set", "variant_step=3"], r"variant_step=3: expected FIELD=VALUE with FIELD one of .*variant_steps"),
+    (["--set", "seeds=a"], r"seeds=a: 'a' is not a valid int\.$"),
     (["--data-file", "{w}/missing.jsonl"], r"--data-file .*missing\.jsonl: no such file\.$"),
     (["--data-file", "{w}/prompts.jsonl"], r"--data-file .*prompts\.jsonl: row 0 has no field 'question'"),
     (["--data-file", "{w}/no-answer.jsonl"], r"--data-file .*no-answer\.jsonl: row 0 field 'answer' ends with no '#### N'"),

@@ -16,7 +16,7 @@ import torch
 import yaml
 from helpers_launch import free_port, launch, two_processes
 
-from trims_hf.jobs.train import parse_recipe
+from trims_hf.commands.recipe import parse_recipe
 
 pytestmark = pytest.mark.slow  # multi-process training launches: minutes, so the inner loop (-m "not slow") skips them
 

@@ -27,10 +27,10 @@ def test_budgets_follow_the_counts_of_each_part():
     seconds, explain = budgets.budgets("real")
     assert list(seconds) == ["tests", "train", "decode", "score", "zero2"]  # most important first
     train = explain["train"]
-    expected = budgets.SLACK * (budgets.STARTUP_S + budgets.BUILD_S + train["matmul_s"] + train["host_s"])
+    expected = budgets.WINDOW.slack * (budgets.STARTUP_S + budgets.BUILD_S + train["matmul_s"] + train["host_s"])
     assert seconds["train"] == pytest.approx(expected, abs=1)
     assert train["matmul_s"] == pytest.approx(train["flops_per_token"] * train["rows_of_1024_tokens"] * 1024
-                                              / (989e12 * budgets.MATMUL_EFFICIENCY), rel=0.01)
+                                              / (989e12 * budgets.WINDOW.matmul_efficiency), rel=0.01)
     bigger, _ = budgets.budgets("real", replace(budgets.Settings(), max_batch=32, score_budget_s=90.0))
     assert bigger["train"] > seconds["train"] and bigger["score"] == pytest.approx(seconds["score"] + 1.5 * 45, abs=1)
     fewer, _ = budgets.budgets("real", replace(budgets.Settings(), cache_modes=("none",)))

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import real_size  # noqa: E402
 
+from trims_hf.accelerators import Accelerator, TimeModel, accelerator  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def lines(tmp_path_factory) -> list[dict]:
@@ -204,16 +206,25 @@ def test_real_shapes_match_the_public_configs(role, parameters):
 
 
 def test_accelerator_table():
-    h100 = real_size.accelerator("NVIDIA H100 80GB HBM3")
+    h100 = accelerator("NVIDIA H100 80GB HBM3")
     assert (h100.bf16_tflops, h100.bandwidth_tb_s) == (989.0, 3.35)
-    assert real_size.accelerator("NVIDIA H100 PCIe").bandwidth_tb_s == 2.0
-    assert real_size.accelerator("NVIDIA A100-SXM4-80GB").bandwidth_tb_s == 2.039
-    assert real_size.accelerator("NVIDIA A100-SXM4-40GB").bandwidth_tb_s == 1.555
-    assert real_size.accelerator("NVIDIA H200").bandwidth_tb_s == 4.8
-    assert real_size.accelerator("NVIDIA H200 NVL").bf16_tflops == 835.0
-    assert real_size.accelerator("NVIDIA GH200 144G HBM3e").bandwidth_tb_s == 4.9
-    assert real_size.accelerator("NVIDIA GH200 480GB").bandwidth_tb_s == 4.0
-    assert real_size.accelerator("Some other GPU") is None
+    assert accelerator("NVIDIA H100 PCIe").bandwidth_tb_s == 2.0
+    assert accelerator("NVIDIA A100-SXM4-80GB").bandwidth_tb_s == 2.039
+    assert accelerator("NVIDIA A100-SXM4-40GB").bandwidth_tb_s == 1.555
+    assert accelerator("NVIDIA H200").bandwidth_tb_s == 4.8
+    assert accelerator("NVIDIA H200 NVL").bf16_tflops == 835.0
+    assert accelerator("NVIDIA GH200 144G HBM3e").bandwidth_tb_s == 4.9
+    assert accelerator("NVIDIA GH200 480GB").bandwidth_tb_s == 4.0
+    assert accelerator("Some other GPU") is None
+    assert real_size.accelerator is accelerator  # the benchmark reads the library's one table
+
+
+def test_time_model_turns_counts_into_seconds_on_the_reference():
+    model = TimeModel(matmul_efficiency=0.5, slack=2.0, bandwidth_efficiency=0.25)
+    assert model.peak == accelerator("H100")
+    assert model.matmul_s(989e12) == pytest.approx(2.0)  # half of 989 TFLOP/s
+    assert model.read_s(3.35e12) == pytest.approx(4.0)  # a quarter of 3.35 TB/s
+    assert model.budget(10.0) == 20.0
 
 
 def test_goals_both_ways_and_unjudged_without_a_bound():
@@ -257,7 +268,7 @@ def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
     """The Dream shape (shifted logits, GQA, q/k/v biases) goes through the same training and decoding paths; with an
     accelerator of known peaks (a fake one) and goals judged, the lines derive MFU, bound and goals from their own
     numbers."""
-    fake = real_size.Accelerator("Fake", bf16_tflops=1e-6, bandwidth_tb_s=1e-3)
+    fake = Accelerator("Fake", bf16_tflops=1e-6, bandwidth_tb_s=1e-3)
     monkeypatch.setattr(real_size, "accelerator", lambda name: fake)
     monkeypatch.setattr(real_size.Run, "judge", lambda self, short: {"goal_shortfall": short,
                                                                       "goals_met": None if short is None else short <= 1})

@@ -99,9 +99,9 @@ CASES = {
     "blank lines only": (["--dataset", "{tmp}/blank.jsonl"], {"blank.jsonl": "\n\n"}, "--dataset {tmp}/blank.jsonl: no rows."),
     "null completion": (["--dataset", "{tmp}/null.jsonl"], {"null.jsonl": '{"question": "q", "answer": null}\n'},
                         "row 0: column 'answer' (--completion-column) is missing or null."),
-    "too long": (["--max-length", "30"], {},
+    "too long": (["--teacher-max-length", "30"], {},
                  "row 0: column 'answer' (--completion-column) is too long for the teacher: 108 prompt + 90 completion "
-                 "tokens > context 30 (pass a larger --max-length, or --truncate)."),
+                 "tokens > context 30 (pass a larger --teacher-max-length, or --truncate)."),
     "prompt without tokens": (["--dataset", "{tmp}/p.jsonl", "--prompt-format", "verbatim"],
                               {"p.jsonl": '{"question": "", "answer": "Natalia sold 48 clips."}\n'},
                               "row 0: column 'question' (--prompt-column) renders to no teacher tokens, so nothing predicts "
@@ -119,6 +119,20 @@ CASES = {
     "push offline": (["--push-to-hub", "me/x"], {},
                      "Cannot push to me/x: HF_HUB_OFFLINE is set. Unset it, or drop --push-to-hub."),
 }
+
+
+def test_the_old_max_length_flag_still_sets_the_teachers_context_with_a_notice(teacher_dir, data_file, tmp_path, capsys,
+                                                                              no_model_load):
+    """``--max-length`` of ``trims score`` was the teacher's context, while ``trims train``'s is the student's
+    sequence: renamed ``--teacher-max-length``, the old spelling still works and says so in one line."""
+    base = ["score", "--teacher", str(teacher_dir), "--dataset", str(data_file), "--prompt-column", "question",
+            "--completion-column", "answer", "--output", str(tmp_path / "out")]
+    assert trims_main([*base, "--max-length", "30"]) == 2  # the row is too long for a context of 30: it was set
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("note")] == [
+        "note: --max-length is now --teacher-max-length (its value is used as given)."]
+    (error,) = error_lines(err)
+    assert error.endswith("tokens > context 30 (pass a larger --teacher-max-length, or --truncate).")
 
 
 @pytest.mark.parametrize("case", list(CASES))

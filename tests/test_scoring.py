@@ -155,9 +155,9 @@ def test_teacher_buckets_are_equal_mass_over_all_tokens(teacher, tokenizer, data
 def test_truncate_option_scores_prefix_and_records_it(teacher, tokenizer, gsm8k_rows, tmp_path):
     data = Dataset.from_list([{"prompt": "Q", "completion": "short"}, {"prompt": "Q", "completion": gsm8k_rows[0]["completion"]}])
     out = build_scored_dataset(data, tmp_path / "out", "tiny", loaded_teacher=(teacher, tokenizer),
-                               options=ScoringOptions(max_length=40, truncate=True), buckets=BucketConfig(num_buckets=2))
+                               options=ScoringOptions(teacher_max_length=40, truncate=True), buckets=BucketConfig(num_buckets=2))
     meta = read_card_metadata(out)
-    assert meta["max_length"] == 40 and meta["truncated_rows"] == [1]
+    assert meta["teacher_max_length"] == 40 and meta["truncated_rows"] == [1]
     prompt_length = len(tokenizer.apply_chat_template([{"role": "user", "content": "Q"}], add_generation_prompt=True,
                                                       tokenize=False))  # byte-level: at most one token per character
     assert 0 < len(load_dataset(str(out), split="train")[1]["teacher_nll"]) <= 40 - prompt_length // 8

@@ -109,7 +109,8 @@ def test_mask_token_id_comes_from_the_caller_then_config_then_tokenizer(tokenize
 
 
 def test_recipes_take_the_mask_token_id(plain_llama_folder, tokenizer, tmp_path):
-    from trims_hf.jobs.train import ModelArguments, build_student, parse_recipe
+    from trims_hf.commands.recipe import parse_recipe
+    from trims_hf.jobs.train import ModelArguments, build_student
     from trims_hf.model_config import resolve_student
 
     recipe = tmp_path / "recipe.yaml"

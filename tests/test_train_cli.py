@@ -23,9 +23,9 @@ from transformers import AutoTokenizer, LlamaConfig
 
 from trims_hf import MDLMConfig
 from trims_hf.cli import main
+from trims_hf.commands.recipe import parse_recipe, read_recipe
 from trims_hf.commands.train import split_config
 from trims_hf.errors import InputError
-from trims_hf.jobs.train import parse_recipe, read_recipe
 from trims_hf.trainer import MDLMTrainer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

@@ -86,7 +86,7 @@ class TeacherNLL:
     def __init__(self, teacher: PreTrainedModel, teacher_tokenizer: PreTrainedTokenizerBase,
                  student_tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
         self.teacher, self.teacher_tokenizer, self.student_tokenizer = teacher, teacher_tokenizer, student_tokenizer
-        self.max_length, self.options = max_length, ScoringOptions(max_length=max_length)
+        self.max_length, self.options = max_length, ScoringOptions(teacher_max_length=max_length)
         self.scores: dict[tuple[str, str], torch.Tensor] = {}
         self.forwards = 0
 

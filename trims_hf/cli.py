@@ -9,6 +9,8 @@ import importlib
 import sys
 from importlib.metadata import version
 
+from .determinism import sleep_while_waiting
+
 # command -> (module with main(argv), one-line help)
 COMMANDS = {
     "score": ("trims_hf.commands.score", "Score completions with an autoregressive teacher (NLL, entropy, buckets)."),
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = f"unknown command {argv[0]!r}" if argv else "no command given"
         print(f"error: {problem}; choose one of {', '.join(COMMANDS)} (`trims --help` describes them).", file=sys.stderr)
         return 2
+    sleep_while_waiting()  # before a command loads torch
     try:
         return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
     except SystemExit as exit:  # argparse's --help and usage errors, as an exit code for callers of main()

@@ -18,6 +18,7 @@ get them.
 from __future__ import annotations
 
 import heapq
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,15 @@ if TYPE_CHECKING:
 CPU_LAUNCH_ADVICE = ("on CPU, launch with `accelerate launch --multi_gpu --num_processes N ...` or `torchrun "
                      "--nproc_per_node N ...` (gloo processes; `--cpu` alone starts one unless mpirun is set up)")
 """How to get N processes on CPU: the launch that tests/test_distributed.py uses too."""
+
+
+def name_cpu_accelerator() -> None:
+    """Tell DeepSpeed that this process computes on the CPU (``DS_ACCELERATOR=cpu``, its own setting; one the user
+    made wins). Why: accelerate imports DeepSpeed wherever it is installed (every Trainer asks it to unwrap the
+    model), and DeepSpeed, left to detect its accelerator, prints on every CPU run that it is "unable to detect" a
+    GPU and falls back to the CPU; named, it is the same CPU accelerator, without the line. Call it before the
+    first Trainer (DeepSpeed reads the setting once, when it is first imported)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def process_state(device: str | None = None) -> PartialState:

@@ -20,6 +20,11 @@ class InputError(ValueError):
     """A value the user gave cannot work; the message names the flag or recipe key and the value."""
 
 
+def one_line(error: BaseException) -> str:
+    """A library's error message on one line, as every ``error:`` line is."""
+    return " ".join(str(error).split())
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean X?)`` for the candidates ``word`` starts (``--model``), else its closest spelling; or ``""``."""
     candidates = sorted(set(candidates))

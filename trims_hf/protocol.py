@@ -9,9 +9,13 @@ checks its protocol in a moment.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
+import inspect
 import json
+import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -77,40 +81,95 @@ def fingerprint(protocol: Any, fields: Sequence[str] | None = None) -> str:
 
 
 def with_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
-    """``protocol`` with ``FIELD=VALUE`` assignments applied (tuple fields comma-separated, each value of the type
-    of the field's current value; ``masking.p_future=0.9`` sets a field of a setting the protocol holds); ValueError
-    names the assignment. The checks of the protocol and of the settings it holds run on the result."""
+    """``protocol`` with ``FIELD=VALUE`` assignments applied (:func:`parse_setting`: the field's own type, tuple
+    fields comma-separated; ``masking.p_future=0.9`` sets a field of a setting the protocol holds); ValueError names
+    the assignment. The checks of the protocol and of the settings it holds run on the result."""
     fields = {f.name: f for f in dataclasses.fields(protocol)}
-    types = {name: type(getattr(protocol, name)) for name in fields}
     changes: dict[str, Any] = {}
     for assignment in assignments:
         name, sep, text = assignment.partition("=")
         head, dot, rest = name.partition(".")
-        if dot and head in types and dataclasses.is_dataclass(getattr(protocol, head)):
+        if dot and head in fields and dataclasses.is_dataclass(getattr(protocol, head)):
             try:
                 changes[head] = with_overrides(changes.get(head, getattr(protocol, head)), [f"{rest}={text}"])
             except ValueError as error:
                 raise ValueError(f"{head}.{error}") from None
             continue
-        if not sep or name not in types:
-            raise ValueError(f"{assignment}: expected FIELD=VALUE with FIELD one of {', '.join(types)}.")
+        if not sep or name not in fields:
+            raise ValueError(f"{assignment}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}.")
         try:
-            if types[name] is tuple:
-                element = tuple_element(fields[name], getattr(protocol, name))
-                changes[name] = tuple(element(part) for part in text.split(",") if part)
-            else:
-                changes[name] = types[name](text)
-        except ValueError:
-            raise ValueError(f"{assignment}: {text!r} is not a valid {types[name].__name__}.") from None
+            changes[name] = parse_setting(fields[name], getattr(protocol, name), text)
+        except ValueError as error:
+            raise ValueError(f"{assignment}: {error}") from None
     return dataclasses.replace(protocol, **changes)
 
 
-def tuple_element(field: dataclasses.Field, value: tuple) -> type:
-    """The element type of a tuple field: its current first element's, or, for an empty one, its annotation's."""
-    if value:
-        return type(value[0])
+def parse_setting(field: dataclasses.Field, current: Any, text: str) -> Any:
+    """``text`` as a value of ``field``: of its current value's type, or, where that says nothing (None, an empty
+    tuple), of its annotation's; a tuple or list comma-separated, a bool from true/false, ``none`` for an optional
+    field's None."""
     annotation = field.type if isinstance(field.type, str) else repr(field.type)
-    return next(kind for kind in (float, int, str) if f"[{kind.__name__}" in annotation)
+    if text.lower() == "none" and "None" in annotation:
+        return None
+    kind = type(current) if current is not None else annotated_type(annotation)
+    if kind in (tuple, list):
+        element = type(current[0]) if current else annotated_type(annotation.partition("[")[2])
+        return kind(parse_scalar(element, part) for part in text.split(",") if part)
+    return parse_scalar(kind, text)
+
+
+def annotated_type(annotation: str) -> type:
+    """The first of tuple, list, bool, int, float, str an annotation's text names (``int | None`` -> int)."""
+    for kind in (tuple, list, bool, int, float, str):
+        if re.search(rf"\b{kind.__name__}\b", annotation):
+            return kind
+    raise ValueError(f"cannot be set from the command line ({annotation}).")
+
+
+def parse_scalar(kind: type, text: str) -> Any:
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise ValueError(f"{text!r} is not true or false.")
+        return text.lower() == "true"
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a valid {kind.__name__}.") from None
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """What each field of a dataclass means: its ``metadata["help"]`` (the settings' style) or the docstring under it
+    in the class body (the protocols' style), a subclass's over its base's."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):  # a builtin base, or a class without a source file
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    docs.update({f.name: f.metadata["help"] for f in dataclasses.fields(cls) if "help" in f.metadata})
+    return docs
+
+
+def describe_fields(protocol: Any) -> str:
+    """Every field ``--set FIELD=VALUE`` can change, as it would be typed with its value in ``protocol``, and what it
+    means: what a study command's ``--fields`` prints."""
+    lines = []
+    docs = field_help(type(protocol))
+    for f in dataclasses.fields(protocol):
+        value = getattr(protocol, f.name)
+        nested = dataclasses.is_dataclass(value)
+        rows = ([(f"{f.name}.{g.name}", getattr(value, g.name), field_help(type(value)).get(g.name, ""))
+                 for g in dataclasses.fields(value)] if nested else [(f.name, value, docs.get(f.name, ""))])
+        for name, setting, meaning in rows:
+            shown = ",".join(map(str, setting)) if isinstance(setting, tuple) else setting
+            lines.append(f"{name}={shown}")
+            lines += textwrap.wrap(meaning, 100, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(lines)
 
 
 PROTOCOL_FILE = "protocol.json"
@@ -183,10 +242,15 @@ class StudyProtocol:
     """How scored rows become student tokens; its ``max_length`` is also the length the teacher's buckets are cut
     over (:meth:`scoring_options`)."""
     batch_size: int = 32
+    """Rows per optimizer step, for the base and every variant (and a study's own pretraining)."""
     base_steps: int = 500
+    """Optimizer steps of the MDLM base, trained from the pretrained model made a student."""
     base_lr: float = 1e-3
+    """Peak learning rate of the base (cosine schedule, :data:`TRAINING_DEFAULTS`)."""
     variant_steps: int = 150
+    """Optimizer steps of each variant, continued from the base."""
     variant_lr: float = 3e-4
+    """Peak learning rate of each variant."""
     thresholds: tuple[float, ...] = (0.5, 0.7, 0.9, 0.95)
     """Every model is evaluated at these right after it is trained."""
     variants: tuple[str, ...] = tuple(VARIANTS)
@@ -255,7 +319,7 @@ class StudyProtocol:
 
     def scoring_options(self) -> ScoringOptions:
         """The teacher's scoring: :attr:`teacher_context` tokens, buckets cut over what training keeps."""
-        return ScoringOptions(max_length=self.teacher_context, train_max_length=self.student_format.max_length)
+        return ScoringOptions(teacher_max_length=self.teacher_context, train_max_length=self.student_format.max_length)
 
     def bucket_config(self, ordering: str | None = None) -> BucketConfig:
         return settings_of(self.masking, BucketConfig, **({"bucket_ordering": ordering} if ordering else {}))

@@ -132,7 +132,8 @@ class RegimeProtocol(StudyProtocol):
 
 def make_regime_study(output: Path, protocol: RegimeProtocol, deadline: float = math.inf) -> Any:
     """The study of ``protocol`` in ``output`` (built here so that importing this module loads no torch)."""
-    from .evaluation import evaluate_task, save_results
+    from .evaluation import evaluate_task
+    from .results import save_results
     from .schema import as_prompt_completion
     from .study import Study, on_device
     from .tasks.arith import ArithTask, draw_unique

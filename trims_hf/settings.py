@@ -102,8 +102,9 @@ class StudentFormat(ResponseFormat):
 class ScoringOptions(PromptFormat):
     """How rows are formatted for the teacher (the shared :class:`PromptFormat`), cut and batched."""
 
-    max_length: int | None = field(
-        default=None, metadata={"help": "Teacher context in tokens; default: max_position_embeddings of the teacher config."}
+    teacher_max_length: int | None = field(
+        default=None, metadata={"help": "The teacher's context in tokens (prompt and completion); default: "
+                                "max_position_embeddings of the teacher config.", "old_flags": ("--max-length", "--max_length")}
     )
     truncate: bool = field(
         default=False, metadata={"help": "Score only the completion prefix that fits the context (recorded in the card)."}
@@ -133,8 +134,9 @@ class ScoringOptions(PromptFormat):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"max_length={self.max_length}: must be at least 2 (one prompt and one completion token).")
+        if self.teacher_max_length is not None and self.teacher_max_length < 2:
+            raise ValueError(f"teacher_max_length={self.teacher_max_length}: must be at least 2 (one prompt and one "
+                             "completion token).")
         for name in ("train_max_length", "max_tokens_per_batch", "rows_per_work_chunk", "min_work_chunks",
                      "logits_chunk_elements"):
             if getattr(self, name) < 1:

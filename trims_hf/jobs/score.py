@@ -122,7 +122,7 @@ def score_dataset(
         state = process_state(model.device.type)
         process_index, num_processes, barrier = state.process_index, state.num_processes, state.wait_for_everyone
     if rows is None:
-        rows = encode_dataset(dataset, tokenizer, options, context_length(model.config, options.max_length))
+        rows = encode_dataset(dataset, tokenizer, options, context_length(model.config, options.teacher_max_length))
     completions = [split_prompt_completion(row, i)[1] for i, row in enumerate(dataset)]
     size = options.rows_per_chunk(len(rows))
     num_chunks = math.ceil(len(rows) / size)
@@ -254,7 +254,7 @@ def build_scored_dataset(
         dataset = dataset()
     tokenizer, config = (loaded_teacher[1], loaded_teacher[0].config) if loaded_teacher else load_teacher_tokenizer(
         teacher, gguf_file, revision)
-    max_length = context_length(config, options.max_length)
+    max_length = context_length(config, options.teacher_max_length)
     rows = encode_dataset(dataset, tokenizer, options, max_length)
     kept = kept_completion_tokens(rows, options) if buckets.quantile_tokens == "kept" else None
     if kept is not None and not any(kept):
@@ -290,7 +290,7 @@ def build_scored_dataset(
         "system_prompt": options.system_prompt,
         "prompt_template": prompt_template(tokenizer, options),
         "completion_tokenization": "completion tokenised on its own (no special tokens, no EOS scored), after the prompt",
-        "max_length": max_length,
+        "teacher_max_length": max_length,
         "truncated_rows": [r.index for r in rows if r.truncated],
     } | (extra_metadata or {})
     name = metadata["teacher"]

@@ -1,0 +1,144 @@
+"""``trims train``'s recipe: one flat YAML mapping whose keys are the fields of the job's argument dataclasses
+(:class:`~trims_hf.jobs.train.ModelArguments`, :class:`~trims_hf.jobs.train.DataArguments`, :class:`~trims_hf.MDLMConfig`:
+every ``TrainingArguments`` field plus the TRIMS settings), read and checked with ``--key value`` overrides into
+those dataclasses. Unknown keys are errors, so a typo never silently trains with a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from transformers import HfArgumentParser
+
+from ..config import MDLMConfig
+from ..errors import InputError, did_you_mean, one_line
+from ..jobs.train import DataArguments, ModelArguments
+
+RECIPE_TYPES = (ModelArguments, DataArguments, MDLMConfig)
+
+
+def recipe_keys() -> set[str]:
+    return {f.name for dtype in RECIPE_TYPES for f in dataclasses.fields(dtype) if f.init}
+
+
+def _did_you_mean(key: str, prefix: str = "") -> str:
+    """Recipe keys close to ``key`` (``prefix`` "--" for an override), spelled with underscores."""
+    return did_you_mean(prefix + key.split("=")[0].lstrip("-").replace("-", "_"), (prefix + k for k in recipe_keys()))
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping of a recipe, with every key checked against the known fields."""
+    try:
+        recipe = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise InputError(f"--config {path}: no such file.") from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        raise InputError(f"--config {path}: not valid YAML ({error.problem} at line {mark.line + 1}, "
+                          f"column {mark.column + 1}).") from None
+    except (OSError, yaml.YAMLError) as error:
+        raise InputError(f"--config {path}: cannot read the recipe ({one_line(error)}).") from None
+    if not isinstance(recipe, dict):
+        raise InputError(f"--config {path}: a recipe is a YAML mapping of key: value lines, got {type(recipe).__name__}.")
+    unknown = sorted(map(str, set(recipe) - recipe_keys()))
+    if unknown:
+        named = ", ".join(f"{key!r}{_did_you_mean(key)}" for key in unknown)
+        raise InputError(f"{path}: unknown key(s) {named}; `trims train --help-keys` lists them.")
+    return recipe
+
+
+class _RecipeParser(HfArgumentParser):
+    """``HfArgumentParser`` whose usage errors raise (for one ``error:`` line) instead of printing the whole usage."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(RECIPE_TYPES, prog=f"trims train --config {path}", allow_abbrev=False, exit_on_error=False)
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(message)
+
+    def actions(self) -> dict[str, argparse.Action]:
+        """Each key's first action (a boolean's ``--no_<key>`` comes after it)."""
+        actions: dict[str, argparse.Action] = {}
+        for action in self._actions:
+            actions.setdefault(action.dest, action)
+        return actions
+
+    def typed(self, action: argparse.Action, hint: Any, value: Any) -> Any:
+        """A recipe value typed and checked as the same value given on the command line would be (so ``1e-4``, which
+        YAML reads as text, is the number it is there too); raises ``ValueError`` naming what was expected."""
+        if value is None:
+            if type(None) not in typing.get_args(hint):
+                raise ValueError(f"null is not allowed; expected {_expected(action)}.")
+            return None
+        if isinstance(value, dict) and dict in typing.get_args(hint):
+            return value
+        listed = action.nargs in ("+", "*")
+        if isinstance(value, list) and not listed:
+            raise ValueError(f"expected one {_expected(action)}, got the list {value}.")
+        words = [_scalar(item) for item in (value if isinstance(value, list) else [value])]
+        try:
+            return self._get_values(action, words)
+        except argparse.ArgumentError as error:
+            raise ValueError(error.message) from None
+
+
+def _scalar(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _expected(action: argparse.Action) -> str:
+    if action.choices:
+        return "one of " + ", ".join(map(str, action.choices))
+    kind = getattr(action.type, "__name__", "value")
+    return "true or false" if kind == "string_to_bool" else kind
+
+
+def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[ModelArguments, DataArguments, MDLMConfig]:
+    """Parse a recipe plus ``--key value`` overrides into the three argument dataclasses.
+
+    As TRL's ``TrlParser``, the recipe's values become the parser's defaults and the command line overrides them;
+    each value is first typed and checked by the parser as its command-line spelling would be, so a bad value is one
+    error line naming the key and the file (or the flag) wherever it was written.
+    """
+    recipe = read_recipe(path)
+    parser = _RecipeParser(path)
+    actions = parser.actions()
+    hints = {name: hint for dtype in RECIPE_TYPES for name, hint in typing.get_type_hints(dtype).items()}
+    defaults = {}
+    for key, value in recipe.items():
+        try:
+            defaults[key] = parser.typed(actions[key], hints[key], value)
+        except ValueError as error:
+            raise InputError(f"{key} in {path}: {error}") from None
+    parser.set_defaults(**defaults)
+    required = [action.dest for action in actions.values() if action.required and action.dest not in recipe]
+    for action in parser._actions:  # a required key the recipe leaves out is reported below, in recipe terms
+        action.required = False
+    try:
+        *parsed, rest = parser.parse_args_into_dataclasses(args=list(overrides), return_remaining_strings=True)
+    except argparse.ArgumentError as error:  # only the command line is left for argparse to reject
+        raise InputError(f"{error.argument_name.split('/')[0]}: {error.message}") from None
+    except ValueError as error:  # a dataclass rejected a value (range, combination)
+        raise InputError(one_line(error)) from None
+    unset = [key for key in required if any(getattr(args, key, None) is None for args in parsed if hasattr(args, key))]
+    if unset:
+        raise InputError(f"{path} sets no {', '.join(unset)}: add to the recipe or pass "
+                         f"{' '.join(f'--{key} VALUE' for key in unset)}.")
+    for token in rest:
+        if token.startswith("-"):
+            raise InputError(f"{token.split('=')[0]}: no such recipe key{_did_you_mean(token, '--')}; "
+                              "`trims train --help-keys` lists them.")
+    if rest:
+        raise InputError(f"unexpected argument {rest[0]!r}: overrides are --key value pairs.")
+    return tuple(parsed)
+
+
+def recipe_help() -> str:
+    """Every recipe key with its help string (``trims train --help-keys``)."""
+    return HfArgumentParser(RECIPE_TYPES, prog="trims train --config FILE", allow_abbrev=False).format_help()
