@@ -18,6 +18,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from trims_hf.determinism import sleep_while_waiting
+
+sleep_while_waiting()  # before torch loads: two shared cores
+
 SMOKE = ("levels=1", "train_per_level=48", "selection_per_level=6", "test_problems=8", "pretrain_steps=20",
          "variant_steps=2", "eval_batch_size=4", "trace_samples=2", "thresholds=0.5,0.9", "masking.num_buckets=4")
 """``--smoke``: every stage on tiny sizes in seconds (nothing is learned)."""
