@@ -614,7 +614,7 @@ def test_a_setting_takes_its_own_type_bools_from_true_false_and_an_optional_one_
             protocol_module.with_overrides(recipe.SMOKE, [wrong])
 
 
-@pytest.mark.parametrize("protocol", [recipe.FULL, recipe.SMOKE], ids=["full", "smoke"])
+@pytest.mark.parametrize("protocol", [recipe.FULL, recipe.SMOKE, recipe.FULL2], ids=["full", "smoke", "protocol-2"])
 def test_fields_lists_every_setting_with_its_value_and_meaning(protocol):
     text = protocol_module.describe_fields(protocol)
     settings = [line for line in text.splitlines() if not line.startswith(" ")]
@@ -625,3 +625,44 @@ def test_fields_lists_every_setting_with_its_value_and_meaning(protocol):
     assert undocumented == []  # every field says what it means
     for line in settings:  # each line is a valid --set
         protocol_module.with_overrides(protocol, [line])
+
+
+# -- protocol 2 -------------------------------------------------------------------------------------------------------
+def test_protocol_1_is_still_the_one_window_1_ran():
+    window_1 = json.loads(recipe.WINDOW_1.read_text())
+    assert json.loads(json.dumps(dataclasses.asdict(recipe.FULL))) == window_1["protocol"]  # every field as it ran
+    assert recipe.FULL2.fingerprint() != recipe.FULL.fingerprint()
+
+
+def test_measured_budgets_are_window_1s_unit_times_scaled_to_the_protocol():
+    walls = json.loads(recipe.WINDOW_1.read_text())["unit_wall_s"]
+    one = dict((unit, seconds) for unit, seconds, _ in recipe.measured_budgets(recipe.FULL))
+    assert one["base"] == walls["base"] and one["score"] == walls["score"]
+    assert one["train MDLM"] == max(v for k, v in walls.items() if k.startswith("variant"))
+    two = dict((unit, seconds) for unit, seconds, _ in recipe.measured_budgets(recipe.FULL2))
+    assert two["base"] == pytest.approx(walls["base"] * recipe.FULL2.base_steps / recipe.FULL.base_steps)
+    # 500 problems are one decoding batch where window 1 decoded 1,000 in two; chain answers are longer
+    length = recipe.CHAIN_ANSWER_TOKENS / recipe.WINDOW_1_ANSWER_TOKENS
+    assert two["evaluate MDLM at tau 0.7"] == pytest.approx(one["evaluate MDLM at tau 0.7"] / 2 * length)
+
+
+def test_protocol_2s_main_comparison_ends_inside_the_device_call():
+    deadline = int(re.search(r"DEADLINE_S:-(\d+)", (RECIPE.parent / "device_call.sh").read_text()).group(1))
+    main = sum(seconds for unit, seconds, tail in recipe.measured_budgets(recipe.FULL2) if not tail and unit != "report")
+    assert main <= deadline - 10  # every main unit ends before the call's deadline, with a margin
+    assert recipe.FULL2.anneal_steps * 4 == recipe.FULL2.base_steps and recipe.FULL2.chain_steps == 3
+
+
+@pytest.mark.slow
+def test_protocol_2_smoke_study_draws_chain_problems_and_anneals_the_base(tmp_path):
+    output = tmp_path / "study"
+    before = torch.get_num_threads()
+    try:
+        assert recipe.main(["--size", "smoke", "--protocol", "2", "--output", str(output), "--threads", "1",
+                            "--until", "base"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    base = json.loads((output / "base" / "unit.json").read_text())
+    assert base["attention_anneal_steps"] == recipe.SMOKE2.anneal_steps
+    rows = [json.loads(line) for line in (output / "data" / "test-L1.jsonl").read_text().splitlines()]
+    assert all(row["question"].count("Then ") == 3 and len(row["answer"].splitlines()) == 4 for row in rows)

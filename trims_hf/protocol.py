@@ -264,6 +264,9 @@ class StudyProtocol:
     trace_samples: int = 16
     """Problems whose decode order and per-step teacher NLL are traced per model (:meth:`traced`)."""
 
+    EVALUATE_BASE: ClassVar[bool] = True
+    """Whether the models stage evaluates the base too (a study that measures its base in a stage of its own, before
+    any variant, leaves it out)."""
     STAGE_FIELDS: ClassVar[Mapping[str, Sequence[str]]] = {}
     """Stage -> the fields its outputs depend on, for a study that reuses a folder's finished stages under a changed
     protocol (the demo); a stage not named here depends on every field."""

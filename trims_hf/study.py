@@ -272,7 +272,8 @@ def models_plan(p: StudyProtocol) -> list[PlannedUnit]:
         training = [] if name == BASE else [PlannedUnit(name, folder, seed, None, tail)]
         return training + [PlannedUnit(name, folder, seed, tau, tail) for tau in p.thresholds]
 
-    main = units(BASE, None, False) + [u for seed in p.sft_seeds() for name in p.variants for u in units(name, seed, False)]
+    base = units(BASE, None, False) if p.EVALUATE_BASE else []
+    main = base + [u for seed in p.sft_seeds() for name in p.variants for u in units(name, seed, False)]
     tail = [u for seed in p.sft_seeds() for name in p.tail_variants for u in units(name, seed, True)]
     evaluated = [u for u in main + tail if u.threshold == p.thresholds[0]]
     return main + tail + [u._replace(threshold=tau, tail=True) for u in evaluated for tau in p.tail_thresholds]
@@ -372,6 +373,11 @@ class Study:
 
     def report_extra(self) -> dict[str, Any]:
         """What this study adds to results.json."""
+        return {}
+
+    def before_base_training(self, model: PreTrainedModel) -> dict[str, Any]:
+        """Change how the base trains (e.g. :class:`~trims_hf.annealing.AttentionAnnealing`); returns what the base's
+        unit records about it."""
         return {}
 
     # -- shared pieces ----------------------------------------------------------------------------------------------
@@ -487,7 +493,7 @@ class Study:
         data = self.prepared("hard_to_easy", tokenizer)
         buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.masking.num_buckets)
         args = p.student_args(self.output / "work" / "base", BASE, p.base_seed(), self.device)
-        record = self.training_record(args, p.base_steps, model)
+        record = {**self.training_record(args, p.base_steps, model), **self.before_base_training(model)}
         train_student(model, tokenizer, data, args, record)
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)  # a complete student folder: `trims train` / `trims eval` can use it directly

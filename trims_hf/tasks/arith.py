@@ -107,13 +107,60 @@ def level_scale(level: int) -> int:
     return 4 ** (level - 1)
 
 
-def make_problem(rng: random.Random, level: int = 1) -> dict[str, str]:
+CHAIN_EVENTS = {"+": (("finds {n} more", "finding {n} more"), ("gets {n} more", "getting {n} more")),
+                "-": (("gives away {n}", "giving away {n}"), ("loses {n}", "losing {n}"))}
+"""The events of a chain problem by operation: (what the question says, what the solution says)."""
+
+
+def _chain(rng: random.Random, name: str, item: str, scale: int, steps: int) -> Problem:
+    """``steps`` events, each adding or removing a number of items; one solution line per event.
+
+    Why this family: each line is ~15 tokens, most of them template or copied from the question (predictable once the
+    format is learned) and a few uncertain (the result's digits, the wording), so a few steps make answers long and
+    mixed while the arithmetic stays a one-digit operand on a running total (at level 1) that a small model learns.
+    """
+    total = start = rng.randint(5, 20 * scale)
+    asked, lines = [], []
+    for _ in range(steps):
+        op = "+" if total < 2 or rng.random() < 0.5 else "-"
+        n = rng.randint(1, 9 * scale) if op == "+" else rng.randint(1, min(9 * scale, total - 1))
+        said, done = rng.choice(CHAIN_EVENTS[op])
+        after = total + n if op == "+" else total - n
+        asked.append(f"Then {name} {said.format(n=n)}.")
+        lines.append(rng.choice((f"After {done.format(n=n)}, {name} has {total} {op} {n} = {after} {item}.",
+                                 f"{name} {said.format(n=n)}, so {total} {op} {n} = {after} {item}.")))
+        total = after
+    question = f"{name} has {start} {item}. {' '.join(asked)} How many {item} does {name} have now?"
+    return question, lines, total
+
+
+def make_problem(rng: random.Random, level: int = 1, chain_steps: int = 0) -> dict[str, str]:
     """One problem as a GSM8K-style row: ``question`` and ``answer`` (solution lines + answer line).
 
     ``level`` 1 draws exactly the demo's problems; higher levels draw larger operands (:func:`level_scale`).
+    ``chain_steps`` > 0 draws a chain problem of that many steps instead (:func:`_chain`: long, mostly template).
     """
-    question, lines, answer = rng.choice(FAMILIES)(rng, rng.choice(NAMES), rng.choice(ITEMS), level_scale(level))
+    if chain_steps > 0:
+        question, lines, answer = _chain(rng, rng.choice(NAMES), rng.choice(ITEMS), level_scale(level), chain_steps)
+    else:
+        question, lines, answer = rng.choice(FAMILIES)(rng, rng.choice(NAMES), rng.choice(ITEMS), level_scale(level))
     return {"question": question, "answer": "\n".join([*lines, rng.choice(ANSWER_LINES).format(n=answer)])}
+
+
+def draw_unique(rng: random.Random, level: int, count: int, taken: set[str], chain_steps: int = 0) -> list[dict[str, str]]:
+    """``count`` problems of ``level`` whose questions are new (not in ``taken``, which grows with them): how a study
+    draws disjoint train and held-out splits over several levels."""
+    rows = []
+    for _ in range(100 * count):
+        if len(rows) == count:
+            break
+        row = make_problem(rng, level, chain_steps)
+        if row["question"] not in taken:
+            taken.add(row["question"])
+            rows.append(row)
+    if len(rows) < count:
+        raise ValueError(f"level {level} has fewer than {count} distinct new problems.")
+    return rows
 
 
 def make_splits(

@@ -1,0 +1,125 @@
+"""Find the regime where TRIMS can be judged, on the MDLM base alone, then run the seed study there (docs/regime.md).
+
+  curve  the MDLM base alone over student size, batch and base steps, probed on every difficulty level, cheapest
+         first; the pre-registered rule picks the cheapest setting whose base reaches the target with long, mixed
+         answers (writes curve.jsonl, curve.md, curve.png, choice.json)
+  study  MDLM and the three TRIMS orderings from one base per seed in the chosen regime, every threshold, and the
+         pre-registered reading (writes report/study.md, report/study.json)
+
+Both resume: a rerun skips finished points and units. The library does the work (trims_hf.regime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from trims_hf.determinism import sleep_while_waiting
+
+sleep_while_waiting()  # before torch loads: two shared cores
+
+SMOKE = ("levels=1", "train_per_level=48", "selection_per_level=6", "test_problems=8", "pretrain_steps=20",
+         "variant_steps=2", "eval_batch_size=4", "trace_samples=2", "thresholds=0.5,0.9", "masking.num_buckets=4")
+"""``--smoke``: every stage on tiny sizes in seconds (nothing is learned)."""
+
+
+def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("curve", "study"))
+    parser.add_argument("--output", type=Path, required=True, help="Folder (reruns resume here).")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="A protocol setting (trims_hf.regime.RegimeProtocol), e.g. hidden_size=128 or test_level=2.")
+    parser.add_argument("--smoke", action="store_true", help="Tiny sizes: every stage runs in seconds.")
+    parser.add_argument("--budget-minutes", type=float, help="curve: start no point after this; study: no unit "
+                        "expected to end after it (exit 3, rerun to continue).")
+    parser.add_argument("--sizes", nargs="+", default=["64x4x4", "128x4x4"], help="curve: HIDDENxLAYERSxHEADS each.")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 32], help="curve: base batch sizes.")
+    parser.add_argument("--base-steps", nargs="+", type=int, default=[500, 1000, 2000], help="curve: base MDLM steps.")
+    parser.add_argument("--pretrain-steps", nargs="+", type=int, default=[],
+                        help="curve: autoregressive steps of the pretrained model (the student's start, the teacher; "
+                        "default: the protocol's, 400).")
+    parser.add_argument("--base-lrs", nargs="+", type=float, default=[], help="curve: the base's learning rates "
+                        "(default: the protocol's, 1e-3).")
+    parser.add_argument("--anneal-fractions", nargs="+", type=float, default=[],
+                        help="curve: shares of the base's steps over which its attention anneals from causal to "
+                        "bidirectional (DiffuLLaMA; 0: at once; default: the protocol's anneal_steps, 0).")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="study: one base per seed.")
+    parser.add_argument("--from-curve", type=Path, help="study: run in the point a curve folder's rule chose (its "
+                        "size, pretrained model, batch, steps and level); --set then changes the rest.")
+    args = parser.parse_args(argv)
+    from trims_hf.errors import InputError, check_output_path
+    from trims_hf.protocol import with_overrides
+    from trims_hf.regime import RegimeProtocol
+
+    try:
+        protocol = with_overrides(RegimeProtocol(), [*(SMOKE if args.smoke else ()), *args.set])
+    except ValueError as error:
+        raise InputError(f"--set {error}") from None
+    if args.from_curve is not None:
+        from trims_hf.regime import chosen_protocol, read_curve
+
+        curve = args.from_curve / "curve.jsonl"
+        if not curve.is_file():
+            raise InputError(f"--from-curve {args.from_curve}: no curve.jsonl there.")
+        try:
+            protocol = with_overrides(chosen_protocol(protocol, read_curve(curve)), args.set)
+        except ValueError as error:
+            raise InputError(f"--from-curve {args.from_curve}: {error}") from None
+    sizes = [tuple(int(v) for v in size.split("x") if v.isdigit()) for size in args.sizes]
+    if any(len(size) != 3 or min(size) < 1 or len(text.split("x")) != 3 for size, text in zip(sizes, args.sizes)):
+        raise InputError(f"--sizes {' '.join(args.sizes)}: expected HIDDENxLAYERSxHEADS, e.g. 64x4x4.")
+    args.sizes = sizes
+    for flag, values in (("--batch-sizes", args.batch_sizes), ("--base-steps", args.base_steps),
+                         ("--pretrain-steps", args.pretrain_steps)):
+        if values and min(values) < 1:
+            raise InputError(f"{flag} {min(values)}: must be at least 1.")
+    for flag, values, low in (("--base-lrs", args.base_lrs, 0.0), ("--anneal-fractions", args.anneal_fractions, -1e-12)):
+        if values and not all(low < v <= 1 for v in values):
+            raise InputError(f"{flag} {' '.join(map(str, values))}: each must lie in {'(0' if low == 0 else '[0'}, 1].")
+    if args.budget_minutes is not None and args.budget_minutes <= 0:
+        raise InputError(f"--budget-minutes {args.budget_minutes}: must be positive.")
+    check_output_path(args.output, f"--output {args.output}")
+    return args, protocol
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """0 done, 2 bad input, 3 stopped for time (rerun to continue)."""
+    start = time.monotonic()
+    from trims_hf.errors import InputError
+
+    try:
+        args, protocol = parse(argv)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    import torch
+
+    from trims_hf import regime
+    from trims_hf.reports import write_atomic
+
+    torch.set_num_threads(protocol.threads)
+    args.output.mkdir(parents=True, exist_ok=True)
+    budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
+    if args.command == "curve":
+        grid = regime.CurveGrid(tuple(args.sizes), tuple(args.batch_sizes), tuple(args.base_steps),
+                                tuple(args.pretrain_steps), tuple(args.base_lrs), tuple(args.anneal_fractions))
+        rows = regime.run_curve(args.output, protocol, grid, budget)
+        table = regime.format_curve(rows, protocol)
+        write_atomic(args.output / "curve.md", table)
+        write_atomic(args.output / "choice.json", json.dumps(regime.choose(rows, protocol), indent=1))
+        if rows:
+            regime.plot_curve(rows, args.output / "curve.png")
+        print("\n" + table)
+        return 0
+    shared = args.from_curve / regime.pretrained_tag(protocol) if args.from_curve is not None else None
+    finished = regime.run_seeds(args.output, protocol, args.seeds, start + budget, shared)
+    print("\n" + regime.write_seed_report(args.output, protocol, args.seeds).read_text())
+    return 0 if finished else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""The regime study (trims_hf.regime, recipes/regime): the chain problems, the pre-registered rule of the curve, the
+seed study's reading and its intervals, and both commands end to end at smoke size."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from trims_hf import regime
+from trims_hf.evaluation import EvalResult, SampleRecord
+from trims_hf.protocol import BASE
+from trims_hf.tasks.arith import ArithTask, draw_unique, make_problem
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "regime" / "regime.py"
+_spec = importlib.util.spec_from_file_location("regime_recipe", RECIPE)
+recipe = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(recipe)
+
+
+# -- the chain problems ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("level", [1, 2, 3])
+@pytest.mark.parametrize("steps", [1, 3, 5])
+def test_chain_problems_solve_themselves_line_by_line(level, steps):
+    rng = random.Random(level * 10 + steps)
+    for _ in range(200):
+        row = make_problem(rng, level, chain_steps=steps)
+        *lines, last = row["answer"].split("\n")
+        assert len(lines) == steps and row["question"].count("Then ") == steps
+        total = int(re.match(r"\w+ has (\d+) ", row["question"]).group(1))
+        for line in lines:
+            before, op, n, after = re.search(r"(\d+) ([+-]) (\d+) = (\d+)", line).groups()
+            assert int(before) == total and int(after) == (int(before) + int(n) if op == "+" else int(before) - int(n))
+            assert f" {n}" in row["question"]  # every operand is copied from the question
+            total = int(after)
+            assert total >= 1
+        example = ArithTask([row]).load()[0]
+        assert ArithTask([row]).reference(example) == str(total)
+
+
+def test_chain_steps_zero_draws_the_demos_problems_unchanged():
+    plain, chained = random.Random(5), random.Random(5)
+    assert [make_problem(plain, 1) for _ in range(30)] == [make_problem(chained, 1, chain_steps=0) for _ in range(30)]
+
+
+def test_draw_unique_never_repeats_a_question_across_calls():
+    rng, taken = random.Random(0), set()
+    first = draw_unique(rng, 1, 50, taken, chain_steps=3)
+    second = draw_unique(rng, 2, 50, taken, chain_steps=3)
+    questions = [row["question"] for row in first + second]
+    assert len(set(questions)) == 100 and taken == set(questions)
+    with pytest.raises(ValueError, match="fewer than 10 distinct"):
+        draw_unique(_Constant(), 1, 10, set(), chain_steps=3)
+
+
+class _Constant(random.Random):
+    """A generator that always draws the same problem."""
+
+    def random(self) -> float:
+        return 0.0
+
+    def randint(self, a: int, b: int) -> int:
+        return a
+
+    def choice(self, seq):
+        return seq[0]
+
+
+# -- the rule ---------------------------------------------------------------------------------------------------------
+def row(point: str, cost: float, hard_share: float = 0.6, **levels: tuple[float, float]) -> dict:
+    return {"point": point, "cost": cost, "hard_share": hard_share, "hidden_size": 64, "batch_size": 16,
+            "base_steps": 100, "base_wall_s": 1.0,
+            "levels": {int(k[1:]): {"accuracy": acc, "answer_tokens": tokens, "tokens_per_step": 1.5}
+                       for k, (acc, tokens) in levels.items()}}
+
+
+P = regime.RegimeProtocol()
+
+
+def test_rule_takes_the_cheapest_qualifying_point_and_on_a_tie_the_harder_level():
+    rows = [row("dear", 8.0, L1=(0.95, 60), L2=(0.9, 60)),
+            row("cheap", 2.0, L1=(0.7, 55), L2=(0.61, 58)),
+            row("cheapest-but-short", 1.0, L1=(0.9, 40), L2=(0.2, 50))]
+    assert regime.choose(rows, P) == {"point": "cheap", "level": 2, "meets_target": True}
+
+
+def test_rule_conditions_each_can_disqualify():
+    assert regime.choose([row("a", 1.0, L1=(0.59, 60))], P)["meets_target"] is False  # accuracy
+    assert regime.choose([row("a", 1.0, L1=(0.9, 47.9))], P) is None  # answers too short
+    assert regime.choose([row("a", 1.0, hard_share=0.49, L1=(0.9, 60))], P) is None  # not mixed
+    assert regime.meets(row("a", 1.0, L1=(0.6, 48)), 1, P) == {"accuracy": True, "long": True, "mixed": True}
+
+
+def test_rule_without_a_qualifying_point_flags_the_most_accurate_long_mixed_one():
+    rows = [row("a", 1.0, L1=(0.3, 60), L2=(0.1, 60)), row("b", 4.0, L1=(0.5, 60), L2=(0.55, 40))]
+    assert regime.choose(rows, P) == {"point": "b", "level": 1, "meets_target": False}
+    assert "NO point met the rule" in regime.format_curve(rows, P)
+
+
+def test_grid_points_run_cheapest_first_and_cost_scales_with_steps_batch_and_width():
+    points = regime.CurveGrid(sizes=((64, 4, 4), (128, 4, 4)), batch_sizes=(16, 32), base_steps=(500, 1000)).points(P)
+    costs = [p.cost() for p in points]
+    assert costs == sorted(costs) and len(points) == 8
+    small = regime.RegimeProtocol(hidden_size=64, batch_size=16, base_steps=500, pretrain_steps=250)  # 8,000 rows each
+    assert regime.RegimeProtocol(hidden_size=128, batch_size=16, base_steps=500, pretrain_steps=250).cost() == 4 * small.cost()
+    assert regime.RegimeProtocol(hidden_size=64, batch_size=32, base_steps=1000, pretrain_steps=1000).cost() == 4 * small.cost()
+    grid = regime.CurveGrid(sizes=((64, 4, 4),), batch_sizes=(16,), base_steps=(500,), pretrain_steps=(3000, 1500))
+    assert [p.pretrain_steps for p in grid.points(P)] == [1500, 3000]  # the cheaper pretrained model first
+    assert [regime.point_name(p) for p in grid.points(P)] == ["h64-L4-p1500-b16-s500", "h64-L4-p3000-b16-s500"]
+    assert regime.point_name(small) == "h64-L4-p250-b16-s500" and regime.point_name(P) == "h64-L4-b16-s1000"
+
+
+def test_protocol_rejects_a_test_level_it_does_not_draw():
+    with pytest.raises(ValueError, match="test_level=3"):
+        regime.RegimeProtocol(levels=(1, 2), test_level=3)
+
+
+# -- the reading ------------------------------------------------------------------------------------------------------
+def evaluation(model: str, tau: float, tokens_per_step: float, correct: list[bool]) -> EvalResult:
+    samples = [SampleRecord(str(i), "q", "1", "a", "1", c, None, 50, 50, 10, 0.1) for i, c in enumerate(correct)]
+    return EvalResult(model=model, task="chain-L1", accuracy=sum(correct) / len(correct), tokens_per_step=tokens_per_step,
+                      tokens_per_forward_non_eos=tokens_per_step, tokens_per_second=1.0, nfe=10, generated_tokens=50,
+                      non_eos_tokens=50, num_samples=len(correct), decode_time_s=1.0, wall_time_s=1.0, early_stop=True,
+                      prompt_format={}, decoding={"strategy": "threshold", "threshold": tau}, samples=samples)
+
+
+def seeds_of(ratios: list[float], trims_correct: list[bool], mdlm_correct: list[bool]) -> list:
+    results = []
+    for seed, ratio in enumerate(ratios):
+        results += [(seed, evaluation("MDLM", 0.9, 2.0, mdlm_correct)),
+                    (seed, evaluation("TRIMS hard-to-easy", 0.9, 2.0 * ratio, trims_correct)),
+                    (seed, evaluation(BASE, 0.9, 1.0, mdlm_correct))]
+    return results
+
+
+def test_claim_holds_with_four_of_five_seeds_above_and_equal_accuracy():
+    same = [True, False] * 50
+    (claim,) = regime.claim_rows(seeds_of([1.2, 1.1, 1.3, 0.9, 1.05], same, same))
+    assert claim["seeds_above"] == 4 and claim["holds"] and claim["paired_problems"] == 500
+    assert claim["accuracy_difference"] == 0.0 and claim["difference_interval"][1] >= 0
+    assert math.isclose(claim["mean_ratio"], (1.2 + 1.1 + 1.3 + 0.9 + 1.05) / 5)
+
+
+def test_claim_fails_with_three_seeds_above_or_an_interval_below_zero():
+    same = [True, False] * 50
+    (three,) = regime.claim_rows(seeds_of([1.2, 1.1, 1.3, 0.9, 0.95], same, same))
+    assert three["seeds_above"] == 3 and not three["holds"]
+    worse = [True, False, False, False] * 25  # 25% against MDLM's 50%: the whole interval below 0
+    (costly,) = regime.claim_rows(seeds_of([1.5] * 5, worse, same))
+    assert costly["difference_interval"][1] < 0 and not costly["holds"]
+    better = [True, True, True, False] * 25
+    (favoured,) = regime.claim_rows(seeds_of([1.5] * 5, better, same))
+    assert favoured["difference_interval"][0] > 0 and favoured["holds"]
+
+
+def test_wilson_interval_stays_in_range_and_holds_the_estimate():
+    assert regime.wilson(0, 100)[0] == pytest.approx(0.0, abs=1e-12) and regime.wilson(100, 100)[1] == pytest.approx(1.0)
+    low, high = regime.wilson(300, 500)
+    assert low < 0.6 < high and high - low == pytest.approx(2 * 1.96 * math.sqrt(0.6 * 0.4 / 500), rel=0.02)
+
+
+def test_accuracy_rows_pool_seeds_and_average_aup():
+    results = seeds_of([1.2, 1.1], [True, False] * 50, [True] * 100)
+    rows = {(r["model"], r["threshold"]): r for r in regime.accuracy_rows(results)}
+    assert rows["MDLM", 0.9]["problems"] == 200 and rows["MDLM", 0.9]["accuracy"] == 1.0
+    assert rows["TRIMS hard-to-easy", 0.9]["accuracy"] == 0.5
+    assert rows["TRIMS hard-to-easy", 0.9]["tokens_per_step"] == pytest.approx(2.0 * 1.15)
+
+
+# -- the commands -----------------------------------------------------------------------------------------------------
+def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
+    assert recipe.main(["curve", "--output", str(tmp_path / "c"), "--sizes", "64x4"]) == 2
+    assert "--sizes 64x4: expected HIDDENxLAYERSxHEADS" in capsys.readouterr().err
+    assert recipe.main(["study", "--output", str(tmp_path / "s"), "--set", "test_level=3"]) == 2
+    assert "--set" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists() and not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
+    curve = tmp_path / "curve"
+    rule = ["--set", "target_accuracy=0", "--set", "min_hard_share=0"]  # a smoke base meets nothing else
+    argv = ["curve", "--smoke", "--output", str(curve), "--sizes", "32x2x2", "--batch-sizes", "8", "--base-steps", "2", "4",
+            *rule]
+    assert recipe.main(argv) == 0
+    rows = [json.loads(line) for line in (curve / "curve.jsonl").read_text().splitlines()]
+    assert [r["point"] for r in rows] == ["h32-L2-p20-b8-s2"]  # it met the rule: the dearer point is never run
+    assert (curve / "curve.png").is_file() and "| h32-L2-p20-b8-s2 **(chosen)** | 1 |" in (curve / "curve.md").read_text()
+    assert recipe.main(argv) == 0  # a rerun skips both points
+    assert [json.loads(line)["point"] for line in (curve / "curve.jsonl").read_text().splitlines()] == [r["point"] for r in rows]
+
+    assert json.loads((curve / "choice.json").read_text())["point"] == "h32-L2-p20-b8-s2"  # the cheaper one
+    study = tmp_path / "study"
+    argv = ["study", "--smoke", "--output", str(study), "--seeds", "0", "1", "--from-curve", str(curve), *rule]
+    assert recipe.main(argv) == 0
+    report = json.loads((study / "report" / "study.json").read_text())
+    assert report["evaluations"] == report["planned"] == 2 * 4 * 2  # 2 seeds x 4 variants x 2 thresholds (the probe
+    assert set(report["probes"]) == {"0", "1"}                        # measures each seed's base)
+    assert {c["model"] for c in report["claim"]} == {"TRIMS hard-to-easy", "TRIMS easy-to-hard", "TRIMS random"}
+    assert all(c["seeds"] == [0, 1] for c in report["claim"])
+    bases = [json.loads((study / f"seed-{s}" / "base" / "unit.json").read_text()) for s in (0, 1)]
+    assert [b["seed"] for b in bases] == [0, 1] and bases[0]["saved_weights"] != bases[1]["saved_weights"]
+    shared = [json.loads((folder / "pretrained" / "unit.json").read_text())["wall_s"]
+              for folder in (curve / "h32-L2-p20", study / "seed-0", study / "seed-1")]
+    assert shared[0] == shared[1] == shared[2]  # the curve's pretrained model, copied, not retrained
+    assert bases[0]["steps"] == 2 and json.loads((study / "seed-0" / "protocol.json").read_text())["protocol"][
+        "variant_steps"] == 1  # the chosen point's steps, its variants a quarter of them
+
+
+def test_the_study_takes_the_chosen_point_and_refuses_a_curve_that_missed(tmp_path, capsys):
+    rows = [row("h64-L4-p1600-b16-s1000", 2.0, L1=(0.7, 55), L2=(0.3, 58)) | {"num_layers": 4, "num_heads": 4,
+                                                                              "pretrain_steps": 1600, "base_steps": 1000}]
+    p = regime.chosen_protocol(P, rows)
+    assert (p.hidden_size, p.pretrain_steps, p.batch_size, p.base_steps, p.variant_steps, p.test_level) == \
+        (64, 1600, 16, 1000, 250, 1)
+    with pytest.raises(ValueError, match="no point that meets the rule"):
+        regime.chosen_protocol(P, [row("a", 1.0, L1=(0.3, 60))])
+    (tmp_path / "curve.jsonl").write_text(json.dumps(row("a", 1.0, L1=(0.3, 60))) + "\n")
+    assert recipe.main(["study", "--output", str(tmp_path / "s"), "--from-curve", str(tmp_path)]) == 2
+    assert "no study is run there" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_grid_crosses_learning_rates_and_annealing_at_equal_cost():
+    grid = regime.CurveGrid(sizes=((64, 4, 4),), batch_sizes=(16,), base_steps=(1000,), pretrain_steps=(1600,),
+                            base_lrs=(1e-3, 3e-4), anneal_fractions=(0.0, 0.25))
+    points = grid.points(P)
+    assert [regime.point_name(p) for p in points] == ["h64-L4-p1600-b16-s1000", "h64-L4-p1600-b16-s1000-a250",
+                                                      "h64-L4-p1600-b16-s1000-lr0.0003",
+                                                      "h64-L4-p1600-b16-s1000-lr0.0003-a250"]
+    assert len({p.cost() for p in points}) == 1 and {p.anneal_steps for p in points} == {0, 250}
+    assert len({regime.size_folder(Path("x"), p) for p in points}) == 1  # one pretrained model for all four
+    chosen = regime.chosen_protocol(P, [{**row("h64-L4-p1600-b16-s1000-lr0.0003-a250", 1.0, L1=(0.7, 55)),
+                                         "num_layers": 4, "base_steps": 1000, "pretrain_steps": 1600, "base_lr": 3e-4,
+                                         "anneal_steps": 250}])
+    assert (chosen.base_lr, chosen.anneal_steps, chosen.variant_steps) == (3e-4, 250, 250)
