@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from trims_hf import load_student
 from trims_hf.cli import main
-from trims_hf.jobs.train import parse_recipe
+from trims_hf.commands.recipe import parse_recipe
 from trims_hf.students import detect_student_kind
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
