@@ -66,6 +66,9 @@ def decoded_prompt_ids(monkeypatch, run) -> list[list[int]]:
 class _Model:
     config = None
 
+    def state_dict(self):
+        return {}
+
     def parameters(self):
         import torch
 

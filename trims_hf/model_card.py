@@ -68,9 +68,10 @@ def _is_hub_id(source: str) -> bool:
 
 
 def _flag(name: str, value: Any) -> list[str]:
-    """``--name value`` as the ``trims eval`` parser reads it (booleans as true/false, lists as separate words)."""
+    """``--name value`` as the ``trims eval`` parser reads it (booleans as flags, ``--name`` / ``--no-name``; lists as
+    separate words)."""
     if isinstance(value, bool):
-        value = str(value).lower()
+        return [f"--{'' if value else 'no-'}{name.replace('_', '-')}"]
     values = [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
     return [f"--{name.replace('_', '-')}", *values]
 

@@ -206,11 +206,13 @@ class StudentForward:
         self.model, self.spec, self.mode = model, spec, mode
         self.attention_mask, self.position_ids = attention_mask, position_ids
         self.step = resolve_step(step, position_ids.device, spec)
-        layers = model.config.get_text_config().num_hidden_layers
-        self.cache = BlockKVCache(layers, static=self.step != "eager") if mode != "none" else None
+        self.cache = None if mode == "none" else BlockKVCache(model.config.get_text_config().num_hidden_layers,
+                                                              static=self.step != "eager")
         if self.step != "eager":
             padded = attention_mask is not None and not bool(attention_mask.all())
-            self.static_mask = additive_mask(attention_mask, model.dtype) if padded else None
+            # In the dtype attention computes in (a transformers model's; a plain module's default float otherwise).
+            dtype = getattr(model, "dtype", torch.get_default_dtype())
+            self.static_mask = additive_mask(attention_mask, dtype) if padded else None
             self.slots = torch.arange(position_ids.shape[1], device=position_ids.device)
         self.graphs = CapturedCalls() if self.step == "graph" else None
         self.masked_lm_kwargs: dict[str, Any] = {}
