@@ -669,3 +669,19 @@ def test_protocol_2_smoke_study_draws_chain_problems_and_anneals_the_base(tmp_pa
     assert base["attention_anneal_steps"] == recipe.SMOKE2.anneal_steps
     rows = [json.loads(line) for line in (output / "data" / "test-L1.jsonl").read_text().splitlines()]
     assert all(row["question"].count("Then ") == 3 and len(row["answer"].splitlines()) == 4 for row in rows)
+
+
+def test_an_optional_setting_takes_none_after_hf_argument_parser_resolved_its_type():
+    """HfArgumentParser (every `trims` command builds one) rewrites a dataclass field's type in place, turning
+    ``int | None`` into ``int``: --set still reads the optional declaration from the class."""
+    from transformers import HfArgumentParser
+
+    from trims_hf.settings import DecodingConfig, MaskingConfig
+
+    HfArgumentParser((DecodingConfig, MaskingConfig))
+    assert {f.name: f.type for f in dataclasses.fields(DecodingConfig)}["steps"] is int  # what the parser left
+    p = protocol_module.with_overrides(recipe.SMOKE, ["decoding.steps=12", "masking.pad_to_multiple_of=8"])
+    p = protocol_module.with_overrides(p, ["decoding.steps=none", "masking.pad_to_multiple_of=None"])
+    assert (p.decoding.steps, p.masking.pad_to_multiple_of) == (None, None)
+    with pytest.raises(ValueError, match="decoding.gen_length=none: 'none' is not a valid int"):
+        protocol_module.with_overrides(p, ["decoding.gen_length=none"])

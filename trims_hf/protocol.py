@@ -98,17 +98,26 @@ def with_overrides(protocol: Protocol, assignments: Sequence[str]) -> Protocol:
         if not sep or name not in fields:
             raise ValueError(f"{assignment}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}.")
         try:
-            changes[name] = parse_setting(fields[name], getattr(protocol, name), text)
+            changes[name] = parse_setting(declared_type(type(protocol), fields[name]), getattr(protocol, name), text)
         except ValueError as error:
             raise ValueError(f"{assignment}: {error}") from None
     return dataclasses.replace(protocol, **changes)
 
 
-def parse_setting(field: dataclasses.Field, current: Any, text: str) -> Any:
-    """``text`` as a value of ``field``: of its current value's type, or, where that says nothing (None, an empty
-    tuple), of its annotation's; a tuple or list comma-separated, a bool from true/false, ``none`` for an optional
-    field's None."""
-    annotation = field.type if isinstance(field.type, str) else repr(field.type)
+def declared_type(cls: type, field: dataclasses.Field) -> str:
+    """The annotation of ``field`` as its class declares it, as text (``int | None``). Read from the class, not from
+    ``field.type``: HfArgumentParser resolves that in place and drops the ``None`` of an optional field."""
+    for klass in cls.__mro__:
+        annotation = vars(klass).get("__annotations__", {}).get(field.name)
+        if annotation is not None:
+            return annotation if isinstance(annotation, str) else repr(annotation)
+    return field.type if isinstance(field.type, str) else repr(field.type)
+
+
+def parse_setting(annotation: str, current: Any, text: str) -> Any:
+    """``text`` as a value of a field declared ``annotation`` (:func:`declared_type`): of its current value's type,
+    or, where that says nothing (None, an empty tuple), of its annotation's; a tuple or list comma-separated, a bool
+    from true/false, ``none`` for an optional field's None."""
     if text.lower() == "none" and "None" in annotation:
         return None
     kind = type(current) if current is not None else annotated_type(annotation)
