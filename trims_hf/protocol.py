@@ -276,6 +276,9 @@ class StudyProtocol:
     EVALUATE_BASE: ClassVar[bool] = True
     """Whether the models stage evaluates the base too (a study that measures its base in a stage of its own, before
     any variant, leaves it out)."""
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ("batch_size", "base_steps", "variant_steps", "trace_samples",
+                                                  "eval_batch_size")
+    """The count fields that must be at least 1; a study extends the tuple with its own."""
     STAGE_FIELDS: ClassVar[Mapping[str, Sequence[str]]] = {}
     """Stage -> the fields its outputs depend on, for a study that reuses a folder's finished stages under a changed
     protocol (the demo); a stage not named here depends on every field."""
@@ -289,8 +292,7 @@ class StudyProtocol:
             raise ValueError("variants: needs at least one value.")
         if unknown := [name for name in (*self.variants, *self.tail_variants) if name not in VARIANTS]:
             raise ValueError(f"variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}.")
-        sizes = ("batch_size", "base_steps", "variant_steps", "trace_samples", "eval_batch_size")
-        if small := [name for name in sizes if getattr(self, name) < 1]:
+        if small := [name for name in self.POSITIVE_FIELDS if getattr(self, name) < 1]:
             raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
         for tau in self.decoded_thresholds():
             self.decoding_at(tau)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .protocol import BASE, VARIANTS, StudyProtocol, check_protocol, record_protocol
 from .reports import write_atomic
@@ -98,15 +98,15 @@ class RegimeProtocol(StudyProtocol):
     STAGE_FIELDS = {"data": DATA_FIELDS, "pretrained": PRETRAINED_FIELDS, "score": SCORE_FIELDS, "base": BASE_FIELDS,
                     "probe": PROBE_FIELDS}
 
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "chain_steps", "train_per_level", "selection_per_level", "test_problems", "hidden_size", "num_layers",
+        "num_heads", "pretrain_steps", "pretrain_batch_size", "threads", *StudyProtocol.POSITIVE_FIELDS)
+
     def __post_init__(self) -> None:
         if not self.levels or min(self.levels) < 1:
             raise ValueError("levels: needs at least one value, each from 1.")
         if self.test_level not in self.levels:
             raise ValueError(f"test_level={self.test_level}: must be one of levels {self.levels}.")
-        sizes = ("chain_steps", "train_per_level", "selection_per_level", "test_problems", "hidden_size", "num_layers",
-                 "num_heads", "pretrain_steps", "pretrain_batch_size", "threads")
-        if small := [name for name in sizes if getattr(self, name) < 1]:
-            raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
         super().__post_init__()
 
     def decoded_thresholds(self) -> tuple[float, ...]:

@@ -111,6 +111,8 @@ class Protocol(StudyProtocol):
     """The demo's problem families (:class:`Protocol2` draws chain problems)."""
     anneal_steps: ClassVar[int] = 0
     """No attention annealing: the base is bidirectional from its first step."""
+    POSITIVE_FIELDS: ClassVar[tuple[str, ...]] = ("train_per_level", "selection_per_level", "test_problems",
+                                                  *StudyProtocol.POSITIVE_FIELDS)
 
     def __post_init__(self) -> None:
         """The study's own settings checked with the shared ones, so a bad ``--set`` fails in a line before anything
@@ -119,9 +121,6 @@ class Protocol(StudyProtocol):
             raise ValueError(f"student={self.student!r}: choose smollm2 or tiny.")
         if not self.levels or min(self.levels) < 1:
             raise ValueError("levels: needs at least one value, each from 1.")
-        sizes = ("train_per_level", "selection_per_level", "test_problems")
-        if (small := [name for name in sizes if getattr(self, name) < 1]):
-            raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
         super().__post_init__()
 
     def decoded_thresholds(self) -> tuple[float, ...]:
