@@ -26,15 +26,16 @@ GSM8K_TRAIN = SHARED / "data" / "gsm8k" / "train.jsonl"
 @pytest.fixture(scope="session")
 def original_checkpoint(tmp_path_factory):
     """``kind`` -> a tiny checkpoint in that family's original layout, with ``parity.safetensors``: LLaDA and Dream from
-    ../shared/fixtures (logits of the original code), LLaDA-MoE written by the test (logits of the reference)."""
+    ../shared/fixtures (logits of the original code), LLaDA-MoE and LLaDA 2.x written by the test (logits of the reference)."""
     built = {}
 
     def folder(kind: str) -> Path:
-        if kind == "llada_moe":
-            from helpers_students import write_llada_moe_checkpoint
+        if kind in ("llada_moe", "llada2"):
+            from helpers_students import write_llada2_checkpoint, write_llada_moe_checkpoint
 
+            write = write_llada_moe_checkpoint if kind == "llada_moe" else write_llada2_checkpoint
             if kind not in built:
-                built[kind] = write_llada_moe_checkpoint(tmp_path_factory.mktemp("llada_moe_tiny"))
+                built[kind] = write(tmp_path_factory.mktemp(f"{kind}_tiny"))
             return built[kind]
         path = SHARED / "fixtures" / f"{kind}_tiny"
         if not path.is_dir():

@@ -10,6 +10,9 @@ fully bidirectional attention, SwiGLU MLP. LLaDA-MoE follows inclusionAI's ``mod
 layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm, mlp.{gate,
 experts.E.{gate,up,down}_proj} or mlp.{gate,up,down}_proj}, norm}, lm_head}``): q and k RMS-normalised per head before
 RoPE, a float32 softmax router whose top-k weights are not renormalised, a dense MLP where ``moe_layer_freq`` is 0.
+LLaDA 2.x follows ``modeling_llada2_moe.py`` (ZHZisZZ/dllm ``dllm/pipelines/llada2/models`` at ca176752, the same file
+as dFactory's ``models/llada2_moe``): a fused ``query_key_value``, per-head q/k RMSNorm, partial half-split RoPE, a
+sigmoid group-limited router with an expert bias, a shared expert, dense first layers, and an explicit attention mask.
 Checked once against that file run under transformers 4.57 (docs/students.md). Nothing here uses transformers,
 so a checkpoint read into it by name (``load_state_dict(strict=True)``) checks the saved names, shapes and values
 against the original architecture.
@@ -233,7 +236,123 @@ class LLaDAMoEModelLM(nn.Module):
         return self.lm_head(self.model(input_ids))
 
 
-REFERENCES = {"llada": LLaDAModelLM, "llada_moe": LLaDAMoEModelLM, "dream": DreamModel}
+def partial_rope(x: torch.Tensor, theta: float, rotary: int, positions: torch.Tensor) -> torch.Tensor:
+    """LLaDA 2.x RoPE: the first ``rotary`` dimensions of each head rotated half-split, the rest passed through."""
+    inv_freq = theta ** (-torch.arange(0, rotary, 2, dtype=torch.float32) / rotary)
+    angles = (positions[:, None, :, None].float() * inv_freq).repeat(1, 1, 1, 2)  # [batch, 1, length, rotary]
+    part, rest = x[..., :rotary], x[..., rotary:]
+    rotated = torch.cat([-part[..., rotary // 2:], part[..., : rotary // 2]], dim=-1)
+    return torch.cat([(part * angles.cos() + rotated * angles.sin()).to(x.dtype), rest], dim=-1)
+
+
+class LLaDA2Gate(nn.Module):
+    """Sigmoid scores; experts chosen on scores + expert_bias within the best ``topk_group`` groups (a group scores
+    its top-2 sum); the chosen bias-free scores renormalised (top_k > 1) and scaled by ``routed_scaling_factor``."""
+
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.c = c
+        self.weight = nn.Parameter(torch.empty(c["num_experts"], c["hidden_size"]))
+        self.register_buffer("expert_bias", torch.zeros(c["num_experts"]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Dense [tokens, experts] mixing weights (zero for experts not chosen)."""
+        c = self.c
+        scores = (x.float() @ self.weight.float().T).sigmoid()
+        biased = scores + self.expert_bias
+        groups = biased.view(len(x), c["n_group"], -1).topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(groups).scatter(1, groups.topk(c["topk_group"], dim=-1).indices, 1.0)
+        allowed = keep.repeat_interleave(c["num_experts"] // c["n_group"], dim=1).bool()
+        chosen = biased.masked_fill(~allowed, float("-inf")).topk(c["num_experts_per_tok"], dim=-1).indices
+        top = scores.gather(1, chosen)
+        if c["num_experts_per_tok"] > 1:
+            top = top / (top.sum(-1, keepdim=True) + 1e-20)
+        return torch.zeros_like(scores).scatter(1, chosen, top * c["routed_scaling_factor"])
+
+
+class LLaDA2SparseMoE(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.gate = LLaDA2Gate(c)
+        self.experts = nn.ModuleList(MLP(c["hidden_size"], c["moe_intermediate_size"]) for _ in range(c["num_experts"]))
+        self.shared_experts = MLP(c["hidden_size"], c["moe_intermediate_size"] * c["num_shared_experts"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights = self.gate(flat).to(x.dtype)  # [tokens, experts]
+        outputs = torch.stack([expert(flat) for expert in self.experts], dim=1)  # [tokens, experts, d]
+        return (weights.unsqueeze(-1) * outputs).sum(1).view_as(x) + self.shared_experts(x)
+
+
+class LLaDA2Attention(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.c, d = c, c["hidden_size"]
+        self.head_dim = c.get("head_dim") or d // c["num_attention_heads"]
+        self.rotary = int(self.head_dim * c["partial_rotary_factor"])
+        width = (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * self.head_dim
+        self.query_key_value = nn.Linear(d, width, bias=c["use_qkv_bias"])
+        self.query_layernorm = RMSNorm(self.head_dim, c["rms_norm_eps"])
+        self.key_layernorm = RMSNorm(self.head_dim, c["rms_norm_eps"])
+        self.dense = nn.Linear(c["num_attention_heads"] * self.head_dim, d, bias=c["use_bias"])
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        heads, kv_heads = self.c["num_attention_heads"], self.c["num_key_value_heads"]
+        qkv = self.query_key_value(x).view(batch, length, heads + 2 * kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+        q, k = self.query_layernorm(q), self.key_layernorm(k)
+        theta = self.c["rope_theta"]
+        q, k = partial_rope(q, theta, self.rotary, positions), partial_rope(k, theta, self.rotary, positions)
+        k, v = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        return self.dense((scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, -1))
+
+
+class LLaDA2Layer(nn.Module):
+    def __init__(self, c: dict[str, Any], sparse: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.attention = LLaDA2Attention(c)
+        self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.mlp = LLaDA2SparseMoE(c) if sparse else MLP(c["hidden_size"], c["intermediate_size"])
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.input_layernorm(x), allowed, positions)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LLaDA2Body(nn.Module):
+    def __init__(self, c: dict[str, Any]) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList(LLaDA2Layer(c, i >= c["first_k_dense_replace"]) for i in range(c["num_hidden_layers"]))
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+
+
+class LLaDA2MoeModelLM(nn.Module):
+    """Original LLaDA 2.x (inclusionAI ``modeling_llada2_moe.py``, ZHZisZZ/dllm ``dllm/pipelines/llada2/models`` at
+    ca176752): logits at position i predict token i. ``attention_mask`` is a bool [batch or 1, 1, length, length]
+    "may attend" mask (the original's block-causal mask; default all True), ``position_ids`` default 0..length-1."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.model = LLaDA2Body(config)
+        self.lm_head = nn.Linear(config["hidden_size"], config["vocab_size"], bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        batch, length = input_ids.shape
+        allowed = attention_mask if attention_mask is not None else torch.ones(1, 1, length, length, dtype=torch.bool)
+        positions = position_ids if position_ids is not None else torch.arange(length).expand(batch, length)
+        x = self.model.word_embeddings(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, allowed, positions)
+        return self.lm_head(self.model.norm(x))
+
+
+REFERENCES = {"llada": LLaDAModelLM, "llada_moe": LLaDAMoEModelLM, "llada2": LLaDA2MoeModelLM, "dream": DreamModel}
 
 
 def load_reference(folder: str, kind: str) -> nn.Module:

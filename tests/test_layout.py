@@ -1,4 +1,4 @@
-"""Trained LLaDA / LLaDA-MoE / Dream students save as the original checkpoints are, and read back both ways."""
+"""Trained LLaDA / LLaDA-MoE / LLaDA 2.x / Dream students save as the original checkpoints are, and read back both ways."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from trims_hf import load_student, lora_config
 
-KINDS = ("llada", "llada_moe", "dream")
-NATIVE_MODEL_TYPE = {"llada": "llama", "llada_moe": "qwen3_moe", "dream": "qwen2"}
+KINDS = ("llada", "llada_moe", "llada2", "dream")
+NATIVE_MODEL_TYPE = {"llada": "llama", "llada_moe": "qwen3_moe", "llada2": "glm4_moe", "dream": "qwen2"}
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """Masked-diffusion students: loading, the per-family spec, and aligned logits.
 
-Four families: LLaDA (Llama blocks, no logit shift; LLaDA-8B and LLaDA 1.5), LLaDA-MoE (Qwen3-MoE blocks, no logit
-shift), Dream (Qwen2 blocks, logits shifted right by one; Dream, Dream-Coder, DiffuCoder) and any
-``AutoModelForMaskedLM`` (e.g. ModernBERT). The decoders run on transformers' own Llama / Qwen3-MoE / Qwen2 code made
-bidirectional, so no Hub remote code is executed.
+Five families: LLaDA (Llama blocks, no logit shift; LLaDA-8B and LLaDA 1.5), LLaDA-MoE (Qwen3-MoE blocks, no logit
+shift), LLaDA 2.x (GLM-4-MoE blocks with a fused QKV projection, no logit shift, block diffusion), Dream (Qwen2 blocks,
+logits shifted right by one; Dream, Dream-Coder, DiffuCoder) and any ``AutoModelForMaskedLM`` (e.g. ModernBERT). The
+decoders run on transformers' own Llama / Qwen3-MoE / GLM-4-MoE / Qwen2 code made bidirectional, so no Hub remote code
+is executed.
 """
 
 from __future__ import annotations
@@ -27,12 +28,16 @@ from .dream import dream_config_from_qwen2, qwen2_config_from_dream
 from .layout import OriginalLayout, use_original_layout
 from .llada import MODULE_NAMES as LLADA_MODULE_NAMES
 from .llada import llada_config_from_llama, llama_config_from_llada
+from .llada2 import BLOCK_SIZE as LLADA2_BLOCK_SIZE
+from .llada2 import MODULE_NAMES as LLADA2_MODULE_NAMES
+from .llada2 import LLaDA2ForCausalLM, glm4_moe_config_from_llada2, llada2_config_from_glm4_moe
 from .llada_moe import fuse_expert_weights, llada_moe_config_from_qwen3_moe, qwen3_moe_config_from_llada_moe
 
 _DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Attention only: peft maps any MLP projection name (even a regex matching only a dense layer's) onto the experts'
 # fused 3-D parameters, whose adapter has no counterpart among the original code's per-expert modules.
 _MOE_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_LLADA2_LORA_TARGETS = ("query_key_value", "o_proj")  # the original's query_key_value and dense, for the same reason
 
 STUDENTS: dict[str, StudentSpec] = {
     "llada": StudentSpec(kind="llada", shift_logits=False, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
@@ -42,6 +47,11 @@ STUDENTS: dict[str, StudentSpec] = {
                              decoder=True, native_model_types=("llada", "lladamoe"), native_key="num_experts",
                              translate_config=qwen3_moe_config_from_llada_moe, fuse_state_dict=fuse_expert_weights,
                              original_config=llada_moe_config_from_qwen3_moe),
+    "llada2": StudentSpec(kind="llada2", shift_logits=False, lora_target_modules=_LLADA2_LORA_TARGETS, decoder=True,
+                          native_model_types=("llada2_moe",), translate_config=glm4_moe_config_from_llada2,
+                          module_names=LLADA2_MODULE_NAMES, fuse_state_dict=fuse_expert_weights,
+                          original_config=llada2_config_from_glm4_moe, model_class=LLaDA2ForCausalLM,
+                          block_size=LLADA2_BLOCK_SIZE),
     "dream": StudentSpec(kind="dream", shift_logits=True, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
                          native_model_types=("dream",), translate_config=qwen2_config_from_dream,
                          original_config=dream_config_from_qwen2),
@@ -229,7 +239,7 @@ def load_student(
         mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id, tokenizer)
     if spec.decoder:
         native = spec.is_original(config_dict)
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = (spec.model_class or AutoModelForCausalLM).from_pretrained(
             name_or_path, config=spec.translate_config(config_dict) if native else None,
             key_mapping=spec.key_mapping, output_loading_info=True, **hub_kwargs, **from_pretrained_kwargs,
         )

@@ -26,7 +26,7 @@ class StudentSpec:
     """Static facts about one family of masked-diffusion students."""
 
     kind: str
-    """Registry name: ``"llada"``, ``"llada_moe"``, ``"dream"`` or ``"masked_lm"``."""
+    """Registry name: ``"llada"``, ``"llada_moe"``, ``"llada2"``, ``"dream"`` or ``"masked_lm"``."""
     shift_logits: bool
     """True when the logits at position ``i - 1`` predict token ``i`` (Dream)."""
     lora_target_modules: tuple[str, ...] | str
@@ -50,6 +50,12 @@ class StudentSpec:
     original_config: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
     """(native config, the original ``config.json`` dict it was loaded from) -> the original dict to save: the
     inverse of :attr:`translate_config`, so a trained student is written as the original model is."""
+    model_class: type | None = None
+    """The transformers class the family loads into when ``AutoModelForCausalLM`` would pick another (LLaDA 2.x keeps
+    its fused QKV projection in a GLM-4-MoE subclass); None: the auto class."""
+    block_size: int | None = None
+    """Block-diffusion students (LLaDA 2.x): attention is causal across blocks of this many positions and
+    bidirectional inside one, in training (:mod:`trims_hf.block_diffusion`) and decoding; None: fully bidirectional."""
 
     def is_original(self, config_dict: dict[str, Any]) -> bool:
         """Whether ``config_dict`` is an original checkpoint's ``config.json`` of this family (translated at load)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from transformers import LlamaConfig
 
-from .layout import overlay
+from .layout import default_rope, overlay, special_token_ids
 from .names import ModuleNames
 
 DEFAULT_MASK_TOKEN_ID = 126336
@@ -68,20 +68,14 @@ def llama_config_from_llada(llada: dict[str, Any]) -> LlamaConfig:
         rope_parameters={"rope_type": "default", "rope_theta": llada.get("rope_theta", 10000.0)},
         attention_bias=bool(llada.get("include_qkv_bias", False)),
         tie_word_embeddings=bool(llada.get("weight_tying", False)),
-        pad_token_id=llada.get("pad_token_id"),
-        eos_token_id=llada.get("eos_token_id"),
-        bos_token_id=llada.get("bos_token_id"),
-        mask_token_id=llada.get("mask_token_id", DEFAULT_MASK_TOKEN_ID),
+        **special_token_ids(llada, DEFAULT_MASK_TOKEN_ID),
     )
 
 
 def llada_config_from_llama(llama: LlamaConfig, original: dict[str, Any]) -> dict[str, Any]:
     """The LLaDA ``config.json`` dict of ``llama``: ``original`` (the base's, with its ``auto_map`` and every field
     the Llama port does not use) with the fields :func:`llama_config_from_llada` reads set from ``llama``."""
-    rope = llama.rope_parameters or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_parameters={rope!r}: LLaDA's original code has only the default RoPE; save with "
-                         "layout='native'")
+    rope = default_rope(llama, "LLaDA")
     return overlay(original, {
         "embedding_size": llama.vocab_size,
         "vocab_size": min(int(original.get("vocab_size") or llama.vocab_size), llama.vocab_size),

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import Qwen3MoeConfig
 
-from .layout import overlay
+from .layout import default_rope, overlay, special_token_ids
 
 DEFAULT_MASK_TOKEN_ID = 156895
 """``<|mask|>`` of LLaDA-MoE's tokenizer: the model card's ``generate(mask_id=156895)`` and dInfer's tests."""
@@ -74,20 +74,14 @@ def qwen3_moe_config_from_llada_moe(original: dict[str, Any]) -> Qwen3MoeConfig:
         decoder_sparse_step=1,
         mlp_only_layers=[i for i, sparse in enumerate(moe) if not sparse],
         use_sliding_window=False,
-        pad_token_id=original.get("pad_token_id"),
-        bos_token_id=original.get("bos_token_id"),
-        eos_token_id=original.get("eos_token_id"),
-        mask_token_id=original.get("mask_token_id", DEFAULT_MASK_TOKEN_ID),
+        **special_token_ids(original, DEFAULT_MASK_TOKEN_ID),
     )
 
 
 def llada_moe_config_from_qwen3_moe(qwen: Qwen3MoeConfig, original: dict[str, Any]) -> dict[str, Any]:
     """The LLaDA-MoE ``config.json`` dict of ``qwen``: ``original`` (the base's, with its ``auto_map`` and the fields
     the port does not read) with the fields :func:`qwen3_moe_config_from_llada_moe` reads set from ``qwen``."""
-    rope = qwen.rope_parameters or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_parameters={rope!r}: LLaDA-MoE's original code has only the default RoPE; save with "
-                         "layout='native'")
+    rope = default_rope(qwen, "LLaDA-MoE")
     dense = set(qwen.mlp_only_layers)
     mask = qwen.mask_token_id
     return overlay(original, {
