@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 import torch
-from helpers_students import LLADA2_TINY, LLADA2_TINY_BLOCK, block_causal
+import torch.nn.functional as F
+from helpers_students import LLADA2_TINY, LLADA2_TINY_BLOCK, MASK_ID, block_causal
+from original_reference import load_reference
 from safetensors.torch import load_file
 
-from trims_hf import load_student
+from trims_hf import MaskingConfig, MDLMConfig, MDLMTrainer, TrimsDataCollator, load_student
+from trims_hf.block_diffusion import block_diffusion_inputs, block_diffusion_mask, clean_input_ids
 from trims_hf.students import STUDENTS, detect_student_kind
 from trims_hf.students.llada2 import glm4_moe_config_from_llada2
 
@@ -49,3 +55,123 @@ def test_unsupported_config_fields_are_refused_naming_the_field(field, value):
 def test_router_renormalises_top_k_whatever_the_config_says():
     assert glm4_moe_config_from_llada2({**LLADA2_TINY, "norm_topk_prob": False}).norm_topk_prob is True
     assert glm4_moe_config_from_llada2({**LLADA2_TINY, "num_experts_per_tok": 1}).norm_topk_prob is False
+
+
+def dfactory_mask(length: int, block: int) -> torch.Tensor:
+    """dFactory ``tasks/train_llada2_bd.py::block_diffusion_mask`` as written there: one (query, key) pair at a time."""
+    allowed = torch.zeros(2 * length, 2 * length, dtype=torch.bool)
+    for q in range(2 * length):
+        for kv in range(2 * length):
+            q_clean, kv_clean = q >= length, kv >= length
+            block_q, block_kv = (q - length if q_clean else q) // block, (kv - length if kv_clean else kv) // block
+            allowed[q, kv] = ((block_q == block_kv and q_clean == kv_clean)
+                              or (block_q > block_kv and kv_clean and not q_clean)
+                              or (block_q >= block_kv and kv_clean and q_clean))
+    return allowed
+
+
+@pytest.mark.parametrize(("length", "block"), [(24, 8), (10, 4)])
+def test_training_mask_is_dfactorys_block_diffusion_mask(length, block):
+    assert torch.equal(block_diffusion_mask(length, block), dfactory_mask(length, block))
+
+
+def test_a_noised_block_is_denoised_from_the_clean_blocks_before_it_as_the_decoder_sees_them(llada2):
+    """The training forward's logits on noised block j equal a decoding forward's on [clean blocks < j, noised j]."""
+    parity = load_file(llada2 / "parity.safetensors")
+    noised = parity["input_ids"]
+    clean = torch.randint(0, MASK_ID - 1, noised.shape, generator=torch.Generator().manual_seed(3))
+    model = load_student(str(llada2)).eval()
+    length, block = noised.shape[1], LLADA2_TINY_BLOCK
+    with torch.no_grad():
+        training = model(**block_diffusion_inputs(noised, clean, block)).logits[:, :length]
+        for j in range(length // block):
+            end = (j + 1) * block
+            view = torch.cat([clean[:, : j * block], noised[:, j * block:end]], dim=1)
+            decoding = model(input_ids=view, attention_mask=block_causal(end, block)).logits[:, j * block:end]
+            torch.testing.assert_close(training[:, j * block:end], decoding, atol=1e-4, rtol=0)
+        changed = clean.clone()
+        changed[:, block:] = (changed[:, block:] + 1) % (MASK_ID - 1)  # every clean token after the first block
+        first = model(**block_diffusion_inputs(noised, changed, block)).logits[:, :length]
+    torch.testing.assert_close(first[:, : 2 * block], training[:, : 2 * block], atol=1e-5, rtol=0)
+    assert (first[:, 2 * block:] - training[:, 2 * block:]).abs().max() > 1e-3
+
+
+BLOCK = STUDENTS["llada2"].block_size
+
+
+def trims_batch(collator: TrimsDataCollator) -> dict[str, torch.Tensor]:
+    """Two rows of three LLaDA 2.x blocks (prompts of 5 and 3 tokens, buckets cycling 0..3), the second padded."""
+    rows = [{"input_ids": [(7 * i + 3 * r) % 250 for i in range(length)], "prompt_length": prompt,
+             "bucket_ids": [i % 4 for i in range(length - prompt)], "example_id": r}
+            for r, (length, prompt) in enumerate([(3 * BLOCK, 5), (3 * BLOCK - 10, 3)])]
+    return collator(rows)
+
+
+@pytest.fixture
+def trims_collator():
+    tokenizer = SimpleNamespace(eos_token_id=254, mask_token_id=MASK_ID)
+    masking = MaskingConfig(num_buckets=4, trajectory_ratio=1.0, p_context=0.0, p_future=1.0)
+    return TrimsDataCollator(tokenizer, masking=masking, seed=0)  # a seed whose thresholds leave both rows masks
+
+
+def test_trims_masks_the_future_buckets_in_the_noised_copy_and_keeps_the_clean_one(trims_collator):
+    batch = trims_batch(trims_collator)
+    clean = clean_input_ids(batch["input_ids"], batch["masked"], batch["labels"])
+    inputs = block_diffusion_inputs(batch["input_ids"], clean, BLOCK, batch["attention_mask"])
+    length = clean.shape[1]
+    assert torch.equal(inputs["input_ids"][:, :length], batch["input_ids"])
+    assert not (inputs["input_ids"][:, length:] == MASK_ID).any()  # x_0 holds every clean token
+    assert torch.equal(inputs["position_ids"][:, :length], inputs["position_ids"][:, length:])
+    for row, (prompt, response) in enumerate([(5, 3 * BLOCK - 5), (3, 3 * BLOCK - 13)]):
+        padding = torch.full((length - prompt - response,), trims_collator.masking.end_bucket)  # trained EOS padding
+        buckets = torch.cat([torch.arange(response) % 4, padding])
+        masked = batch["masked"][row, prompt:]
+        assert not batch["masked"][row, :prompt].any() and masked.any() and not masked.all()
+        threshold = int(buckets[~masked].max())  # p_future = 1, p_context = 0: exactly the buckets above k
+        assert torch.equal(masked, buckets > threshold)
+
+
+def reference_objective(folder, batch: dict[str, torch.Tensor], block_diffusion: bool = True) -> torch.Tensor:
+    """The original trainer's objective on the original model: dFactory's forward over [x_t | x_0] with its mask and
+    repeated positions, cross-entropy of the x_t logits at the masked positions, weighted per sample, over the tokens
+    (``block_diffusion=False``: the fully bidirectional MDLM forward over x_t alone, for contrast)."""
+    reference = load_reference(str(folder), "llada2")
+    noised, masked, labels = batch["input_ids"], batch["masked"], batch["labels"]
+    length = noised.shape[1]
+    clean = torch.where(masked, labels, noised)
+    positions = torch.arange(length).repeat(2).expand(len(noised), -1)
+    with torch.no_grad():
+        logits = (reference(torch.cat([noised, clean], 1), dfactory_mask(length, BLOCK)[None, None], positions)[:, :length]
+                  if block_diffusion else reference(noised))
+    token_loss = F.cross_entropy(logits[masked], labels[masked], reduction="none")
+    weights = batch["loss_weights"][:, None].expand_as(masked)[masked]
+    return (token_loss * weights).sum() / (labels != -100).sum()
+
+
+def test_trainer_and_plain_trainer_losses_are_the_original_block_diffusion_objective(llada2, trims_collator, tmp_path):
+    collator = replace(trims_collator, masking=replace(trims_collator.masking, p_context=0.3, p_future=0.9))
+    batch = trims_batch(collator)
+    model = load_student(str(llada2))
+    expected = reference_objective(llada2, batch)
+    with torch.no_grad():
+        plain = model(**batch).loss  # the plain transformers.Trainer path (forward hooks)
+        trainer = MDLMTrainer(model, MDLMConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[]), data_collator=collator)
+        ours = trainer.compute_loss(model, batch)
+    torch.testing.assert_close(plain, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+    assert abs(float(expected) - float(reference_objective(llada2, batch, block_diffusion=False))) > 1e-3
+
+
+def test_padding_is_invisible_to_the_real_tokens_of_a_row(llada2, trims_collator):
+    collator = replace(trims_collator, masking=replace(trims_collator.masking, train_on_padding=False))
+    batch = trims_batch(collator)
+    real = int(batch["attention_mask"][1].sum())
+    assert real < batch["input_ids"].shape[1]  # the second row is padded
+    model = load_student(str(llada2)).eval()
+    clean = clean_input_ids(batch["input_ids"], batch["masked"], batch["labels"])
+    with torch.no_grad():
+        padded = model(**block_diffusion_inputs(batch["input_ids"], clean, BLOCK, batch["attention_mask"])).logits
+        alone = model(**block_diffusion_inputs(batch["input_ids"][1:, :real], clean[1:, :real], BLOCK)).logits
+    length = clean.shape[1]
+    torch.testing.assert_close(padded[1:, :real], alone[:, :real], atol=1e-4, rtol=0)
+    assert torch.isfinite(padded[1, real:length]).all()

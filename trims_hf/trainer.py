@@ -22,6 +22,7 @@ from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from . import schema
+from .block_diffusion import training_inputs
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
 from .loss import IGNORE_INDEX, LOSS_KEYS, NORMALIZATIONS, masked_token_loss, normaliser, per_unit_loss
@@ -191,7 +192,8 @@ class MDLMTrainer(Trainer):
         sources = self.student.source_positions(cols)
         head = None if return_outputs else self.accelerator.unwrap_model(model).get_output_embeddings()
         with _head_at(head, rows, sources) as gathered:
-            outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"))
+            outputs = model(**training_inputs(inputs["input_ids"], inputs.get("attention_mask"), batch["masked"],
+                                              batch["labels"], self.student.block_size))
         token_logits = outputs.logits[0] if gathered[0] else outputs.logits[rows, sources]
         per_unit = per_unit_loss(self.masked_token_loss(token_logits, batch), batch["labels"], self.loss_normalization)
         scaled_across_devices = num_items_in_batch is not None and self.args.average_tokens_across_devices

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..block_diffusion import noised_half, training_inputs
 from ..collator import EPOCH_KEY, UNFOLLOWED_EPOCH
 from ..loss import LOSS_KEYS, mdlm_loss
 from .names import SAME_NAMES, ModuleNames
@@ -105,7 +106,8 @@ class MDLMLossHooks:
 
     ``transformers.Trainer`` calls ``model(**batch, num_items_in_batch=N)``. Before the forward, the loss-only
     keys (``labels``, ``masked``, ``loss_weights``..., and ``epoch``) are taken out, so the model never computes its own
-    (e.g. causal, shifted) loss and models without ``**kwargs`` still run; after it, the one MDLM loss of
+    (e.g. causal, shifted) loss and models without ``**kwargs`` still run (a block-diffusion student gets its training
+    view, :mod:`trims_hf.block_diffusion`, instead of the noised ids); after it, the one MDLM loss of
     :mod:`trims_hf.loss` is computed from the logits and set as ``output.loss``. Calls without these keys
     (decoding, :class:`trims_hf.MDLMTrainer`) are untouched.
     """
@@ -126,6 +128,9 @@ class MDLMLossHooks:
                              "or train with trims_hf.MDLMTrainer.")
         batch = {key: kwargs.pop(key) for key in (*LOSS_KEYS, "num_items_in_batch") if key in kwargs}
         self._pending[threading.get_ident()] = batch
+        if self.spec.block_size is not None and "labels" in batch:
+            kwargs.update(training_inputs(kwargs["input_ids"], kwargs.get("attention_mask"), batch["masked"],
+                                          batch["labels"], self.spec.block_size))
         return args, kwargs
 
     def after(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> Any:
@@ -136,6 +141,8 @@ class MDLMLossHooks:
         labels = batch.get("labels")
         if labels is None:
             raise ValueError("A TrimsDataCollator batch reached the model without its 'labels'.")
+        if self.spec.block_size is not None and isinstance(logits, torch.Tensor):
+            logits = noised_half(logits, labels.shape[1])
         if not isinstance(logits, torch.Tensor) or logits.shape[:2] != labels.shape:
             raise ValueError(f"{type(module).__name__} does not return [batch, length, vocab] logits in a ModelOutput, "
                              "so a plain transformers.Trainer cannot train it with the MDLM loss: use trims_hf.MDLMTrainer.")
