@@ -48,7 +48,8 @@ from .tasks import (
 )
 
 # The knob each decoding strategy is swept over.
-SWEEP_PARAMETER = {"threshold": "threshold", "entropy": "entropy_threshold", "factor": "factor", "fixed_steps": "steps"}
+SWEEP_PARAMETER = {"threshold": "threshold", "entropy": "entropy_threshold", "factor": "factor", "fixed_steps": "steps",
+                   "threshold_quota": "threshold"}
 
 def decoding_setting(decoding: DecodingConfig | dict[str, Any]) -> str:
     """The strategy and the value of its swept knob, e.g. ``threshold 0.9``: how tables and plots name a setting."""

@@ -27,7 +27,7 @@ TrajectorySelection = Literal["per_draw", "fixed_subset"]
 TrajectoryLossWeight = Literal["elbo", "inverse_mask_ratio", "none"]
 NoiseScheduleName = Literal["linear", "cosine"]
 Padding = Literal["longest", "max_length"]
-StrategyName = Literal["threshold", "fixed_steps", "entropy", "factor"]
+StrategyName = Literal["threshold", "fixed_steps", "entropy", "factor", "threshold_quota"]
 CacheMode = Literal["none", "prefix", "dual"]
 StepMode = Literal["auto", "eager", "static", "graph"]
 
@@ -241,7 +241,9 @@ class DecodingConfig:
     """Settings of :func:`trims_hf.generate`; defaults are the paper's evaluation decoder (Fast-dLLM threshold)."""
 
     strategy: StrategyName = field(
-        default="threshold", metadata={"help": "Commit rule: threshold | fixed_steps | entropy | factor."}
+        default="threshold",
+        metadata={"help": "Commit rule: threshold | fixed_steps | entropy | factor | threshold_quota (LLaDA 2.x: above "
+                          "the threshold, at least the step's share of the block)."},
     )
     gen_length: int = field(default=256, metadata={"help": "Number of generated (masked) positions."})
     block_length: int = field(default=32, metadata={"help": "Positions per block; blocks are decoded left to right."})
@@ -286,7 +288,7 @@ class DecodingConfig:
         for name, ids in (("eos_token_id", [self.eos_token_id]), ("stop_token_ids", self.stop_token_ids or [])):
             if any(i is not None and i < 0 for i in ids):
                 raise ValueError(f"{name}={getattr(self, name)}: token ids are >= 0.")
-        if self.strategy == "fixed_steps" and self.total_steps % self.num_blocks:
+        if self.strategy in ("fixed_steps", "threshold_quota") and self.total_steps % self.num_blocks:
             raise ValueError(f"steps={self.total_steps} must be a multiple of the number of blocks ({self.num_blocks}).")
         if self.stop_token_ids is not None:
             self.stop_token_ids = tuple(int(i) for i in self.stop_token_ids)  # hashable, as the decoder keeps it
@@ -297,7 +299,7 @@ class DecodingConfig:
 
     @property
     def total_steps(self) -> int:
-        """Steps of the fixed_steps strategy (default: one token per step)."""
+        """Steps of the fixed_steps and threshold_quota strategies (default: one token per step)."""
         return self.steps if self.steps is not None else self.gen_length
 
 

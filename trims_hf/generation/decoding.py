@@ -107,6 +107,22 @@ class EntropyThreshold(Strategy):
 
 
 @dataclass(frozen=True)
+class ThresholdQuota(Strategy):
+    """LLaDA 2.x (its ``generate`` and dLLM's ``LLaDA2Sampler``): every candidate whose confidence is > ``tau``,
+    and at least the step's quota, the most confident (``block_length`` split as evenly as possible over
+    ``steps_per_block`` steps, one more for the first ``block_length % steps_per_block``). The original commits
+    the above-threshold ones when they reach the quota and the quota's best otherwise: the same union."""
+
+    tau: float
+    steps_per_block: int
+    block_length: int
+
+    def choose(self, scores, candidates, step, initial):
+        quota = self.block_length // self.steps_per_block + int(step < self.block_length % self.steps_per_block)
+        return (scores > self.tau) | (_ranks(scores, candidates) < quota)
+
+
+@dataclass(frozen=True)
 class FixedSteps(Strategy):
     """LLaDA low-confidence remasking: ``steps_per_block`` steps share a block's masks as evenly as
     possible (``m // s`` each, one more for the first ``m % s`` steps); each commits its most confident."""
@@ -124,6 +140,8 @@ STRATEGIES: dict[str, Callable[[DecodingConfig], Strategy]] = {
     "factor": lambda config: ConfidenceFactor(config.factor),
     "entropy": lambda config: EntropyThreshold(config.entropy_threshold),
     "fixed_steps": lambda config: FixedSteps(config.total_steps // config.num_blocks),
+    "threshold_quota": lambda config: ThresholdQuota(config.threshold, config.total_steps // config.num_blocks,
+                                                     config.block_length),
 }
 
 
@@ -197,27 +215,20 @@ def generate(
 
     ``attention_mask`` marks real prompt tokens (1) and left padding (0); positions are counted from each
     sample's first real token, so a padded sample decodes exactly as it would alone. ``sample_ids`` name
-    the rows for the hooks (default: consecutive integers per recorder).
+    the rows for the hooks (default: consecutive integers per recorder). A block-diffusion student (LLaDA 2.x)
+    decodes with its block-causal attention instead (:mod:`trims_hf.generation.block_causal`).
     """
     config = config or DecodingConfig()
     spec, mask_id = student_spec(model), mask_token_id(model)
     strategy = build_strategy(config)
     batch, prompt_length = input_ids.shape
     device = input_ids.device
-    x = torch.cat([input_ids, input_ids.new_full((batch, config.gen_length), mask_id)], dim=1)
-    if attention_mask is not None:
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, config.gen_length)], dim=1)
-        position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    else:
-        position_ids = torch.arange(x.shape[1], device=device).expand(batch, -1)
-    forward = StudentForward(model, spec, config.cache, attention_mask, position_ids, config.step)
-
     eos_ids = _eos_ids(model)
     eos_id = config.eos_token_id if config.eos_token_id is not None else (eos_ids[0] if eos_ids else None)
     stop_ids = tuple(config.stop_token_ids if config.stop_token_ids is not None else eos_ids)
     if config.early_stop and (eos_id is None or not stop_ids):
         raise ValueError("early_stop needs an EOS id and stop ids; set DecodingConfig.eos_token_id / stop_token_ids.")
-    stops = torch.tensor(stop_ids, dtype=x.dtype, device=device)
+    stops = torch.tensor(stop_ids, dtype=input_ids.dtype, device=device)
     generator = torch.Generator(device=device).manual_seed(config.seed) if config.seed is not None else None
 
     start = GenerationStart(
@@ -225,6 +236,21 @@ def generate(
     )
     for hook in hooks:
         hook.on_start(start)
+    if spec.block_size is not None:
+        from .block_causal import decode_block_causal  # it builds on this module's proposals
+
+        output = decode_block_causal(model, input_ids, attention_mask, config, strategy, stops, eos_id, generator, hooks)
+        for hook in hooks:
+            hook.on_end(output)
+        return output
+
+    x = torch.cat([input_ids, input_ids.new_full((batch, config.gen_length), mask_id)], dim=1)
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, config.gen_length)], dim=1)
+        position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    else:
+        position_ids = torch.arange(x.shape[1], device=device).expand(batch, -1)
+    forward = StudentForward(model, spec, config.cache, attention_mask, position_ids, config.step)
     nfe, sample_nfe = 0, torch.zeros(batch, dtype=torch.long, device=device)
     response = x[:, prompt_length:]  # a view: writes go to x
     for block in range(config.num_blocks):

@@ -1,0 +1,119 @@
+"""The LLaDA 2.x block decoder against dLLM's ``LLaDA2Sampler`` decision rule, run on the original model's reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from original_reference import load_reference
+
+from trims_hf import load_student
+from trims_hf.generation import DecodeHook, DecodingConfig, StepRecord, generate
+
+BLOCK, GEN = 8, 16
+
+
+class _Commits(DecodeHook):
+    def __init__(self) -> None:
+        self.steps: list[list[tuple[int, int]]] = []
+
+    def on_step(self, record: StepRecord) -> None:
+        positions, tokens, _ = record.commits(0)
+        self.steps.append(list(zip(positions.tolist(), tokens.tolist())))
+
+
+def llada2_sampler(model, prompt: list[int], mask_id: int, threshold: float, steps_per_block: int):
+    """dLLM ``dllm/pipelines/llada2/sampler.py`` ``LLaDA2Sampler.sample`` (ca176752) for one prompt, greedy, no EOS stop:
+    blocks counted from position 0, the canvas to the end of the block holding the last generated position, a
+    block-causal mask, one forward per step over the canvas up to the current block, and per step the positions whose
+    confidence is above ``threshold`` if they reach the even schedule's quota, else the quota's most confident.
+    Returns the canvas cut to prompt + GEN, and each step's commits (response position, token) within the response."""
+    length = len(prompt)
+    blocks = (length + GEN + BLOCK - 1) // BLOCK
+    total = blocks * BLOCK
+    ids = torch.arange(total) // BLOCK
+    allowed = (ids[None, :] <= ids[:, None])[None, None]
+    schedule = torch.full((steps_per_block,), BLOCK // steps_per_block)
+    schedule[: BLOCK % steps_per_block] += 1
+    x = torch.full((1, total), mask_id)
+    x[0, :length] = torch.tensor(prompt)
+    trace = []
+    for block in range(length // BLOCK, blocks):
+        end = (block + 1) * BLOCK
+        for step in range(steps_per_block):
+            active = x[0, end - BLOCK:end] == mask_id
+            if not active.any():
+                break
+            with torch.no_grad():
+                logits = model(x[:, :end], allowed[:, :, :end, :end], torch.arange(end)[None])[0, -BLOCK:]
+            probs = logits.float().softmax(-1)
+            tokens = probs.argmax(-1)
+            confidence = torch.where(active, probs.gather(-1, tokens[:, None])[:, 0], -torch.inf)
+            quota = int(schedule[step])
+            chosen = confidence > threshold
+            if int(chosen.sum()) < quota:
+                chosen = torch.zeros_like(active)
+                chosen[torch.topk(confidence, k=min(quota, int(active.sum()))).indices] = True
+            x[0, end - BLOCK:end][chosen] = tokens[chosen]
+            positions = (torch.nonzero(chosen)[:, 0] + end - BLOCK - length).tolist()
+            trace.append([(p, int(x[0, length + p])) for p in positions if p < GEN])
+    return x[0, : length + GEN].tolist(), trace
+
+
+@pytest.fixture(scope="module")
+def models(original_checkpoint):
+    folder = original_checkpoint("llada2")
+    return load_student(str(folder)).eval(), load_reference(str(folder), "llada2")
+
+
+PROMPTS = ([5, 17, 3, 99, 42, 8, 61, 12, 7, 150, 33], [9, 1, 77, 200, 4, 66])  # 11 and 6 tokens: partial blocks
+
+
+def config(threshold: float, steps_per_block: int, early_stop: bool = False) -> DecodingConfig:
+    return DecodingConfig(strategy="threshold_quota", threshold=threshold, gen_length=GEN, block_length=BLOCK,
+                          steps=steps_per_block * GEN // BLOCK, early_stop=early_stop)
+
+
+@pytest.mark.parametrize(("threshold", "steps_per_block"), [(0.95, 8), (0.1, 8), (0.05, 4), (0.95, 3)])
+@pytest.mark.parametrize("prompt", PROMPTS, ids=("prompt11", "prompt6"))
+def test_commits_steps_and_tokens_equal_the_dllm_sampler(models, prompt, threshold, steps_per_block):
+    ours, reference = models
+    mask_id = ours.config.mask_token_id
+    expected, trace = llada2_sampler(reference, prompt, mask_id, threshold, steps_per_block)
+    hook = _Commits()
+    output = generate(ours, torch.tensor([prompt]), config=config(threshold, steps_per_block), hooks=[hook])
+    assert output.sequences[0].tolist() == expected
+    assert hook.steps == trace
+    assert output.nfe == len(trace) == int(output.sample_nfe[0])
+    assert mask_id not in expected
+
+
+def test_left_padded_batch_decodes_each_prompt_as_alone(models):
+    ours, reference = models
+    width = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+    output = generate(ours, ids, mask, config=config(0.1, 8))
+    for row, prompt in enumerate(PROMPTS):
+        expected, trace = llada2_sampler(reference, prompt, ours.config.mask_token_id, 0.1, 8)
+        assert output.responses[row].tolist() == expected[len(prompt):]
+        assert int(output.sample_nfe[row]) == len(trace)
+
+
+def test_early_stop_ends_after_the_block_holding_a_stop_as_the_original_generate(models):
+    ours, _ = models
+    plain = generate(ours, torch.tensor([PROMPTS[0]]), config=config(0.1, 8))
+    response = plain.responses[0].tolist()
+    stop = response[2]  # a token of the first decoded block, used as the stop id
+    stopped = generate(ours, torch.tensor([PROMPTS[0]]),
+                       config=DecodingConfig(**{**config(0.1, 8, early_stop=True).__dict__, "stop_token_ids": [stop],
+                                                "eos_token_id": 0}))
+    first = response.index(stop)
+    assert stopped.responses[0].tolist()[: first + 1] == response[: first + 1]
+    assert set(stopped.responses[0].tolist()[first + 1:]) <= {0}
+    assert stopped.nfe < plain.nfe  # the blocks after the stop cost no forward
+
+
+def test_a_kv_cache_is_refused_naming_the_setting(models):
+    with pytest.raises(ValueError, match="cache='prefix'"):
+        generate(models[0], torch.tensor([PROMPTS[0]]), config=DecodingConfig(gen_length=GEN, block_length=BLOCK,
+                                                                                cache="prefix"))
