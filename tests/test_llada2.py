@@ -175,3 +175,13 @@ def test_padding_is_invisible_to_the_real_tokens_of_a_row(llada2, trims_collator
     length = clean.shape[1]
     torch.testing.assert_close(padded[1:, :real], alone[:, :real], atol=1e-4, rtol=0)
     assert torch.isfinite(padded[1, real:length]).all()
+
+
+def test_initialised_from_its_config_it_is_the_fused_qkv_class(llada2):
+    from trims_hf.jobs.train import ModelArguments, build_student
+    from trims_hf.model_config import resolve_student
+
+    scratch = ModelArguments(str(llada2), init_from_config=True)
+    model = build_student(scratch, resolve_student(scratch, tokenizer=SimpleNamespace(mask_token_id=MASK_ID)))
+    assert type(model).__name__ == "LLaDA2ForCausalLM"
+    assert "model.layers.0.self_attn.query_key_value.weight" in model.state_dict()

@@ -1,5 +1,6 @@
 """The newer students end to end: their recipes, and `trims train` / `trims export` / `trims eval` on a tiny LLaDA-MoE
-in the original layout (LLaDA 1.5, Dream-Coder and DiffuCoder run the LLaDA / Dream code paths tested elsewhere)."""
+and a tiny LLaDA 2.x in the original layout (LLaDA 1.5, Dream-Coder and DiffuCoder run the LLaDA / Dream code paths
+tested elsewhere)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SHARED, synthetic_scored_rows
-from helpers_students import write_llada_moe_checkpoint
+from helpers_students import write_llada2_checkpoint, write_llada_moe_checkpoint
 from original_reference import load_reference
 from peft import PeftModel
 from safetensors.torch import load_file
@@ -23,6 +24,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 NEW_RECIPES = {  # recipe -> (student kind, a config.json of that family as its Hub checkpoint has it)
     "llada15/trims_s1k.yaml": ("llada", {"model_type": "llada", "d_model": 4096, "n_layers": 32}),
     "llada_moe/trims_s1k.yaml": ("llada_moe", {"model_type": "llada", "num_experts": 64, "hidden_size": 2048}),
+    "llada2/trims_s1k.yaml": ("llada2", {"model_type": "llada2_moe", "num_experts": 256, "hidden_size": 2048}),
     "dream_coder/trims_s1k.yaml": ("dream", {"model_type": "Dream", "hidden_size": 3584}),
     "diffucoder/trims_s1k.yaml": ("dream", {"model_type": "Dream", "hidden_size": 3584}),
 }
@@ -82,6 +84,58 @@ def test_llada_moe_trains_exports_and_evaluates_from_its_recipe(moe_hub_folder, 
     assert main(["eval", "--model", str(moe_hub_folder), "--adapter", str(run), "--task", "gsm8k", "--data-file",
                  str(SHARED / "data" / "gsm8k" / "test.jsonl"), "--output", str(output), "--gen-length", "16",
                  "--block-length", "8", "--limit", "2", "--no-progress"]) == 0
+    (result,) = json.loads(output.read_text())["results"]
+    assert result["num_samples"] == 2 and result["nfe"] >= 2 and result["generated_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def llada2_hub_folder(tmp_path_factory, tokenizer) -> Path:
+    """A tiny LLaDA 2.x Hub folder: original config and per-expert weights, its tokenizer, its modeling file."""
+    folder = write_llada2_checkpoint(tmp_path_factory.mktemp("llada2-hub"), tokenizer)
+    (folder / "modeling_llada2_moe.py").write_text("# the original modeling code\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_llada2_trains_exports_and_evaluates_from_its_recipe(llada2_hub_folder, tokenizer, gsm8k_rows, tmp_path):
+    folder = llada2_hub_folder
+    rows = tmp_path / "scored.jsonl"
+    rows.write_text("".join(json.dumps(row) + "\n" for row in synthetic_scored_rows(gsm8k_rows[:16], tokenizer)))
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(RECIPES / "llada2/trims_s1k.yaml"), "--model_name_or_path", str(folder),
+                 "--dataset_name", str(rows), "--output_dir", str(run), "--max_steps", "2", "--use_cpu", "true",
+                 "--bf16", "false", "--dtype", "float32", "--max_length", "512", "--lora_r", "4",
+                 "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--save_strategy", "no",
+                 "--padding", "longest", "--num_train_epochs", "1"]) == 0
+    state = json.loads((run / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and all(entry["loss"] > 0 for entry in state["log_history"] if "loss" in entry)
+    adapter = json.loads((run / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["o_proj", "query_key_value"]
+
+    ids = load_file(folder / "parity.safetensors")["input_ids"]
+    with torch.no_grad():
+        ours = load_student(str(folder), adapter=str(run)).eval()(input_ids=ids).logits
+        base = load_student(str(folder))(input_ids=ids).logits
+    assert (ours - base).abs().max() > 0  # the trained adapter changed the model
+
+    merged, exported = tmp_path / "merged", tmp_path / "adapter"
+    assert main(["export", "--model", str(folder), "--adapter", str(run), "--output", str(merged)]) == 0
+    assert main(["export", "--model", str(folder), "--adapter", str(run), "--output", str(exported),
+                 "--format", "adapter"]) == 0
+    assert set(load_file(merged / "model.safetensors")) == set(load_file(folder / "model.safetensors"))
+    assert json.loads((merged / "config.json").read_text()) == json.loads((folder / "config.json").read_text())
+    assert (merged / "modeling_llada2_moe.py").is_file() and (merged / "tokenizer_config.json").is_file()
+    assert sorted(json.loads((exported / "adapter_config.json").read_text())["target_modules"])[0].endswith("dense")
+    with torch.no_grad():
+        torch.testing.assert_close(load_reference(str(merged), "llada2")(ids), ours, atol=1e-4, rtol=1e-4)
+        original = PeftModel.from_pretrained(load_reference(str(folder), "llada2"), exported)
+        torch.testing.assert_close(original(ids), ours, atol=1e-4, rtol=1e-4)
+
+    output = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(folder), "--adapter", str(run), "--task", "gsm8k", "--data-file",
+                 str(SHARED / "data" / "gsm8k" / "test.jsonl"), "--output", str(output), "--gen-length", "16",
+                 "--block-length", "8", "--strategy", "threshold_quota", "--threshold", "0.95", "--limit", "2",
+                 "--no-progress"]) == 0
     (result,) = json.loads(output.read_text())["results"]
     assert result["num_samples"] == 2 and result["nfe"] >= 2 and result["generated_tokens"] > 0
 

@@ -20,7 +20,7 @@ from .errors import InputError
 from .settings import check_choice
 
 # The keys of trims_hf.students.STUDENTS (tested), torch-free here.
-StudentKind = Literal["llada", "llada_moe", "dream", "masked_lm"]
+StudentKind = Literal["llada", "llada_moe", "llada2", "dream", "masked_lm"]
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 FieldName = Callable[[str], str]
 """How a message names a field: as itself (a recipe key, a keyword argument) or as a flag (:func:`flag_name`)."""
@@ -41,7 +41,8 @@ class ModelConfig:
     """A masked-diffusion student: weights, family, mask token, dtype, adapter and tokenizer."""
 
     model_name_or_path: str = field(
-        metadata={"help": "Student Hub id or local folder (weights and config; LLaDA, LLaDA-MoE, Dream or a masked LM).",
+        metadata={"help": "Student Hub id or local folder (weights and config; LLaDA, LLaDA-MoE, LLaDA 2.x, Dream or a masked "
+                          "LM).",
                   "aliases": ["--model"]},
     )
     model_revision: str | None = field(default=None, metadata={"help": "Hub revision (branch, tag or commit) of the student."})
@@ -139,7 +140,10 @@ def load_tokenizer(model: ModelConfig, name: FieldName = field_name) -> Any:
     key, source = (("tokenizer_name_or_path", model.tokenizer_name_or_path) if model.tokenizer_name_or_path
                    else ("model_name_or_path", model.model_name_or_path))
     try:
-        return AutoTokenizer.from_pretrained(source, revision=None if model.tokenizer_name_or_path else model.model_revision)
+        # No remote code: an original checkpoint's config names its code in auto_map (LLaDA-MoE, LLaDA 2.x), and the
+        # tokenizer load would otherwise stop to ask whether to run it.
+        return AutoTokenizer.from_pretrained(source, revision=None if model.tokenizer_name_or_path else model.model_revision,
+                                             trust_remote_code=False)
     except (OSError, ValueError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         hint = "" if model.tokenizer_name_or_path else f"; set {name('tokenizer_name_or_path')}"

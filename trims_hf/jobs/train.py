@@ -141,8 +141,12 @@ def build_student(model_args: ModelArguments, student: ResolvedStudent) -> nn.Mo
     if type(config) is PreTrainedConfig:  # a transformers config.json: its own class
         config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
                                             trust_remote_code=False)
-    auto_class = AutoModelForCausalLM if STUDENTS[student.kind].decoder else AutoModelForMaskedLM
-    return prepare_student(auto_class.from_config(config, **kwargs), student.kind, student.mask_token_id)
+    spec = STUDENTS[student.kind]
+    if spec.model_class is not None:  # a family with its own class (LLaDA 2.x's fused QKV), not the auto class's
+        model = spec.model_class._from_config(config, **kwargs)
+    else:
+        model = (AutoModelForCausalLM if spec.decoder else AutoModelForMaskedLM).from_config(config, **kwargs)
+    return prepare_student(model, student.kind, student.mask_token_id)
 
 
 def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointing: bool) -> nn.Module:
