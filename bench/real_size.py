@@ -39,6 +39,15 @@ Public configs (verified with the search tool on 2026-11-26; the Hub itself is u
   16 layers, 16 heads / 16 KV, 64 experts of 1,024, 8 routed per token, every layer sparse, vocab 157184, rope_theta
   50000, q/k norms; the mask id 156895 is not in it (the port's default). The experts are fused 3-D weights, so
   :func:`linear_weights` counts the 8 routed experts per token, not all 64; the weight-read bound counts all 64.
+- LLaDA2.0-mini (``--student llada2``): dFactory's copy of its config.json (github.com/inclusionAI/dFactory,
+  ``configs/model_configs/llada2_mini/config.json`` at 92b6890; its ``model_type`` there is the VeOmni build's
+  ``llada2_moe_veomni``, the Hub's ``llada2_moe``): hidden 2048, 20 layers (the first dense, intermediate 5120),
+  16 heads / 4 KV, head_dim 128, partial_rotary_factor 0.5, 256 experts of 512, 8 routed per token (8 groups, best 4),
+  one shared expert, routed_scaling_factor 2.5, expert bias, vocab 157184, rope_theta 600000, rms_norm_eps 1e-6,
+  max_position_embeddings 16384; mask 156895 (dFactory's ``train_llada2_bd.py``), EOS = pad 156892. dFactory's
+  README lists it as 16B; the model card's "16B total / 1.4B active" is not re-readable here, but these shapes give
+  16.3B parameters. It is a block-diffusion student: the train part runs its [noised | clean] forward (twice the
+  sequence), the decode part its block-causal decoder, which has no KV cache and one step mode (cache none, eager).
 - Qwen3-8B: "Copy config.json from Qwen/Qwen3-8B" (huggingface.co/thejaminator/qwen-hook-layer-9, commit
   478fb72): hidden 4096, 36 layers, 32 heads / 8 KV, head_dim 128, intermediate 12288, vocab 151936,
   max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-6, tie_word_embeddings false, no attention bias.
@@ -79,7 +88,7 @@ from decode import CACHE_MODES, decode_modes, identical_fraction  # noqa: E402
 from scoring import reset_peak_rss, rss_kb  # noqa: E402
 from train_step import build_trainer, interleaved_steps, masking_collators, precision_path, step, synchronize  # noqa: E402
 
-from trims_hf import TrimsDataCollator, lora_config, mask_token_id, prepare_student  # noqa: E402
+from trims_hf import TrimsDataCollator, lora_config, mask_token_id, prepare_student, student_spec  # noqa: E402
 from trims_hf.generation import DecodingConfig, StudentForward, generate  # noqa: E402
 from trims_hf.reports import library_versions  # noqa: E402
 from trims_hf.scoring import EncodedRow, plan_batches  # noqa: E402
@@ -119,10 +128,21 @@ LLADA_MOE_7B_A1B_INSTRUCT: dict[str, Any] = {
     "routed_scaling_factor": 1, "attention_bias": False, "tie_word_embeddings": False, "hidden_act": "silu",
     "norm_topk_prob": False, "eos_token_id": 156892, "pad_token_id": 156892, "mask_token_id": 156895,
 }
+LLADA2_MINI: dict[str, Any] = {
+    "model_type": "llada2_moe", "hidden_size": 2048, "num_hidden_layers": 20, "first_k_dense_replace": 1,
+    "intermediate_size": 5120, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+    "partial_rotary_factor": 0.5, "rotary_dim": 64, "num_experts": 256, "moe_intermediate_size": 512,
+    "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "num_shared_experts": 1, "routed_scaling_factor": 2.5,
+    "moe_router_enable_expert_bias": True, "score_function": "sigmoid", "router_dtype": "fp32", "use_qk_norm": True,
+    "use_qkv_bias": False, "use_bias": False, "norm_head": False, "vocab_size": 157184, "rope_theta": 600000,
+    "rope_scaling": None, "rms_norm_eps": 1e-06, "max_position_embeddings": 16384, "tie_word_embeddings": False,
+    "hidden_act": "silu", "use_sliding_window": False, "pad_token_id": 156892, "eos_token_id": 156892,
+    "mask_token_id": 156895,
+}
 PUBLIC_CONFIGS = {"llada": LLADA_8B_INSTRUCT, "dream": DREAM_V0_INSTRUCT_7B, "llada_moe": LLADA_MOE_7B_A1B_INSTRUCT,
-                  "teacher": QWEN3_8B}
+                  "llada2": LLADA2_MINI, "teacher": QWEN3_8B}
 MODEL_NAMES = {"llada": "LLaDA-8B-Instruct", "dream": "Dream-v0-Instruct-7B", "llada_moe": "LLaDA-MoE-7B-A1B-Instruct",
-               "teacher": "Qwen3-8B"}
+               "llada2": "LLaDA2.0-mini", "teacher": "Qwen3-8B"}
 
 # Tiny dimensions: same fields, same classes; vocab 512 with the special ids at its top.
 TINY_OVERRIDES: dict[str, dict[str, Any]] = {
@@ -135,6 +155,10 @@ TINY_OVERRIDES: dict[str, dict[str, Any]] = {
                   "expert_intermediate_size": 32, "dense_intermediate_size": 128, "num_experts": 4,
                   "num_experts_per_tok": 2, "moe_layer_freq": [1, 1], "vocab_size": 512, "max_position_embeddings": 4096,
                   "mask_token_id": 511, "eos_token_id": 510, "pad_token_id": 510},
+    "llada2": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "rotary_dim": 8, "num_experts": 8, "moe_intermediate_size": 32,
+               "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "vocab_size": 512,
+               "max_position_embeddings": 4096, "mask_token_id": 511, "eos_token_id": 510, "pad_token_id": 510},
     "teacher": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "head_dim": 16, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 4096,
                 "bos_token_id": 510, "eos_token_id": 510},
@@ -200,8 +224,12 @@ def build_model(role: str, scale: str, device: torch.device | str, dtype: torch.
     (bidirectional, mask id from the config) as ``load_student`` leaves them."""
     config = model_config(role, scale, attn_implementation)
     torch.manual_seed(0)
+    own_class = None if role == "teacher" else STUDENTS[role].model_class  # LLaDA 2.x: its fused-QKV class
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        if own_class is not None:
+            model = own_class._from_config(config, dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model if role == "teacher" else prepare_student(model, role)
 
 
@@ -228,17 +256,20 @@ def linear_weights(model: nn.Module) -> int:
     return total
 
 
-def training_flops_per_token(config: PreTrainedConfig, sequence: int, frozen_matmul: int, lora: int) -> float:
+def training_flops_per_token(config: PreTrainedConfig, sequence: int, frozen_matmul: int, lora: int,
+                             views: int = 1) -> float:
     """Model FLOPs per trained token of a LoRA student (convention of the MFU we report).
 
     Frozen matmul weights cost 2 FLOPs per weight forward and 2 backward (activation gradients only, no weight
     gradients: 4N, not 6N); the LoRA weights 6 (forward, activation and weight gradients); bidirectional attention
     (QK^T and AV over the whole sequence, no causal halving) 4 * layers * sequence * heads * head_dim forward and
     twice that backward. Recomputation under gradient checkpointing is not counted (model, not hardware, FLOPs).
+    ``views``: positions the forward runs per trained token, 2 for a block-diffusion student's [noised | clean]
+    (every matmul twice, attention over twice the sequence for twice the queries; its mask is not subtracted).
     """
     s = shape(config, 0)
-    attention = 3 * 4 * s["layers"] * sequence * s["heads"] * s["head_dim"]
-    return 4.0 * frozen_matmul + 6.0 * lora + attention
+    attention = 3 * 4 * s["layers"] * views * sequence * s["heads"] * s["head_dim"]
+    return views * (4.0 * frozen_matmul + 6.0 * lora + attention)
 
 
 # --- measurement plumbing ----------------------------------------------------------------------------------------
@@ -448,7 +479,8 @@ def train_variant(run: Run, variant: str, profile: bool) -> None:
     config = model.get_base_model().config
     peak = accelerator(device_name(run.device))
     length = SEQUENCE_LENGTH[run.scale]
-    flops = training_flops_per_token(config, length, student.frozen_matmul, lora)
+    views = 1 if STUDENTS[run.student].block_size is None else 2  # block diffusion: [noised | clean]
+    flops = training_flops_per_token(config, length, student.frozen_matmul, lora, views)
     collators = student_collators(run, model)
     rows = training_rows(run, run.max_batch * run.steps)
 
@@ -509,7 +541,10 @@ def train_variant(run: Run, variant: str, profile: bool) -> None:
                     "goal_mfu_min": TRAIN_MFU_MIN, "precision": precision,
                     **peak_memory(run.device), "flops_per_token": flops,
                     "flop_convention": "4N frozen + 6N LoRA + 12*layers*seq*heads*head_dim attention, the LM head at "
-                                       "every position (MDLMTrainer runs it at the masked ones only); no recompute",
+                                       "every position (MDLMTrainer runs it at the masked ones only); no recompute"
+                                       + ("; all of it for the 2 x seq positions of block diffusion's [noised | clean]"
+                                          if views == 2 else ""),
+                    "forward_positions_per_token": views,
                     "mfu": round(mfu(flops, tokens_per_s, peak), 4) if peak else None,
                     "accelerator": peak.name if peak else None, "peak_bf16_tflops": peak.bf16_tflops if peak else None,
                     **run.judge(train_shortfall(ratio, mfu(flops, tokens_per_s, peak))),
@@ -750,13 +785,16 @@ class CallTimes:
 
 
 @contextmanager
-def forward_times(device: torch.device) -> Iterator[CallTimes]:
-    """Times every decoder model call made inside the block (:class:`CallTimes`); no sampling, strategy or hooks."""
+def forward_times(device: torch.device, model: nn.Module) -> Iterator[CallTimes]:
+    """Times every decoder model call made inside the block (:class:`CallTimes`); no sampling, strategy or hooks. The
+    calls are :class:`StudentForward`'s, or, for a block-diffusion student (whose decoder calls the model itself), the
+    model's own."""
     cuda = device.type == "cuda"
     times = CallTimes([], [])
-    call = StudentForward.__call__
+    owner, name = (type(model), "forward") if student_spec(model).block_size is not None else (StudentForward, "__call__")
+    call = getattr(owner, name)
 
-    def timed(self: StudentForward, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def timed(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         begin_host = time.perf_counter()
         begin = torch.cuda.Event(enable_timing=True) if cuda else None
         if cuda:
@@ -772,11 +810,11 @@ def forward_times(device: torch.device) -> Iterator[CallTimes]:
         times.host_s.append(end_host - begin_host)
         return logits
 
-    StudentForward.__call__ = timed
+    setattr(owner, name, timed)
     try:
         yield times
     finally:
-        StudentForward.__call__ = call
+        setattr(owner, name, call)
         synchronize(device)
 
 
@@ -821,7 +859,7 @@ def decode_part(run: Run) -> None:
                 for step in steps:
                     reset_peak_memory(run.device)
                     try:
-                        with forward_times(run.device) as times:
+                        with forward_times(run.device, model) as times:
                             results |= decode_modes(model, [prompts], base, (mode,), (step,))
                     except RuntimeError as error:  # one mode failing on the device must not cost the others' lines
                         run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "batch": batch,
@@ -936,7 +974,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
     parser = argparse.ArgumentParser(prog="bench/real_size.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--part", choices=(*PARTS, "all"), default="all")
-    parser.add_argument("--student", choices=("llada", "dream", "llada_moe"), default="llada",
+    parser.add_argument("--student", choices=("llada", "dream", "llada_moe", "llada2"), default="llada",
                         help="student shape of the train, zero2 and decode parts (the goals are set for llada)")
     parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
@@ -1013,6 +1051,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         step_modes = tuple(mode for mode in step_modes if mode != "graph")
         print(f"note: --step-modes: CUDA graphs need CUDA; the decode part times {','.join(step_modes)} on the "
               f"{device.type}", file=sys.stderr)
+    if STUDENTS[args.student].block_size is not None and (cache_modes, step_modes) != (("none",), ("eager",)):
+        cache_modes, step_modes = ("none",), ("eager",)  # the block-causal decoder has no cache and one step mode
+        print(f"note: {args.student} decodes block-causally without a KV cache: the decode part times cache none, "
+              "step eager", file=sys.stderr)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     chunk = args.logits_chunk_elements or (CUDA_LOGITS_CHUNK_ELEMENTS if device.type == "cuda"
                                            else ScoringOptions.logits_chunk_elements)

@@ -359,3 +359,41 @@ def test_llada_moe_real_shape_counts_all_experts_and_routes_eight():
     assert model.num_parameters() == 2 * vocab * d + layers * per_layer + d == 7_356_880_896
     assert real_size.linear_weights(model) == vocab * d + layers * (attention + router + routed * expert)
     assert getattr(model.config, "is_causal", True) is False
+
+
+def test_llada2_real_shape_is_16b_with_1_4b_active():
+    """LLaDA2.0-mini from its public config by hand: 16.26B parameters (one dense layer, 19 of 256 experts of
+    3 x 2048 x 512 plus a shared one, fused q/k/v with 4 kv heads, q/k norms, the router); a token's matmuls use the
+    attention, the dense MLP, the routers, 8 routed experts and the shared one per layer, and the head: with the
+    embedding row it reads, the model card's 1.4B active."""
+    c = real_size.PUBLIC_CONFIGS["llada2"]
+    d, layers, vocab, experts, routed, width, head_dim = (c[k] for k in (
+        "hidden_size", "num_hidden_layers", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "head_dim"))
+    attention = d * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * head_dim + d * d
+    dense, router, expert = 3 * d * c["intermediate_size"], experts * d, 3 * d * width
+    sparse = layers - c["first_k_dense_replace"]
+    model = real_size.build_model("llada2", "real", "meta", torch.bfloat16)
+    total = (2 * vocab * d + layers * (attention + 2 * head_dim + 2 * d) + dense + sparse * (router + (experts + 1) * expert)
+             + d)
+    assert type(model).__name__ == "LLaDA2ForCausalLM" and model.num_parameters() == total == 16_255_638_528
+    active = vocab * d + layers * attention + dense + sparse * (router + (routed + 1) * expert)
+    assert real_size.linear_weights(model) == active
+    assert round((active + vocab * d) / 1e9, 1) == 1.4
+    assert model.config.rope_parameters["partial_rotary_factor"] == 0.5 and getattr(model.config, "is_causal", True) is False
+
+
+@pytest.mark.slow
+def test_llada2_trains_and_decodes_at_the_tiny_shape(tmp_path):
+    """The block-diffusion student through the train and decode parts: its [noised | clean] FLOPs, and its decoder
+    timed on the model's own calls with no cache and the eager step only."""
+    output = tmp_path / "llada2.jsonl"
+    for part in ("train", "decode"):
+        real_size.main(["--part", part, "--student", "llada2", "--device", "cpu", "--max-batch", "1", "--steps", "1",
+                        "--output", str(output)])
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert {line["model"] for line in lines} == {"LLaDA2.0-mini"}
+    assert all(line["forward_positions_per_token"] == 2 for line in by_part(lines, "train"))
+    decodes = [line for line in by_part(lines, "decode") if line["measurement"] == "decode"]
+    assert decodes and {(line["cache"], line["step"]) for line in decodes} == {("none", "eager")}
+    assert all(line["forward_calls"] == line["model_forwards"] > 0 for line in decodes)
