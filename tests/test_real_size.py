@@ -39,6 +39,15 @@ def by_part(lines: list[dict], part: str) -> list[dict]:
     return [line for line in lines if line["part"] == part]
 
 
+def student_lines(tmp_path, student: str) -> list[dict]:
+    """The train and decode parts' lines of ``student`` at the tiny shape (batch 1, one step)."""
+    output = tmp_path / f"{student}.jsonl"
+    for part in ("train", "decode"):
+        real_size.main(["--part", part, "--student", student, "--device", "cpu", "--max-batch", "1", "--steps", "1",
+                        "--output", str(output)])
+    return [json.loads(line) for line in output.read_text().splitlines()]
+
+
 @pytest.mark.slow
 def test_one_line_per_measurement_naming_device_and_versions(lines):
     assert Counter(line["part"] for line in lines) == {"train": 4, "zero2": 1, "score": 1, "decode": 10}
@@ -297,11 +306,7 @@ def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
     monkeypatch.setattr(real_size, "accelerator", lambda name: fake)
     monkeypatch.setattr(real_size.Run, "judge", lambda self, short: {"goal_shortfall": short,
                                                                       "goals_met": None if short is None else short <= 1})
-    output = tmp_path / "dream.jsonl"
-    for part in ("train", "decode"):
-        real_size.main(["--part", part, "--student", "dream", "--device", "cpu", "--max-batch", "1", "--steps", "1",
-                        "--output", str(output)])
-    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    lines = student_lines(tmp_path, "dream")
     assert {line["model"] for line in lines} == {"Dream-v0-Instruct-7B"}
     assert Counter(line["part"] for line in lines) == {"train": 2, "decode": 10}
     assert all(line["shape"]["kv_heads"] == 2 and line["accelerator"] == "Fake" for line in lines if "shape" in line)
@@ -387,11 +392,7 @@ def test_llada2_real_shape_is_16b_with_1_4b_active():
 def test_llada2_trains_and_decodes_at_the_tiny_shape(tmp_path):
     """The block-diffusion student through the train and decode parts: its [noised | clean] FLOPs, and its decoder
     timed on the model's own calls with no cache and the eager step only."""
-    output = tmp_path / "llada2.jsonl"
-    for part in ("train", "decode"):
-        real_size.main(["--part", part, "--student", "llada2", "--device", "cpu", "--max-batch", "1", "--steps", "1",
-                        "--output", str(output)])
-    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    lines = student_lines(tmp_path, "llada2")
     assert {line["model"] for line in lines} == {"LLaDA2.0-mini"}
     assert all(line["forward_positions_per_token"] == 2 for line in by_part(lines, "train"))
     decodes = [line for line in by_part(lines, "decode") if line["measurement"] == "decode"]
