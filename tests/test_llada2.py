@@ -38,6 +38,7 @@ def test_logits_equal_the_reference_bidirectional_and_block_causal(llada2):
 
 def test_hub_config_is_detected_and_lora_wraps_the_original_projections(llada2):
     assert detect_student_kind({"model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"]}) == "llada2"
+    assert detect_student_kind({"model_type": "llada21_moe"}) == "llada2"  # dLLM's name for LLaDA 2.1's copy
     model = load_student(str(llada2))
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     assert set(STUDENTS["llada2"].lora_target_modules) <= names

@@ -48,7 +48,7 @@ STUDENTS: dict[str, StudentSpec] = {
                              translate_config=qwen3_moe_config_from_llada_moe, fuse_state_dict=fuse_expert_weights,
                              original_config=llada_moe_config_from_qwen3_moe),
     "llada2": StudentSpec(kind="llada2", shift_logits=False, lora_target_modules=_LLADA2_LORA_TARGETS, decoder=True,
-                          native_model_types=("llada2_moe",), translate_config=glm4_moe_config_from_llada2,
+                          native_model_types=("llada2_moe", "llada21_moe"), translate_config=glm4_moe_config_from_llada2,
                           module_names=LLADA2_MODULE_NAMES, fuse_state_dict=fuse_expert_weights,
                           original_config=llada2_config_from_glm4_moe, model_class=LLaDA2ForCausalLM,
                           block_size=LLADA2_BLOCK_SIZE),
