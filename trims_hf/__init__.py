@@ -24,6 +24,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "collator": ("TrimsDataCollator",),
     "config": ("MDLMConfig",),
     "masking": ("noise_batch",),
+    "block_diffusion": ("block_diffusion_inputs", "block_diffusion_mask"),
     "loss": ("mdlm_loss", "per_sample_loss"),
     "preparation": ("prepare_dataset",),
     "schema": ("SchemaError",),
@@ -37,7 +38,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "run_program", "run_tests",
     ),
     "generation": (
-        "ConfidenceFactor", "ConfidenceThreshold", "EntropyThreshold", "FixedSteps", "GenerationOutput",
+        "ConfidenceFactor", "ConfidenceThreshold", "EntropyThreshold", "FixedSteps", "GenerationOutput", "ThresholdQuota",
         "TokensPerStepRecorder", "TrajectoryRecorder", "generate", "generate_text", "teacher_nll_per_step",
     ),
     "hub": ("HubAccessError", "load_source_dataset"),

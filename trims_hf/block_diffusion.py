@@ -1,4 +1,4 @@
-"""Block diffusion (LLaDA 2.x): the training view of a noised batch, and the block-causal mask decoding uses.
+"""Block diffusion (LLaDA 2.x): the training view of a noised batch.
 
 Pure tensor functions. A block-diffusion student attends causally across blocks of ``block_size`` positions and
 bidirectionally inside one. It is trained as dFactory's ``tasks/train_llada2_bd.py`` (and dLLM's ``BD3LMTrainer``)
@@ -20,14 +20,9 @@ import torch
 
 
 def block_ids(length: int, block_size: int, device: torch.device | None = None) -> torch.Tensor:
-    """The block of each of ``length`` positions ([length]); blocks start at position 0, as decoding aligns them."""
+    """The block of each of ``length`` positions ([length]); blocks start at position 0, as decoding aligns them
+    (:mod:`trims_hf.generation.block_causal`)."""
     return torch.arange(length, device=device) // block_size
-
-
-def block_causal_mask(length: int, block_size: int, device: torch.device | None = None) -> torch.Tensor:
-    """Bool [length, length]: query i may attend key j iff j's block is not after i's (the decoding mask)."""
-    blocks = block_ids(length, block_size, device)
-    return blocks[None, :] <= blocks[:, None]
 
 
 def block_diffusion_mask(length: int, block_size: int, device: torch.device | None = None) -> torch.Tensor:

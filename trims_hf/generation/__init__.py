@@ -9,6 +9,7 @@ from .decoding import (
     FixedSteps,
     GenerationOutput,
     Strategy,
+    ThresholdQuota,
     generate,
     generate_text,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "StepRecord",
     "Strategy",
     "StudentForward",
+    "ThresholdQuota",
     "TokensPerStepRecorder",
     "Trajectory",
     "TrajectoryRecorder",
