@@ -5,7 +5,7 @@
 # into OUT as it happens, so a call killed at its limit keeps what was done.
 #
 #   bash bench/gpu/run_all.sh OUT [--scale real|tiny] [--deadline SECONDS] [--parts tests,decode,train,score,zero2]
-#                                 [--profile | --profile-worst FILE] [--shared DIR] [--student llada|dream|llada_moe]
+#                                 [--profile | --profile-worst FILE] [--shared DIR] [--student llada|dream|llada_moe|llada2]
 #
 #   OUT/log.txt          everything printed, part by part
 #   OUT/env.json         GPU, driver, CUDA, Python and library versions, commit, date
@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case $scale in real|tiny) ;; *) echo "error: --scale must be real or tiny, got '$scale'" >&2; exit 2 ;; esac
-case $student in llada|dream|llada_moe) ;; *) echo "error: --student must be llada, dream or llada_moe, got '$student'" >&2; exit 2 ;; esac
+case $student in llada|dream|llada_moe|llada2) ;; *) echo "error: --student must be llada, dream, llada_moe or llada2, got '$student'" >&2; exit 2 ;; esac
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "error: --deadline must be whole seconds, got '$deadline'" >&2; exit 2; }
 for part in ${parts//,/ }; do
   case $part in tests|train|decode|score|zero2) ;; *) echo "error: --parts: unknown part '$part' (tests, train, decode, score, zero2)" >&2; exit 2 ;; esac
