@@ -186,3 +186,13 @@ def test_initialised_from_its_config_it_is_the_fused_qkv_class(llada2):
     model = build_student(scratch, resolve_student(scratch, tokenizer=SimpleNamespace(mask_token_id=MASK_ID)))
     assert type(model).__name__ == "LLaDA2ForCausalLM"
     assert "model.layers.0.self_attn.query_key_value.weight" in model.state_dict()
+
+
+def test_an_attention_that_cannot_take_the_block_mask_is_refused(llada2):
+    from trims_hf import prepare_student
+
+    model = load_student(str(llada2))
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="attn_implementation='flex_attention'"):
+        prepare_student(model, "llada2")
+    assert load_student(str(llada2), attn_implementation="eager").config._attn_implementation == "eager"

@@ -38,6 +38,9 @@ _DECODER_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "u
 # fused 3-D parameters, whose adapter has no counterpart among the original code's per-expert modules.
 _MOE_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _LLADA2_LORA_TARGETS = ("query_key_value", "o_proj")  # the original's query_key_value and dense, for the same reason
+BLOCK_MASK_ATTENTION = ("sdpa", "eager")
+"""Attention implementations that apply an arbitrary [B, 1, Q, K] mask, as block diffusion needs (flash attention
+takes padding masks only)."""
 
 STUDENTS: dict[str, StudentSpec] = {
     "llada": StudentSpec(kind="llada", shift_logits=False, lora_target_modules=_DECODER_LORA_TARGETS, decoder=True,
@@ -104,6 +107,10 @@ def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = Non
     config = _config_of(model)
     mask_token_id = mask_token_id if mask_token_id is not None else getattr(config, "mask_token_id", None)
     config.mask_token_id = _checked_mask_id(mask_token_id, config.get_text_config().vocab_size)
+    attention = getattr(config, "_attn_implementation", None)
+    if STUDENTS[kind].block_size is not None and attention not in BLOCK_MASK_ATTENTION:
+        raise ValueError(f"attn_implementation={attention!r}: a block-diffusion student ({kind}) trains and decodes under "
+                         f"a block mask, which only {' and '.join(BLOCK_MASK_ATTENTION)} take")
     config.trims_student = kind
     if STUDENTS[kind].decoder:
         make_bidirectional(model)
