@@ -47,7 +47,7 @@ Public configs (verified with the search tool on 2026-11-26; the Hub itself is u
   max_position_embeddings 16384; mask 156895 (dFactory's ``train_llada2_bd.py``), EOS = pad 156892. dFactory's
   README lists it as 16B; the model card's "16B total / 1.4B active" is not re-readable here, but these shapes give
   16.3B parameters. It is a block-diffusion student: the train part runs its [noised | clean] forward (twice the
-  sequence), the decode part its block-causal decoder, which has no KV cache and one step mode (cache none, eager).
+  sequence), the decode part its block-causal decoder (cache none and its exact prefix cache, step eager).
 - Qwen3-8B: "Copy config.json from Qwen/Qwen3-8B" (huggingface.co/thejaminator/qwen-hook-layer-9, commit
   478fb72): hidden 4096, 36 layers, 32 heads / 8 KV, head_dim 128, intermediate 12288, vocab 151936,
   max_position_embeddings 40960, rope_theta 1e6, rms_norm_eps 1e-6, tie_word_embeddings false, no attention bias.
@@ -1051,9 +1051,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         step_modes = tuple(mode for mode in step_modes if mode != "graph")
         print(f"note: --step-modes: CUDA graphs need CUDA; the decode part times {','.join(step_modes)} on the "
               f"{device.type}", file=sys.stderr)
-    if STUDENTS[args.student].block_size is not None and (cache_modes, step_modes) != (("none",), ("eager",)):
-        cache_modes, step_modes = ("none",), ("eager",)  # the block-causal decoder has no cache and one step mode
-        print(f"note: {args.student} decodes block-causally without a KV cache: the decode part times cache none, "
+    block_modes = (tuple(mode for mode in cache_modes if mode != "dual"), ("eager",))
+    if STUDENTS[args.student].block_size is not None and (cache_modes, step_modes) != block_modes:
+        cache_modes, step_modes = block_modes  # the block-causal decoder: no suffix to cache, one step mode
+        print(f"note: {args.student} decodes block-causally: the decode part times cache {','.join(cache_modes)}, "
               "step eager", file=sys.stderr)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     chunk = args.logits_chunk_elements or (CUDA_LOGITS_CHUNK_ELEMENTS if device.type == "cuda"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from original_reference import load_reference
@@ -113,7 +115,29 @@ def test_early_stop_ends_after_the_block_holding_a_stop_as_the_original_generate
     assert stopped.nfe < plain.nfe  # the blocks after the stop cost no forward
 
 
-def test_a_kv_cache_is_refused_naming_the_setting(models):
-    with pytest.raises(ValueError, match="cache='prefix'"):
+@pytest.mark.parametrize(("threshold", "steps_per_block"), [(0.1, 8), (0.05, 4)])
+def test_the_prefix_cache_is_exact_and_recomputes_only_from_the_current_blocks(models, threshold, steps_per_block):
+    ours, _ = models
+    width = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in PROMPTS])
+    lengths: list[int] = []
+    handle = ours.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]),
+                                            with_kwargs=True)
+    try:
+        plain = generate(ours, ids, mask, config=config(threshold, steps_per_block))
+        full = list(lengths)
+        cached = generate(ours, ids, mask, config=replace(config(threshold, steps_per_block), cache="prefix"))
+    finally:
+        handle.remove()
+    assert cached.responses.tolist() == plain.responses.tolist()
+    assert cached.sample_nfe.tolist() == plain.sample_nfe.tolist() and cached.nfe == plain.nfe
+    cached_lengths = lengths[len(full):]
+    assert len(cached_lengths) == len(full) and sum(cached_lengths) < sum(full)
+    assert all(short <= long for short, long in zip(cached_lengths, full))
+
+
+def test_a_suffix_cache_is_refused_naming_the_setting(models):
+    with pytest.raises(ValueError, match="cache='dual'"):
         generate(models[0], torch.tensor([PROMPTS[0]]), config=DecodingConfig(gen_length=GEN, block_length=BLOCK,
-                                                                                cache="prefix"))
+                                                                                cache="dual"))

@@ -5,10 +5,15 @@ are counted from each sample's first token, so the block holding the end of the 
 prompt tokens stay); the canvas runs to the end of the block holding the last generated position; a position attends
 to its own block and the ones before, never to later blocks. Each step is one forward over the canvas up to the end of
 the current blocks (later blocks are invisible anyway), and the strategy commits tokens of the current block
-(``threshold_quota`` is the original's rule). Committed tokens never change and there is no KV cache: the originals
-recompute the prefix too (``cache`` must be ``none``; ``step`` is ignored, every call is eager). Left-padded prompts
-of different lengths decode in one batch, each sample as it would alone: its blocks, positions and mask are its own,
-so its current block can sit at other columns than its batch-mates'.
+(``threshold_quota`` is the original's rule). Committed tokens never change. Left-padded prompts of different lengths
+decode in one batch, each sample as it would alone: its blocks, positions and mask are its own, so its current block
+can sit at other columns than its batch-mates'.
+
+``cache="none"`` recomputes the canvas at every step, as the originals do. ``cache="prefix"`` runs the canvas once per
+block and then only the columns from the first current block on, against the cached keys and values of the columns
+before: exact here, not an approximation as for a bidirectional student, since under the block-causal mask those
+columns (earlier blocks, all committed) never see a later one. There is no suffix to keep (``dual`` is refused), and
+``step`` is ignored: every call is eager.
 
 Early stop (default on) is the original ``generate``'s: once a sample's current block has no masks and its response so
 far holds a stop token, it decodes no further block and everything after its first stop becomes EOS.
@@ -24,6 +29,7 @@ from torch import nn
 from ..block_diffusion import block_ids
 from ..settings import DecodingConfig
 from ..students import mask_token_id
+from .cache import BlockKVCache
 from .decoding import GenerationOutput, Strategy, _early_stop_fill, _propose
 from .hooks import DecodeHook, StepRecord, tokens_before_stop
 
@@ -32,8 +38,10 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
                         config: DecodingConfig, strategy: Strategy, stops: torch.Tensor, eos_id: int | None,
                         generator: torch.Generator | None, hooks: Sequence[DecodeHook]) -> GenerationOutput:
     """:func:`trims_hf.generate` for a block-diffusion student (its setup, hooks' ``on_start`` / ``on_end`` there)."""
-    if config.cache != "none":
-        raise ValueError(f"cache={config.cache!r}: a block-diffusion student decodes without a KV cache (cache='none')")
+    if config.cache not in ("none", "prefix"):
+        raise ValueError(f"cache={config.cache!r}: a block-diffusion student sees no later block, so there is no suffix "
+                         "to cache; use cache='prefix' (exact) or 'none'")
+    layers = model.config.get_text_config().num_hidden_layers
     mask_id, size = mask_token_id(model), config.block_length
     batch, width = input_ids.shape
     device = input_ids.device
@@ -57,13 +65,19 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
         window = window.clamp(max=total - 1)
         masked = (x.gather(1, window) == mask_id) & inside & ~done[:, None]
         initial, step_in_block = masked.sum(dim=1), 0
+        end = int(window[masked.any(dim=1)].max()) + 1 if masked.any() else 0  # the block's canvas, kept to its end
+        cache = BlockKVCache(layers) if config.cache == "prefix" else None  # filled by the block's first forward
         while masked.any():
-            end = int(window[masked.any(dim=1)].max()) + 1
-            logits = model(input_ids=x[:, :end], attention_mask=allowed[:, :, :end, :end],
-                           position_ids=positions[:, :end]).logits
             charged = masked.any(dim=1)
+            begin = 0 if cache is None or step_in_block == 0 else int(window[charged, 0].min())
+            cached = {} if cache is None else {"use_cache": True, "cache": cache}
+            if cache is not None:
+                cache.window.start = begin
+            logits = model(input_ids=x[:, begin:end], attention_mask=allowed[:, :, begin:end, :end],
+                           position_ids=positions[:, begin:end], **cached).logits
             nfe, sample_nfe = nfe + 1, sample_nfe + charged
-            window_logits = logits.gather(1, window.clamp(max=end - 1)[..., None].expand(-1, -1, logits.shape[-1]))
+            at = (window - begin).clamp(min=0, max=end - begin - 1)
+            window_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
             tokens, confidence, scores = _propose(window_logits, mask_id, config.temperature, generator, strategy.score)
             commit = strategy.select(scores, masked, step_in_block, initial)
             x.scatter_(1, window, torch.where(commit, tokens, x.gather(1, window)))
