@@ -69,14 +69,16 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
         cache = BlockKVCache(layers) if config.cache == "prefix" else None  # filled by the block's first forward
         while masked.any():
             charged = masked.any(dim=1)
-            begin = 0 if cache is None or step_in_block == 0 else int(window[charged, 0].min())
+            current = int(window[charged, 0].min())  # the first column of any current block
+            begin = 0 if cache is None or step_in_block == 0 else current
             cached = {} if cache is None else {"use_cache": True, "cache": cache}
             if cache is not None:
                 cache.window.start = begin
+            # The head runs on the current blocks' columns only (a 157k vocabulary): logits [B, end - current, V].
             logits = model(input_ids=x[:, begin:end], attention_mask=allowed[:, :, begin:end, :end],
-                           position_ids=positions[:, begin:end], **cached).logits
+                           position_ids=positions[:, begin:end], logits_to_keep=end - current, **cached).logits
             nfe, sample_nfe = nfe + 1, sample_nfe + charged
-            at = (window - begin).clamp(min=0, max=end - begin - 1)
+            at = (window - current).clamp(min=0, max=end - current - 1)
             window_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
             tokens, confidence, scores = _propose(window_logits, mask_id, config.temperature, generator, strategy.score)
             commit = strategy.select(scores, masked, step_in_block, initial)
