@@ -210,7 +210,7 @@ def test_bad_arguments_fail_before_loading(monkeypatch):
         TrimsLM("/nonexistent/model", treshold=0.9)
     with pytest.raises(ValueError, match=r"unknown model argument\(s\) \['kind'\].*'model_kind'"):
         TrimsLM("/nonexistent/model", kind="llada")
-    with pytest.raises(ValueError, match="model_kind='lada'; choose one of llada, llada_moe, dream, masked_lm"):
+    with pytest.raises(ValueError, match="model_kind='lada'; choose one of llada, llada_moe, llada2, dream, masked_lm"):
         TrimsLM("/nonexistent/model", model_kind="lada")
     with pytest.raises(ValueError, match="pretrained /nonexistent/model: no such file or folder"):
         TrimsLM("/nonexistent/model")

@@ -196,3 +196,27 @@ def test_an_attention_that_cannot_take_the_block_mask_is_refused(llada2):
     with pytest.raises(ValueError, match="attn_implementation='flex_attention'"):
         prepare_student(model, "llada2")
     assert load_student(str(llada2), attn_implementation="eager").config._attn_implementation == "eager"
+
+
+def test_harness_elbo_is_the_block_diffusion_elbo_of_the_original_model(llada2):
+    """lm-eval's Monte Carlo ELBO terms read each noised block given the clean blocks before it, as training does."""
+    from trims_hf.harness.likelihood import masked_elbo_terms, sample_mask_patterns
+
+    context, continuation = list(range(3, 3 + BLOCK - 4)), list(range(40, 40 + 20))  # the continuation spans 2 blocks
+    masks = sample_mask_patterns(len(continuation), 4, torch.Generator().manual_seed(0))
+    terms = masked_elbo_terms(load_student(str(llada2)).eval(), context, continuation, masks)
+    sequence = torch.tensor(context + continuation)
+    target = sequence[len(context):].expand(len(masks), -1)
+    noisy = sequence.repeat(len(masks), 1)
+    noisy[:, len(context):] = torch.where(masks, MASK_ID, target)
+    length = len(sequence)
+    positions = torch.arange(length).repeat(2).expand(len(masks), -1)
+    reference = load_reference(str(llada2), "llada2")
+    with torch.no_grad():
+        views = {"block diffusion": reference(torch.cat([noisy, sequence.expand_as(noisy)], 1),
+                                              dfactory_mask(length, BLOCK)[None, None], positions)[:, :length],
+                 "bidirectional": reference(noisy)}
+    expected = {name: len(continuation) / masks.sum(1) * (logits[:, len(context):].log_softmax(-1).gather(
+        -1, target[..., None])[..., 0] * masks).sum(1) for name, logits in views.items()}
+    torch.testing.assert_close(terms, expected["block diffusion"], atol=1e-4, rtol=1e-5)
+    assert (expected["block diffusion"] - expected["bidirectional"]).abs().max() > 1e-2

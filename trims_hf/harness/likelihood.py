@@ -9,6 +9,8 @@ subset of ``l`` continuation positions (the context stays visible), and score
 
 i.e. the cross-entropy on the masked tokens weighted by ``1/t`` with ``t = l / L``. The estimate is the
 mean over ``samples`` independent draws; its expectation is the ELBO (a lower bound on the log-likelihood).
+A block-diffusion student (LLaDA 2.x) reads its logits from its training view (:mod:`trims_hf.block_diffusion`):
+each block of the noised sequence given the clean blocks before it, the block-diffusion ELBO it was trained on.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..students import mask_token_id, student_logits
+from ..block_diffusion import block_diffusion_inputs
+from ..students import mask_token_id, student_logits, student_spec
 
 
 def sample_mask_patterns(length: int, samples: int, generator: torch.Generator) -> torch.Tensor:
@@ -40,7 +43,12 @@ def masked_elbo_terms(
     masks = masks.to(device)
     noisy = sequence.repeat(len(masks), 1)
     noisy[:, len(context) :] = torch.where(masks, mask_token_id(model), target)
-    logits = student_logits(model, noisy)[:, len(context) :].float()
+    block_size = student_spec(model).block_size
+    if block_size is None:
+        logits = student_logits(model, noisy)
+    else:  # unshifted: the noised half's logits predict its own tokens
+        logits = model(**block_diffusion_inputs(noisy, sequence.expand_as(noisy), block_size)).logits[:, : len(sequence)]
+    logits = logits[:, len(context) :].float()
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, target.expand(len(masks), -1)[..., None]).squeeze(-1)
     weight = len(continuation) / masks.sum(dim=1)
     return weight * (log_probs * masks).sum(dim=1)
