@@ -58,15 +58,17 @@ def _initialise(model: torch.nn.Module, mask_id: int) -> None:
         model.lm_head.weight[mask_id] = 0
 
 
-def write_llada_moe_checkpoint(folder: Path, tokenizer: Any = None) -> Path:
-    """The tiny LLaDA-MoE in the original layout in ``folder``, with ``parity.safetensors`` (input ids with masks,
-    and the reference logits); with ``tokenizer``, sized for it and saved beside it, as a Hub folder is."""
-    folder.mkdir(parents=True, exist_ok=True)
-    config = LLADA_MOE_TINY if tokenizer is None else {
-        **LLADA_MOE_TINY, "vocab_size": len(tokenizer), "mask_token_id": tokenizer.mask_token_id,
-        "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
-    model = LLaDAMoEModelLM(config).eval()
-    _initialise(model, config["mask_token_id"])
+def _sized(config: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """``config`` as it is, or sized for ``tokenizer`` (its vocabulary, mask, EOS and pad ids)."""
+    if tokenizer is None:
+        return config
+    return {**config, "vocab_size": len(tokenizer), "mask_token_id": tokenizer.mask_token_id,
+            "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+
+
+def _write(folder: Path, model: torch.nn.Module, config: dict[str, Any], tokenizer: Any) -> torch.Tensor:
+    """Write ``model``'s weights (original names), ``config`` and the tokenizer, as a Hub folder holds them; return the
+    parity input ids (two rows of 24 tokens with masks at fixed places)."""
     save_file({key: value.contiguous() for key, value in model.state_dict().items()}, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if tokenizer is not None:
@@ -75,12 +77,21 @@ def write_llada_moe_checkpoint(folder: Path, tokenizer: Any = None) -> Path:
     input_ids = torch.randint(0, min(config["vocab_size"], MASK_ID) - 1, (2, 24), generator=torch.Generator().manual_seed(1))
     input_ids[0, [3, 7, 8, 15, 20, 21, 22, 23]] = mask_id
     input_ids[1, [0, 5, 11, 12, 13, 18]] = mask_id
+    return input_ids
+
+
+def write_llada_moe_checkpoint(folder: Path, tokenizer: Any = None) -> Path:
+    """The tiny LLaDA-MoE in the original layout in ``folder``, with ``parity.safetensors`` (input ids with masks,
+    and the reference logits); with ``tokenizer``, sized for it and saved beside it, as a Hub folder is."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = _sized(LLADA_MOE_TINY, tokenizer)
+    model = LLaDAMoEModelLM(config).eval()
+    _initialise(model, config["mask_token_id"])
+    input_ids = _write(folder, model, config, tokenizer)
     with torch.no_grad():
         logits = model(input_ids)
     save_file({"input_ids": input_ids, "logits": logits}, folder / "parity.safetensors")
     return folder
-
-
 
 LLADA2_TINY_BLOCK = 8
 LLADA2_TINY: dict[str, Any] = {
@@ -114,24 +125,15 @@ def write_llada2_checkpoint(folder: Path, tokenizer: Any = None) -> Path:
     """The tiny LLaDA 2.x in the original layout in ``folder``, with ``parity.safetensors`` (input ids with masks, the
     reference logits bidirectional and block-causal); with ``tokenizer``, sized for it and saved beside it."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = LLADA2_TINY if tokenizer is None else {
-        **LLADA2_TINY, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id, "mask_token_id": tokenizer.mask_token_id}
-    mask_id = config["mask_token_id"]
+    config = _sized(LLADA2_TINY, tokenizer)
     model = LLaDA2MoeModelLM(config).eval()
-    _initialise(model, mask_id)
+    _initialise(model, config["mask_token_id"])
     generator = torch.Generator().manual_seed(2)
     for layer in model.model.layers[config["first_k_dense_replace"]:]:
         layer.mlp.gate.expert_bias.copy_(0.2 * torch.randn(config["num_experts"], generator=generator))
-    save_file({key: value.contiguous() for key, value in model.state_dict().items()}, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    input_ids = torch.randint(0, min(config["vocab_size"], MASK_ID) - 1, (2, 24), generator=torch.Generator().manual_seed(1))
-    input_ids[0, [3, 7, 8, 15, 20, 21, 22, 23]] = mask_id
-    input_ids[1, [0, 5, 11, 12, 13, 18]] = mask_id
+    input_ids = _write(folder, model, config, tokenizer)
     with torch.no_grad():
         logits = model(input_ids)
-        block_logits = model(input_ids, attention_mask=block_causal(24, LLADA2_TINY_BLOCK))
+        block_logits = model(input_ids, attention_mask=block_causal(input_ids.shape[1], LLADA2_TINY_BLOCK))
     save_file({"input_ids": input_ids, "logits": logits, "block_logits": block_logits}, folder / "parity.safetensors")
     return folder
