@@ -121,6 +121,61 @@ def test_protocol_rejects_a_test_level_it_does_not_draw():
         regime.RegimeProtocol(levels=(1, 2), test_level=3)
 
 
+# -- copies or computes ------------------------------------------------------------------------------------------------
+ANSWER = "Mia finds 7, so 12 + 7 = 19 pens.\nThen 19 - 3 = 16 pens.\n#### 16"
+
+
+@pytest.fixture(scope="module")
+def chain_tokenizer():
+    from trims_hf.tiny import build_tokenizer
+
+    return build_tokenizer([f"Mia has 12 pens.\n{ANSWER}"])
+
+
+def _tokenized(tokenizer):
+    from trims_hf.preparation import tokenize_example
+    from trims_hf.settings import StudentFormat
+
+    return tokenize_example(tokenizer, "Mia has 12 pens.", ANSWER, StudentFormat(max_length=64))
+
+
+def test_result_views_mask_the_result_then_every_later_number_then_everything_after(chain_tokenizer):
+    example = _tokenized(chain_tokenizer)
+    ids, length = example.input_ids, len(example.input_ids)
+    text = lambda positions: chain_tokenizer.decode([ids[p] for p in positions]).replace(" ", "")  # noqa: E731
+    cases = regime.result_masks(example.completion_spans, ANSWER, example.prompt_length, length)
+    assert [text(positions) for positions, _ in cases] == ["19", "16"]  # every digit token, the spaced one too
+    (first, views), (second, later) = cases
+    assert views["rest visible"] == first
+    assert text(views["later numbers masked"]) == "19193" + "1616"  # not 12 or 7 (before it), every number after
+    assert views["left to right"] == list(range(first[0], length))
+    assert later["later numbers masked"][0] == second[0] and text(later["later numbers masked"]) == "1616"
+
+
+def test_result_recall_reads_each_view_from_the_aligned_logits(chain_tokenizer):
+    """An oracle (the true tokens' logits, shifted as a Dream student's) recalls every result in every view; a student
+    that predicts its input recalls none, since every view masks the result."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from trims_hf import prepare_student
+    from trims_hf.tiny import tiny_llama
+
+    model = prepare_student(tiny_llama(chain_tokenizer, 16, 1, 2, 64, seed=0), "dream", chain_tokenizer.mask_token_id)
+    truth = torch.tensor(_tokenized(chain_tokenizer).input_ids)
+    vocab = len(chain_tokenizer)
+    oracle = torch.nn.functional.one_hot(torch.cat([truth[1:], truth[-1:]]), vocab).float()  # logit i-1 -> token i
+    rows = [{"question": "Mia has 12 pens.", "answer": ANSWER}] * 2
+    model.forward = lambda input_ids, **_: SimpleNamespace(logits=oracle.expand(len(input_ids), -1, -1))
+    assert regime.result_recall(model, chain_tokenizer, rows, None) == {
+        "results": 4, "problems": 2, **dict.fromkeys(regime.RECALL_VIEWS, 1.0)}
+    model.forward = lambda input_ids, **_: SimpleNamespace(
+        logits=torch.nn.functional.one_hot(torch.cat([input_ids[:, 1:], input_ids[:, -1:]], 1), vocab).float())
+    assert regime.result_recall(model, chain_tokenizer, rows, None) == {
+        "results": 4, "problems": 2, **dict.fromkeys(regime.RECALL_VIEWS, 0.0)}
+
+
 # -- the reading ------------------------------------------------------------------------------------------------------
 def evaluation(model: str, tau: float, tokens_per_step: float, correct: list[bool]) -> EvalResult:
     samples = [SampleRecord(str(i), "q", "1", "a", "1", c, None, 50, 50, 10, 0.1) for i, c in enumerate(correct)]
@@ -180,6 +235,10 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
     assert recipe.main(["study", "--output", str(tmp_path / "s"), "--set", "test_level=3"]) == 2
     assert "--set" in capsys.readouterr().err
     assert not (tmp_path / "c").exists() and not (tmp_path / "s").exists()
+    assert recipe.main(["copies", "--model", str(tmp_path / "none"), "--rows", str(tmp_path / "x.jsonl")]) == 2
+    assert f"--model {tmp_path / 'none'}: copies needs an existing folder" in capsys.readouterr().err
+    assert recipe.main(["curve", "--sizes", "64x4x4"]) == 2
+    assert "curve needs --output" in capsys.readouterr().err
 
 
 @pytest.mark.slow

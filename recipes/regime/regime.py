@@ -5,6 +5,8 @@
          answers (writes curve.jsonl, curve.md, curve.png, choice.json)
   study  MDLM and the three TRIMS orderings from one base per seed in the chosen regime, every threshold, and the
          pre-registered reading (writes report/study.md, report/study.json)
+  copies whether a base computes its solution lines' results or copies them from where the answer repeats them
+         (one JSON line: each result read with the rest visible, with the later numbers masked, left to right)
 
 Both resume: a rerun skips finished points and units. The library does the work (trims_hf.regime).
 """
@@ -29,8 +31,11 @@ SMOKE = ("levels=1", "train_per_level=48", "selection_per_level=6", "test_proble
 
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("curve", "study"))
-    parser.add_argument("--output", type=Path, required=True, help="Folder (reruns resume here).")
+    parser.add_argument("command", choices=("curve", "study", "copies"))
+    parser.add_argument("--output", type=Path, help="curve, study: folder (reruns resume here).")
+    parser.add_argument("--model", type=Path, help="copies: a base's folder (a point's <size>/base).")
+    parser.add_argument("--rows", type=Path, help="copies: held-out rows (a point's <size>/data/selection-L1.jsonl).")
+    parser.add_argument("--limit", type=int, default=100, help="copies: the first N rows (default 100).")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="A protocol setting (trims_hf.regime.RegimeProtocol), e.g. hidden_size=128 or test_level=2.")
     parser.add_argument("--smoke", action="store_true", help="Tiny sizes: every stage runs in seconds.")
@@ -69,6 +74,15 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
             protocol = with_overrides(chosen_protocol(protocol, read_curve(curve)), args.set)
         except ValueError as error:
             raise InputError(f"--from-curve {args.from_curve}: {error}") from None
+    if args.command == "copies":
+        for flag, path, kind in (("--model", args.model, "dir"), ("--rows", args.rows, "file")):
+            if path is None or not (path.is_dir() if kind == "dir" else path.is_file()):
+                raise InputError(f"{flag} {path}: copies needs an existing {'folder' if kind == 'dir' else 'file'}.")
+        if args.limit < 1:
+            raise InputError(f"--limit {args.limit}: must be at least 1.")
+        return args, protocol
+    if args.output is None:
+        raise InputError(f"{args.command} needs --output FOLDER.")
     sizes = [tuple(int(v) for v in size.split("x") if v.isdigit()) for size in args.sizes]
     if any(len(size) != 3 or min(size) < 1 or len(text.split("x")) != 3 for size, text in zip(sizes, args.sizes)):
         raise InputError(f"--sizes {' '.join(args.sizes)}: expected HIDDENxLAYERSxHEADS, e.g. 64x4x4.")
@@ -102,6 +116,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trims_hf.reports import write_atomic
 
     torch.set_num_threads(protocol.threads)
+    if args.command == "copies":
+        from transformers import AutoTokenizer
+
+        from trims_hf import load_student
+        from trims_hf.tasks.base import read_json_rows
+
+        rows = read_json_rows(args.rows)[: args.limit]
+        model = load_student(str(args.model)).eval()
+        recall = regime.result_recall(model, AutoTokenizer.from_pretrained(args.model), rows, protocol.student_format)
+        print(json.dumps({"model": str(args.model), **recall}))
+        return 0
     args.output.mkdir(parents=True, exist_ok=True)
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
     if args.command == "curve":
