@@ -1051,9 +1051,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         step_modes = tuple(mode for mode in step_modes if mode != "graph")
         print(f"note: --step-modes: CUDA graphs need CUDA; the decode part times {','.join(step_modes)} on the "
               f"{device.type}", file=sys.stderr)
-    block_modes = (tuple(mode for mode in cache_modes if mode != "dual"), ("eager",))
+    block_modes = (tuple(dict.fromkeys("prefix" if mode == "dual" else mode for mode in cache_modes)), ("eager",))
     if STUDENTS[args.student].block_size is not None and (cache_modes, step_modes) != block_modes:
-        cache_modes, step_modes = block_modes  # the block-causal decoder: no suffix to cache, one step mode
+        cache_modes, step_modes = block_modes  # the block-causal decoder: no suffix to cache (dual is its prefix)
         print(f"note: {args.student} decodes block-causally: the decode part times cache {','.join(cache_modes)}, "
               "step eager", file=sys.stderr)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))

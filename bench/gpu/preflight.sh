@@ -2,7 +2,8 @@
 # The CPU pre-flight of a GPU window: runs the window's own command (run_all.sh) at tiny scale in an environment
 # that mirrors the GPU machine, so a call never fails there on something this machine could have caught.
 #
-#   bash bench/gpu/preflight.sh [OUT]      # default OUT: /tmp/trims-preflight
+#   bash bench/gpu/preflight.sh [OUT [RUN_ALL_FLAGS...]]   # default OUT: /tmp/trims-preflight; flags such as
+#                                                           # --student llada2 --parts decode,train go to run_all.sh
 #
 # 1. A Python 3.12 virtual environment (PYTHON312, default: the first python3.12 found) holding the device's own
 #    packages at its versions (bench/gpu/device_packages.txt: torch 2.11, whose CUDA build runs on a CPU,
@@ -18,6 +19,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 out=${1:-/tmp/trims-preflight}
+shift $(( $# > 0 ? 1 : 0 ))
 source bench/gpu/venv.sh
 bash bench/gpu/carry.sh "$venv/bin/python"
 exclude="$(git rev-parse --git-path info/exclude)"
@@ -29,4 +31,4 @@ echo "carried: .whl $(du -sh .whl | cut -f1), .carry $(du -sh .carry | cut -f1),
 rm -rf "$out"
 # No deadline to speak of: on a CPU shared with other jobs the tiny parts take minutes, and the point is that none fails.
 PYTHON=$venv/bin/python SITE=$(mktemp -d)/site PYTHONNOUSERSITE=1 bash bench/gpu/run_all.sh "$out" --scale tiny --shared .carry/shared \
-  --deadline 3600
+  --deadline 3600 "$@"
