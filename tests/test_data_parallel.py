@@ -95,6 +95,17 @@ def test_two_process_sweep_shares_the_settings_and_writes_the_one_process_result
     assert sorted(p.name for p in two.parent.iterdir()) == ["results.json", "results.png"]
 
 
+@pytest.mark.parametrize("kind", ["llada_moe", "llada2"])
+def test_two_process_eval_of_the_moe_students_writes_the_one_process_result(kind, tokenizer, tmp_path):
+    """The newer students in their original layouts (LLaDA 2.x through its block-causal decoder) shard the same way."""
+    from helpers_students import write_llada2_checkpoint, write_llada_moe_checkpoint
+
+    write = write_llada2_checkpoint if kind == "llada2" else write_llada_moe_checkpoint
+    one, two, err = one_and_two_processes(str(write(tmp_path / kind, tokenizer)), tmp_path)
+    same_results(one, two)
+    assert read(one)[0]["nfe"] > 0 and "running on 2 processes" in err
+
+
 def test_interrupted_two_process_eval_resumes_to_the_same_file(saved_student, tmp_path):
     one = tmp_path / "one.json"
     assert main(["eval", "--model", saved_student, *EVAL, "--output", str(one)]) == 0
