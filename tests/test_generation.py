@@ -603,3 +603,40 @@ def test_step_mode_is_resolved_per_device_and_student(tokenizer, llama):
         resolve_step("static", cpu, STUDENTS["masked_lm"])
     with pytest.raises(ValueError, match="step"):
         DecodingConfig(step="compiled")
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+def test_a_right_padded_prompt_is_refused_before_any_forward(kind):
+    model = ScriptedStudent(by_position([3, 4, 5, 6], [0.9] * 4, 3), kind)
+    prompts, mask = torch.tensor([[1, 2, 0], [1, 2, 3]]), torch.tensor([[1, 1, 0], [1, 1, 1]])
+    with pytest.raises(ValueError, match="prompts must be left-padded: row 0") as error:
+        generate(model, prompts, mask, DecodingConfig(gen_length=4, block_length=4, early_stop=False))
+    assert "\n" not in str(error.value) and model.inputs == []
+    left = generate(model, prompts, torch.tensor([[0, 1, 1], [1, 1, 1]]),
+                    DecodingConfig(gen_length=4, block_length=4, early_stop=False))  # left padding still decodes
+    assert left.responses.shape == (2, 4)
+
+
+def test_threshold_quota_at_a_temperature_scores_the_tempered_probability():
+    """LLaDA 2.x's ``_sample_with_temperature_topk_topp``: the threshold is compared with the sampled token's
+    probability under softmax(logits / T); the quota (one per step here) takes the rest."""
+    tokens, untempered, temperature, tau = [3, 4, 5, 6], [0.8, 0.8, 0.5, 0.3], 0.5, 0.95
+    config = DecodingConfig(strategy="threshold_quota", threshold=tau, steps=4, gen_length=4, block_length=4,
+                            temperature=temperature, seed=0, early_stop=False)
+    output, hook, _ = run(by_position(tokens, untempered, 2), config)
+
+    def tempered(c: float) -> float:  # the scripted token's probability, the others share 1 - c evenly
+        logits = torch.log(torch.tensor([c] + [(1 - c) / (VOCAB - 1)] * (VOCAB - 1), dtype=torch.float64))
+        return float((logits / temperature).softmax(-1)[0])
+
+    above = [j for j, c in enumerate(untempered) if tempered(c) > tau]
+    assert above == [0, 1] and all(c < tau for c in untempered)  # the untempered rule would commit only the best
+    assert hook.steps[0] == (0, above, [])
+    assert output.responses[0, :2].tolist() == tokens[:2]
+
+
+def test_threshold_quota_at_temperature_zero_scores_the_model_probability():
+    config = DecodingConfig(strategy="threshold_quota", threshold=0.75, steps=4, gen_length=4, block_length=4,
+                            early_stop=False)
+    _, hook, _ = run(by_position([3, 4, 5, 6], [0.8, 0.7, 0.76, 0.3], 2), config)
+    assert hook.steps[0] == (0, [0, 2], [])

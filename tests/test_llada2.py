@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -15,7 +17,7 @@ from safetensors.torch import load_file
 from trims_hf import MaskingConfig, MDLMConfig, MDLMTrainer, TrimsDataCollator, load_student
 from trims_hf.block_diffusion import block_diffusion_inputs, block_diffusion_mask, clean_input_ids
 from trims_hf.students import STUDENTS, detect_student_kind
-from trims_hf.students.llada2 import glm4_moe_config_from_llada2
+from trims_hf.students.llada2 import glm4_moe_config_from_llada2, llada2_config_from_glm4_moe
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +222,80 @@ def test_harness_elbo_is_the_block_diffusion_elbo_of_the_original_model(llada2):
         -1, target[..., None])[..., 0] * masks).sum(1) for name, logits in views.items()}
     torch.testing.assert_close(terms, expected["block diffusion"], atol=1e-4, rtol=1e-5)
     assert (expected["block diffusion"] - expected["bidirectional"]).abs().max() > 1e-2
+
+
+# The defaults of the original LLaDA2MoeConfig (dLLM dllm/pipelines/llada2/models/configuration_llada2_moe.py).
+ORIGINAL_CLASS_DEFAULTS = {"partial_rotary_factor": 0.5, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5,
+                           "rope_theta": 10000.0, "attention_dropout": 0.1}
+
+
+@pytest.mark.parametrize("field", sorted(ORIGINAL_CLASS_DEFAULTS))
+def test_a_missing_field_reads_as_the_original_config_classs_default(field):
+    given = {**LLADA2_TINY, "num_experts": 16}  # 8 groups of 2 under the default n_group
+    given.pop("rotary_dim")
+    absent = {key: value for key, value in given.items() if key != field}
+    explicit = {**given, field: ORIGINAL_CLASS_DEFAULTS[field]}
+    assert glm4_moe_config_from_llada2(absent).to_dict() == glm4_moe_config_from_llada2(explicit).to_dict()
+
+
+def test_a_config_without_partial_rotary_factor_has_the_original_logits(llada2, tmp_path):
+    parity = load_file(llada2 / "parity.safetensors")
+    folder = tmp_path / "no_factor"
+    shutil.copytree(llada2, folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config.pop("partial_rotary_factor") == ORIGINAL_CLASS_DEFAULTS["partial_rotary_factor"]
+    config.pop("rotary_dim")
+    (folder / "config.json").write_text(json.dumps(config))
+    with torch.no_grad():
+        logits = load_student(str(folder)).eval()(input_ids=parity["input_ids"]).logits
+    torch.testing.assert_close(logits, parity["logits"], atol=1e-4, rtol=0)
+
+
+def test_attention_dropout_is_the_originals_in_training():
+    assert glm4_moe_config_from_llada2({**LLADA2_TINY, "attention_dropout": 0.3}).attention_dropout == 0.3
+
+
+def test_a_config_without_use_bias_means_a_bias_and_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="use_bias") as error:
+        glm4_moe_config_from_llada2({key: value for key, value in LLADA2_TINY.items() if key != "use_bias"})
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    ({"n_group": 0}, "n_group"), ({"n_group": 3}, "n_group"), ({"n_group": None}, "n_group"),  # default 8 of 8
+    ({"n_group": 8, "topk_group": 4}, "n_group"),  # one expert per group: the group score is a top-2 sum
+    ({"topk_group": 0}, "topk_group"), ({"topk_group": 5}, "topk_group"), ({"n_group": 2, "topk_group": None}, "topk_group"),
+    ({"topk_group": 1, "num_experts_per_tok": 3}, "num_experts_per_tok"),  # 1 group of 2 experts
+])
+def test_a_router_the_original_cannot_run_is_refused_at_load_naming_the_field(edit, field):
+    config = {**LLADA2_TINY, **edit}
+    config = {key: value for key, value in config.items() if value is not None}
+    with pytest.raises(ValueError, match=f"field {field}=") as error:
+        glm4_moe_config_from_llada2(config)
+    assert "\n" not in str(error.value)
+
+
+def test_the_saved_config_writes_the_fields_the_original_would_default():
+    original = {key: value for key, value in LLADA2_TINY.items()
+                if key not in ("use_bias", "partial_rotary_factor", "rotary_dim", "rope_theta", "attention_dropout",
+                               "routed_scaling_factor")}
+    glm = glm4_moe_config_from_llada2({**original, "use_bias": False})
+    saved = llada2_config_from_glm4_moe(glm, original)
+    assert saved["use_bias"] is False
+    assert {key: saved[key] for key in ("partial_rotary_factor", "rope_theta", "attention_dropout",
+                                        "routed_scaling_factor")} == {
+        "partial_rotary_factor": 0.5, "rope_theta": 10000.0, "attention_dropout": 0.1, "routed_scaling_factor": 2.5}
+    assert glm4_moe_config_from_llada2(saved).to_dict() == glm.to_dict()
+    assert llada2_config_from_glm4_moe(glm4_moe_config_from_llada2(LLADA2_TINY), LLADA2_TINY) == LLADA2_TINY
+
+
+def test_dfactorys_model_type_is_detected_and_loads(llada2, tmp_path):
+    assert detect_student_kind({**LLADA2_TINY, "model_type": "llada2_moe_veomni"}) == "llada2"
+    folder = tmp_path / "veomni"
+    shutil.copytree(llada2, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llada2_moe_veomni"}))
+    parity = load_file(llada2 / "parity.safetensors")
+    with torch.no_grad():
+        logits = load_student(str(folder)).eval()(input_ids=parity["input_ids"]).logits
+    torch.testing.assert_close(logits, parity["logits"], atol=1e-4, rtol=0)

@@ -80,7 +80,8 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
             nfe, sample_nfe = nfe + 1, sample_nfe + charged
             at = (window - current).clamp(min=0, max=end - current - 1)
             window_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
-            tokens, confidence, scores = _propose(window_logits, mask_id, config.temperature, generator, strategy.score)
+            tokens, confidence, scores = _propose(window_logits, mask_id, config.temperature, generator,
+                                                 strategy.score, strategy.tempered)
             commit = strategy.select(scores, masked, step_in_block, initial)
             x.scatter_(1, window, torch.where(commit, tokens, x.gather(1, window)))
             masked = (x.gather(1, window) == mask_id) & inside & ~done[:, None]

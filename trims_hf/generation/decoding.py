@@ -56,6 +56,9 @@ class Strategy(ABC):
     """
 
     score: ClassVar[Literal["confidence", "entropy"]] = "confidence"
+    tempered: ClassVar[bool] = False
+    """Whether at ``temperature > 0`` the confidence scored is the proposal's probability under the tempered
+    distribution it was sampled from (LLaDA 2.x's rule) rather than under the model's."""
 
     @abstractmethod
     def choose(self, scores: torch.Tensor, candidates: torch.Tensor, step: int, initial: torch.Tensor) -> torch.Tensor:
@@ -111,11 +114,14 @@ class ThresholdQuota(Strategy):
     """LLaDA 2.x (its ``generate`` and dLLM's ``LLaDA2Sampler``): every candidate whose confidence is > ``tau``,
     and at least the step's quota, the most confident (``block_length`` split as evenly as possible over
     ``steps_per_block`` steps, one more for the first ``block_length % steps_per_block``). The original commits
-    the above-threshold ones when they reach the quota and the quota's best otherwise: the same union."""
+    the above-threshold ones when they reach the quota and the quota's best otherwise: the same union. At
+    ``temperature > 0`` the confidence is, as in the original's ``_sample_with_temperature_topk_topp``, the sampled
+    token's probability after dividing the logits by the temperature."""
 
     tau: float
     steps_per_block: int
     block_length: int
+    tempered: ClassVar[bool] = True
 
     def choose(self, scores, candidates, step, initial):
         quota = self.block_length // self.steps_per_block + int(step < self.block_length % self.steps_per_block)
@@ -169,12 +175,14 @@ class GenerationOutput:
 
 
 def _propose(
-    logits: torch.Tensor, mask_id: int, temperature: float, generator: torch.Generator | None, score: str
+    logits: torch.Tensor, mask_id: int, temperature: float, generator: torch.Generator | None, score: str,
+    tempered: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Proposed tokens, their model probability (float64) and the strategy's score, per position.
 
     The mask token is never proposed; the probability is under the full softmax (mask included), as in the
-    reference decoders, so decisions match them whenever the mask id is not the argmax.
+    reference decoders, so decisions match them whenever the mask id is not the argmax. With ``tempered`` (and
+    ``temperature > 0``) the confidence score is the probability under ``softmax(logits / temperature)`` instead.
     """
     log_probs = torch.log_softmax(logits.double(), dim=-1)
     allowed = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device), float("-inf"))
@@ -185,6 +193,9 @@ def _propose(
     confidence = log_probs.gather(-1, tokens[..., None]).squeeze(-1).exp()
     if score == "entropy":
         return tokens, confidence, -(log_probs.exp() * log_probs).sum(dim=-1)
+    if tempered and temperature > 0:
+        tempered_log_probs = torch.log_softmax(logits.double() / temperature, dim=-1)
+        return tokens, confidence, tempered_log_probs.gather(-1, tokens[..., None]).squeeze(-1).exp()
     return tokens, confidence, confidence
 
 
@@ -200,6 +211,19 @@ def _early_stop_fill(response: torch.Tensor, stops: torch.Tensor, eos_id: int, f
     first = tokens_before_stop(response, stops)
     after = torch.arange(response.shape[1], device=response.device)[None] > first[:, None]
     return after & finished[:, None] & (response != eos_id)
+
+
+def _check_left_padded(attention_mask: torch.Tensor | None) -> None:
+    """Refuse a right-padded (or holed) prompt batch: the decoders count positions and append the response after the
+    last column, so a 0 after a 1 would put padding inside the context."""
+    if attention_mask is None:
+        return
+    real = attention_mask.bool()
+    holes = (real.long().cummax(dim=1).values.bool() & ~real).any(dim=1)
+    if bool(holes.any()):
+        row = int(holes.nonzero()[0, 0])
+        raise ValueError(f"prompts must be left-padded: row {row} of attention_mask has a 0 after a 1 "
+                         "(tokenize with padding_side='left')")
 
 
 @torch.no_grad()
@@ -219,6 +243,7 @@ def generate(
     decodes with its block-causal attention instead (:mod:`trims_hf.generation.block_causal`).
     """
     config = config or DecodingConfig()
+    _check_left_padded(attention_mask)
     spec, mask_id = student_spec(model), mask_token_id(model)
     strategy = build_strategy(config)
     batch, prompt_length = input_ids.shape
@@ -263,7 +288,8 @@ def generate(
             logits = forward(x, prompt_length + begin, prompt_length + end, refresh=step_in_block == 0)
             charged = masked.any(dim=1)
             nfe, sample_nfe = nfe + 1, sample_nfe + charged
-            tokens, confidence, scores = _propose(logits, mask_id, config.temperature, generator, strategy.score)
+            tokens, confidence, scores = _propose(logits, mask_id, config.temperature, generator, strategy.score,
+                                                  strategy.tempered)
             commit = strategy.select(scores, masked, step_in_block, initial)
             if step_in_block == 0 and forward.commits_block_head_at_refresh:
                 commit[:, 0] |= masked[:, 0]

@@ -49,6 +49,17 @@ MODULE_NAMES = ModuleNames((
 ))
 """Original LLaDA 2.x module path -> this port's; experts, shared expert, norms and head share their names."""
 
+ORIGINAL_DEFAULTS = {
+    "vocab_size": 30592, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+    "num_key_value_heads": 0, "hidden_act": "silu", "use_qkv_bias": False, "use_qk_norm": True, "use_bias": True,
+    "rms_norm_eps": 1e-5, "norm_head": False, "tie_word_embeddings": False, "attention_dropout": 0.1,
+    "max_position_embeddings": 16384, "rope_theta": 10000.0, "use_sliding_window": False, "rope_scaling": None,
+    "pad_token_id": 126081, "num_experts": 16, "num_shared_experts": 0, "num_experts_per_tok": 2, "n_group": 8,
+    "topk_group": 4, "routed_scaling_factor": 2.5, "first_k_dense_replace": 0, "partial_rotary_factor": 0.5,
+}
+"""The defaults of the original ``LLaDA2MoeConfig`` (dLLM's ``configuration_llada2_moe.py``, the same in its
+``llada21``) for the fields the port reads: a ``config.json`` without one means what the original code reads."""
+
 # Config fields (with the value the port needs) the original code could set another way.
 _REQUIRED = {
     "use_bias": False,  # a bias on the attention output projection
@@ -64,18 +75,35 @@ def _head_dim(original: dict[str, Any]) -> int:
     return original.get("head_dim") or original["hidden_size"] // original["num_attention_heads"]
 
 
+def _check_router(original: dict[str, Any]) -> None:
+    """Refuse, naming the field, a group-limited router the original's ``group_limited_topk`` cannot run."""
+    experts, groups, topk_group = original["num_experts"], original["n_group"], original["topk_group"]
+    if not isinstance(groups, int) or groups < 1 or experts % groups:
+        raise ValueError(f"LLaDA2 config field n_group={groups!r} must be >= 1 and divide num_experts={experts}")
+    if not isinstance(topk_group, int) or not 1 <= topk_group <= groups:
+        raise ValueError(f"LLaDA2 config field topk_group={topk_group!r} must be between 1 and n_group={groups}")
+    if experts // groups < 2:
+        raise ValueError(f"LLaDA2 config field n_group={groups}: num_experts / n_group = {experts // groups}, but a "
+                         "group's score is the sum of its top 2 experts (at least 2 per group)")
+    if original["num_experts_per_tok"] > topk_group * (experts // groups):
+        raise ValueError(f"LLaDA2 config field num_experts_per_tok={original['num_experts_per_tok']!r} exceeds the "
+                         f"{topk_group * (experts // groups)} experts of the topk_group={topk_group} chosen groups")
+
+
 def glm4_moe_config_from_llada2(original: dict[str, Any]) -> Glm4MoeConfig:
-    """Translate a LLaDA 2.x ``config.json`` dict into the equivalent ``Glm4MoeConfig``."""
+    """Translate a LLaDA 2.x ``config.json`` dict into the equivalent ``Glm4MoeConfig`` (a missing field takes the
+    original config class's default, :data:`ORIGINAL_DEFAULTS`)."""
+    given, original = original, {**ORIGINAL_DEFAULTS, **original}
     for key, expected in _REQUIRED.items():
         if original.get(key, expected) != expected:
-            raise ValueError(f"LLaDA2 config field {key}={original[key]!r} is not supported by the native port "
+            absent = "" if key in given else " (the original's default: the field is absent)"
+            raise ValueError(f"LLaDA2 config field {key}={original[key]!r}{absent} is not supported by the native port "
                              f"(expected {expected!r})")
     if not original.get("num_experts") or not original.get("num_shared_experts"):
         raise ValueError("LLaDA2 config fields num_experts / num_shared_experts: the native port needs routed experts "
                          "and at least one shared expert")
-    if original["num_experts"] % original["n_group"]:
-        raise ValueError(f"LLaDA2 config field n_group={original['n_group']!r} does not divide num_experts")
-    factor = original.get("partial_rotary_factor", 1.0)
+    _check_router(original)
+    factor = original["partial_rotary_factor"]
     rotary = int(_head_dim(original) * factor)
     if original.get("rotary_dim", rotary) != rotary:
         raise ValueError(f"LLaDA2 config field rotary_dim={original['rotary_dim']!r}: the original code rotates "
@@ -90,30 +118,32 @@ def glm4_moe_config_from_llada2(original: dict[str, Any]) -> Glm4MoeConfig:
         num_attention_heads=heads,
         num_key_value_heads=original.get("num_key_value_heads") or heads,
         head_dim=_head_dim(original),
-        hidden_act=original.get("hidden_act", "silu"),
-        max_position_embeddings=original.get("max_position_embeddings", 16384),
-        rms_norm_eps=original.get("rms_norm_eps", 1e-5),
+        hidden_act=original["hidden_act"],
+        max_position_embeddings=original["max_position_embeddings"],
+        rms_norm_eps=original["rms_norm_eps"],
         rope_parameters={"rope_type": "default", "rope_theta": original["rope_theta"],
                          "partial_rotary_factor": factor},
-        attention_bias=bool(original.get("use_qkv_bias", False)),
-        tie_word_embeddings=bool(original.get("tie_word_embeddings", False)),
+        attention_bias=bool(original["use_qkv_bias"]),
+        attention_dropout=original["attention_dropout"],  # the original's attention applies it in training
+        tie_word_embeddings=bool(original["tie_word_embeddings"]),
         n_routed_experts=original["num_experts"],
         num_experts_per_tok=original["num_experts_per_tok"],
         n_shared_experts=original["num_shared_experts"],
         n_group=original["n_group"],
         topk_group=original["topk_group"],
         routed_scaling_factor=original["routed_scaling_factor"],
-        first_k_dense_replace=original.get("first_k_dense_replace", 0),
+        first_k_dense_replace=original["first_k_dense_replace"],
         # The original renormalises the top-k weights whenever top_k > 1, whatever its config's norm_topk_prob says.
         norm_topk_prob=original["num_experts_per_tok"] > 1,
-        use_qk_norm=bool(original.get("use_qk_norm", True)),
+        use_qk_norm=bool(original["use_qk_norm"]),
         **special_token_ids(original, DEFAULT_MASK_TOKEN_ID),
     )
 
 
 def llada2_config_from_glm4_moe(glm: Glm4MoeConfig, original: dict[str, Any]) -> dict[str, Any]:
     """The LLaDA 2.x ``config.json`` dict of ``glm``: ``original`` (the base's, with its ``auto_map`` and the fields
-    the port does not read) with the fields :func:`glm4_moe_config_from_llada2` reads set from ``glm``."""
+    the port does not read) with the fields :func:`glm4_moe_config_from_llada2` reads set from ``glm``, each written
+    even where ``original`` left it to the original's default (``use_bias: false``, ``partial_rotary_factor``...)."""
     rope = default_rope(glm, "LLaDA2")
     mask = glm.mask_token_id
     return overlay(original, {
@@ -128,9 +158,11 @@ def llada2_config_from_glm4_moe(glm: Glm4MoeConfig, original: dict[str, Any]) ->
         "hidden_act": glm.hidden_act,
         "max_position_embeddings": glm.max_position_embeddings,
         "rms_norm_eps": glm.rms_norm_eps,
-        "rope_theta": rope.get("rope_theta", original.get("rope_theta")),
-        "partial_rotary_factor": rope.get("partial_rotary_factor", original.get("partial_rotary_factor")),
+        "rope_theta": rope.get("rope_theta", ORIGINAL_DEFAULTS["rope_theta"]),
+        "partial_rotary_factor": rope.get("partial_rotary_factor", 1.0),
+        "use_bias": False,
         "use_qkv_bias": bool(glm.attention_bias),
+        "attention_dropout": glm.attention_dropout,
         "tie_word_embeddings": bool(glm.tie_word_embeddings),
         "num_experts": glm.n_routed_experts,
         "num_experts_per_tok": glm.num_experts_per_tok,
