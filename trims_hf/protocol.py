@@ -354,3 +354,28 @@ class StudyProtocol:
         """What the protocol resolves to beyond its fields (fingerprinted with them): a changed library default
         changes the study."""
         return {"scoring": dataclasses.asdict(self.scoring_options()), "training": TRAINING_DEFAULTS}
+
+
+class LeveledOneSeedProtocol(StudyProtocol):
+    """A study over difficulty levels whose base and variants share one seed (one base per seed) and whose base is also
+    decoded at a selection threshold: the regime study's and SmolLM2's replication. Declares no fields: the subclass
+    declares ``levels``, ``seed`` and ``selection_threshold``."""
+
+    levels: tuple[int, ...]
+    seed: int
+    selection_threshold: float
+
+    def __post_init__(self) -> None:
+        if not self.levels or min(self.levels) < 1:
+            raise ValueError("levels: needs at least one value, each from 1.")
+        super().__post_init__()
+
+    def decoded_thresholds(self) -> tuple[float, ...]:
+        return (*super().decoded_thresholds(), self.selection_threshold)
+
+    def sft_seeds(self) -> tuple[int, ...]:
+        return (self.seed,)
+
+    def base_seed(self) -> int:
+        return self.seed
+

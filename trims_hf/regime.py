@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .protocol import BASE, VARIANTS, StudyProtocol, check_protocol, record_protocol
+from .protocol import BASE, VARIANTS, LeveledOneSeedProtocol, StudyProtocol, check_protocol, record_protocol
 from .reports import write_atomic
 from .settings import DecodingConfig, StudentFormat
 
@@ -42,7 +42,7 @@ PROBE_FIELDS = (*BASE_FIELDS, "decoding", "selection_threshold", "eval_batch_siz
 
 
 @dataclass(frozen=True)
-class RegimeProtocol(StudyProtocol):
+class RegimeProtocol(LeveledOneSeedProtocol):
     """The regime study's protocol: the task (chain problems at several levels), the tiny student's size, the
     pretrained model's and the base's training, and the pre-registered targets of the regime rule."""
 
@@ -104,20 +104,9 @@ class RegimeProtocol(StudyProtocol):
         "num_heads", "pretrain_steps", "pretrain_batch_size", "threads", *StudyProtocol.POSITIVE_FIELDS)
 
     def __post_init__(self) -> None:
-        if not self.levels or min(self.levels) < 1:
-            raise ValueError("levels: needs at least one value, each from 1.")
+        super().__post_init__()
         if self.test_level not in self.levels:
             raise ValueError(f"test_level={self.test_level}: must be one of levels {self.levels}.")
-        super().__post_init__()
-
-    def decoded_thresholds(self) -> tuple[float, ...]:
-        return (*super().decoded_thresholds(), self.selection_threshold)
-
-    def sft_seeds(self) -> tuple[int, ...]:
-        return (self.seed,)
-
-    def base_seed(self) -> int:
-        return self.seed
 
     def parameters(self) -> int:
         """The tiny Llama's parameters without its (tied) embedding: what a training token's cost scales with."""

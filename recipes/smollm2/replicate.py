@@ -43,6 +43,7 @@ from trims_hf.evaluation import evaluate_task
 from trims_hf.protocol import (
     BASE,
     VARIANTS,
+    LeveledOneSeedProtocol,
     StudyProtocol,
     changed_sources,
     check_protocol,
@@ -64,7 +65,7 @@ STAGES = ("data", "pretrained", "score", "base", "select", "models", "report")
 
 
 @dataclass(frozen=True)
-class Protocol(StudyProtocol):
+class Protocol(LeveledOneSeedProtocol):
     """Every setting of the study, declared once: the library settings it holds (masking, decoding, student format:
     the teacher is the pretrained model as it is, as in the paper) and the study's own data, steps and evaluation."""
 
@@ -119,18 +120,7 @@ class Protocol(StudyProtocol):
         runs."""
         if self.student not in ("smollm2", "tiny"):
             raise ValueError(f"student={self.student!r}: choose smollm2 or tiny.")
-        if not self.levels or min(self.levels) < 1:
-            raise ValueError("levels: needs at least one value, each from 1.")
         super().__post_init__()
-
-    def decoded_thresholds(self) -> tuple[float, ...]:
-        return (*super().decoded_thresholds(), self.selection_threshold)
-
-    def sft_seeds(self) -> tuple[int, ...]:
-        return (self.seed,)
-
-    def base_seed(self) -> int:
-        return self.seed
 
 
 @dataclass(frozen=True)
