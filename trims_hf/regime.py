@@ -162,19 +162,7 @@ def make_regime_study(output: Path, protocol: RegimeProtocol, deadline: float = 
 
         def stage_pretrained(self) -> None:
             """The tiny causal Llama trained autoregressively on the training rows: the student's start, the teacher."""
-            from transformers import PreTrainedTokenizerFast
-
-            from .tiny import pretrain_tiny_llama
-
-            folder, p = self.output / "pretrained", self.protocol
-            if not self.units.unit(folder, "pretrained", "pretrained"):
-                return
-            started = time.perf_counter()
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(self.output / "data" / "tokenizer")
-            pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (p.hidden_size, p.num_layers, p.num_heads),
-                                p.student_format.max_length, p.pretrain_steps, p.pretrain_lr, p.pretrain_batch_size,
-                                p.data_seed, self.output / "work" / "pretrained")
-            self.units.done(folder, "pretrained", started, stage="pretrained")
+            self.pretrain_tiny(self.protocol.pretrain_steps, self.protocol.pretrain_lr, self.protocol.pretrain_batch_size)
 
         def stage_probe(self) -> None:
             """The base alone on each level's selection problems at ``selection_threshold``: accuracy, generated tokens

@@ -31,6 +31,7 @@ from transformers import (
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 from .analysis import TeacherNLL, bucket_statistics, format_study, hard_first_correlation, study_rows
@@ -355,6 +356,22 @@ class Study:
         """``data/train.jsonl``: the prompt/completion rows (:func:`~trims_hf.schema.as_prompt_completion`) the
         teacher scores and the students train on."""
         return read_json_rows(self.output / "data" / "train.jsonl")
+
+    def pretrain_tiny(self, steps: int, lr: float, batch_size: int) -> None:
+        """The ``pretrained`` stage of a study whose pretrained model (the student's start, often the teacher) is a tiny
+        causal Llama trained here, autoregressively, on its training rows, with ``data/tokenizer``; its size and data
+        seed are the protocol's ``hidden_size``, ``num_layers``, ``num_heads`` and ``data_seed``."""
+        from .tiny import pretrain_tiny_llama
+
+        folder, p = self.output / "pretrained", self.protocol
+        if not self.units.unit(folder, "pretrained", "pretrained"):
+            return
+        started = time.perf_counter()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(self.output / "data" / "tokenizer")
+        pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (p.hidden_size, p.num_layers, p.num_heads),
+                            p.student_format.max_length, steps, lr, batch_size, p.data_seed,
+                            self.output / "work" / "pretrained")
+        self.units.done(folder, "pretrained", started, {"steps": steps}, stage="pretrained")
 
     def load_teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """The scoring teacher: the pretrained model as it is (bf16 on a GPU, float32 on a CPU)."""

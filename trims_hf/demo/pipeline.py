@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import check_output_path
 from ..schema import as_prompt_completion
@@ -25,7 +25,7 @@ from ..study import Study
 from ..tasks.arith import ArithTask, make_splits
 from ..tasks.base import read_json_rows, write_json_rows
 from ..teacher import load_teacher
-from ..tiny import build_tokenizer, pretrain_tiny_llama
+from ..tiny import build_tokenizer
 from .presets import DemoSettings
 
 
@@ -73,15 +73,7 @@ class DemoStudy(Study):
 
     def stage_pretrained(self) -> None:
         """A small causal Llama trained here on the completions (autoregressive SFT)."""
-        folder, p = self.output / "pretrained", self.protocol
-        if not self.units.unit(folder, "pretrained", "pretrained"):
-            return
-        started = time.perf_counter()
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(self.output / "data" / "tokenizer")
-        pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (p.hidden_size, p.num_layers, p.num_heads),
-                            p.student_format.max_length, p.teacher_steps, p.teacher_lr, p.batch_size, p.data_seed,
-                            self.output / "work" / "pretrained")
-        self.units.done(folder, "pretrained", started, {"steps": p.teacher_steps}, stage="pretrained")
+        self.pretrain_tiny(self.protocol.teacher_steps, self.protocol.teacher_lr, self.protocol.batch_size)
 
     def load_teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         if self.protocol.teacher == "embedded":
