@@ -237,6 +237,12 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "c").exists() and not (tmp_path / "s").exists()
     assert recipe.main(["copies", "--model", str(tmp_path / "none"), "--rows", str(tmp_path / "x.jsonl")]) == 2
     assert f"--model {tmp_path / 'none'}: copies needs an existing folder" in capsys.readouterr().err
+    rows = tmp_path / "rows.jsonl"
+    for row, message in (({"question": "q"}, "row 0 has no field 'answer'"),
+                         ({"question": "q", "answer": "Yes.\n#### 4"}, "no answer has a solution line with a result")):
+        rows.write_text(json.dumps(row) + "\n")
+        assert recipe.main(["copies", "--model", str(tmp_path), "--rows", str(rows)]) == 2  # before any model loads
+        assert message in capsys.readouterr().err
     assert recipe.main(["curve", "--sizes", "64x4x4"]) == 2
     assert "curve needs --output" in capsys.readouterr().err
 

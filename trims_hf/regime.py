@@ -274,6 +274,8 @@ def result_recall(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, str]],
             for view, name in enumerate(RECALL_VIEWS):
                 right[name] += bool(torch.equal(predicted[case * len(RECALL_VIEWS) + view, positions], ids[positions]))
         total += len(cases)
+    if not total:
+        raise ValueError("no solution line of these rows has a result ('= N') to read")
     return {"results": total, "problems": len(rows), **{name: right[name] / max(total, 1) for name in RECALL_VIEWS}}
 
 

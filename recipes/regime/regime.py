@@ -80,6 +80,17 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
                 raise InputError(f"{flag} {path}: copies needs an existing {'folder' if kind == 'dir' else 'file'}.")
         if args.limit < 1:
             raise InputError(f"--limit {args.limit}: must be at least 1.")
+        from trims_hf.regime import RESULT
+        from trims_hf.tasks.arith import ArithTask
+        from trims_hf.tasks.base import TaskDataError, read_json_rows
+
+        try:
+            args.rows_read = read_json_rows(args.rows)[: args.limit]
+            ArithTask(args.rows_read, name=f"--rows {args.rows}").load()
+        except (TaskDataError, ValueError) as error:
+            raise InputError(str(error)) from None
+        if not any(RESULT.search(row["answer"]) for row in args.rows_read):
+            raise InputError(f"--rows {args.rows}: no answer has a solution line with a result ('= N') to read")
         return args, protocol
     if args.output is None:
         raise InputError(f"{args.command} needs --output FOLDER.")
@@ -120,11 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers import AutoTokenizer
 
         from trims_hf import load_student
-        from trims_hf.tasks.base import read_json_rows
 
-        rows = read_json_rows(args.rows)[: args.limit]
         model = load_student(str(args.model)).eval()
-        recall = regime.result_recall(model, AutoTokenizer.from_pretrained(args.model), rows, protocol.student_format)
+        recall = regime.result_recall(model, AutoTokenizer.from_pretrained(args.model), args.rows_read,
+                                      protocol.student_format)
         print(json.dumps({"model": str(args.model), **recall}))
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
