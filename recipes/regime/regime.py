@@ -132,9 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from trims_hf import load_student
 
-        model = load_student(str(args.model)).eval()
-        recall = regime.result_recall(model, AutoTokenizer.from_pretrained(args.model), args.rows_read,
-                                      protocol.student_format)
+        try:
+            model, tokenizer = load_student(str(args.model)).eval(), AutoTokenizer.from_pretrained(args.model)
+        except (OSError, ValueError) as error:
+            print(f"error: --model {args.model}: not a student folder ({str(error).splitlines()[0]})", file=sys.stderr)
+            return 2
+        recall = regime.result_recall(model, tokenizer, args.rows_read, protocol.student_format)
         print(json.dumps({"model": str(args.model), **recall}))
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
