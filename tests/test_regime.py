@@ -258,6 +258,8 @@ def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
             *rule]
     assert recipe.main(argv) == 0
     rows = [json.loads(line) for line in (curve / "curve.jsonl").read_text().splitlines()]
+    copies = [probe["copies"] for row in rows for probe in row["levels"].values()]
+    assert copies and all(c["results"] >= c["problems"] > 0 and 0 <= c[regime.RECALL_VIEWS[1]] <= 1 for c in copies)
     assert [r["point"] for r in rows] == ["h32-L2-p20-b8-s2"]  # it met the rule: the dearer point is never run
     assert (curve / "curve.png").is_file() and "| h32-L2-p20-b8-s2 **(chosen)** | 1 |" in (curve / "curve.md").read_text()
     assert recipe.main(argv) == 0  # a rerun skips both points

@@ -27,6 +27,7 @@ from trims_hf import add_mask_token, evaluation
 from trims_hf import protocol as protocol_module
 from trims_hf import study as study_module
 from trims_hf.protocol import BASE, VARIANTS
+from trims_hf.regime import RECALL_VIEWS
 from trims_hf.sources import smollm2_gguf
 from trims_hf.study import REPORT_FILES, OutOfBudget, Units, models_plan, unit_label
 from trims_hf.tasks.base import read_json_rows
@@ -134,6 +135,8 @@ def test_every_stage_produced_its_outputs(study):
     assert json.loads((output / "base" / "config.json").read_text())["trims_student"] == "dream"
     selection = json.loads((output / "select" / "unit.json").read_text())
     assert set(selection["accuracies"]) == {str(level) for level in p.levels} and selection["level"] in p.levels
+    for copies in selection["copies"].values():  # the base's results read three ways, before any variant
+        assert copies["results"] >= copies["problems"] > 0 and all(0 <= copies[view] <= 1 for view in RECALL_VIEWS)
     assert len(list((output / "variants").iterdir())) == len(p.variants) + len(p.tail_variants)
     assert len(list((output / "eval").glob("*/tau*/result.json"))) == evaluations(p)
     traced = f"tau{p.trace_threshold()}"

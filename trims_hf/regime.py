@@ -180,7 +180,8 @@ def make_regime_study(output: Path, protocol: RegimeProtocol, deadline: float = 
                                        model_name=BASE)
                 save_results([result], folder / f"L{level}.json")
                 levels[level] = {"accuracy": result.accuracy, "answer_tokens": answer_tokens(result),
-                                 "tokens_per_step": result.tokens_per_step, "problems": result.num_samples}
+                                 "tokens_per_step": result.tokens_per_step, "problems": result.num_samples,
+                                 "copies": result_recall(model, self.tokenizer(), rows[:COPIES_ROWS], p.student_format)}
                 print(f"level {level}: base accuracy {result.accuracy:.3f}, {levels[level]['answer_tokens']:.1f} "
                       f"tokens per answer (n={result.num_samples})", flush=True)
             self.units.done(folder, "probe", started, {"levels": levels}, stage="probe")
@@ -223,6 +224,8 @@ later line may repeat the result: copying is enough); the template visible but e
 (what the threshold decoder leaves when it commits the template first: the result must be computed); everything from
 the result on masked (left-to-right decoding)."""
 RESULT = re.compile(r"= (\d+)")
+COPIES_ROWS = 100
+"""Held-out problems a probe reads :func:`result_recall` on (one forward per problem)."""
 
 
 def result_masks(completion_spans: Sequence[tuple[int, int]], answer: str, prompt_length: int,
@@ -264,12 +267,13 @@ def result_recall(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, str]],
         cases = result_masks(example.completion_spans, row["answer"], example.prompt_length, len(ids))
         if not cases:
             continue
-        batch = ids.repeat(len(cases) * len(RECALL_VIEWS), 1)
+        batch = ids.repeat(len(cases) * len(RECALL_VIEWS), 1)  # on the CPU; the forward on the model's device
         for case, (_, views) in enumerate(cases):
             for view, name in enumerate(RECALL_VIEWS):
                 batch[case * len(RECALL_VIEWS) + view, views[name]] = mask
         with torch.no_grad():
-            predicted = spec.align_logits(model(input_ids=batch).logits).argmax(-1)
+            logits = model(input_ids=batch.to(next(model.parameters()).device)).logits
+            predicted = spec.align_logits(logits).argmax(-1).cpu()
         for case, (positions, _) in enumerate(cases):
             for view, name in enumerate(RECALL_VIEWS):
                 right[name] += bool(torch.equal(predicted[case * len(RECALL_VIEWS) + view, positions], ids[positions]))
@@ -427,20 +431,28 @@ def run_curve(output: Path, protocol: RegimeProtocol, grid: CurveGrid, budget_s:
 def format_curve(rows: Sequence[Mapping[str, Any]], p: RegimeProtocol) -> str:
     """The curve as a Markdown table, one line per point and level, with the rule's conditions and its choice."""
     chosen = choose(rows, p)
-    lines = ["| point | level | cost (1e9) | base accuracy % | tokens / answer | tokens / step | hard share | meets | "
-             "base wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| point | level | cost (1e9) | base accuracy % | tokens / answer | tokens / step | hard share | results "
+             "computed % | meets | base wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: r["cost"]):
         for level, probe in sorted(row["levels"].items()):
             ok = meets(row, level, p)
             mark = " **(chosen)**" if chosen and (chosen["point"], chosen["level"]) == (row["point"], level) else ""
             lines.append(f"| {row['point']}{mark} | {level} | {row['cost'] / 1e9:.2f} | {100 * probe['accuracy']:.1f} | "
                          f"{probe['answer_tokens']:.1f} | {probe['tokens_per_step']:.2f} | {row['hard_share']:.2f} | "
+                         f"{computed(probe)} | "
                          f"{'yes' if all(ok.values()) else 'no (' + ', '.join(k for k, v in ok.items() if not v) + ')'} | "
                          f"{row['base_wall_s']:.0f} |")
     verdict = ("no probed point has long and mixed answers" if chosen is None else
                f"chosen: {chosen['point']} at level {chosen['level']}"
                + ("" if chosen["meets_target"] else " (NO point met the rule: the most accurate long and mixed one)"))
     return "\n".join(lines) + f"\n\n{verdict}.\n"
+
+
+def computed(probe: Mapping[str, Any]) -> str:
+    """The share of results the base gets right with every later number masked (:func:`result_recall`), as a table
+    cell; probes from before the probe read it have none."""
+    copies = probe.get("copies")
+    return "-" if copies is None else f"{100 * copies[RECALL_VIEWS[1]]:.1f}"
 
 
 def plot_curve(rows: Sequence[Mapping[str, Any]], path: Path) -> None:

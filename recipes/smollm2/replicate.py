@@ -51,6 +51,7 @@ from trims_hf.protocol import (
     record_protocol,
     with_overrides,
 )
+from trims_hf.regime import COPIES_ROWS, RECALL_VIEWS, result_recall
 from trims_hf.results import save_results
 from trims_hf.schema import as_prompt_completion
 from trims_hf.settings import DecodingConfig, ScoringOptions, StudentFormat
@@ -423,7 +424,7 @@ class Replication(Study):
             return
         started = time.perf_counter()
         model = on_device(self.load_student(self.output / "base"), self.device)
-        accuracies = {}
+        accuracies, copies = {}, {}
         for level in p.levels:
             rows = read_json_rows(self.output / "data" / f"selection-L{level}.jsonl")
             result = evaluate_task(model, self.tokenizer(), ArithTask(rows, name=f"arith-L{level} selection"),
@@ -431,10 +432,14 @@ class Replication(Study):
                                    model_name=BASE)
             save_results([result], folder / f"L{level}.json")
             accuracies[level] = result.accuracy
-            print(f"level {level}: base accuracy {result.accuracy:.3f} (n={result.num_samples})", flush=True)
+            copies[level] = result_recall(model, self.tokenizer(), rows[:COPIES_ROWS], p.student_format)
+            print(f"level {level}: base accuracy {result.accuracy:.3f} (n={result.num_samples}); results right with the "
+                  f"rest visible / later numbers masked / left to right: "
+                  f"{' / '.join(f'{copies[level][view]:.2f}' for view in RECALL_VIEWS)}", flush=True)
         level, met = select_level(accuracies, p.target_accuracy)
         print(f"selected level {level} ({'meets' if met else 'MISSES'} the {p.target_accuracy:.0%} target)", flush=True)
-        self.units.done(folder, "select", started, {"accuracies": accuracies, "level": level, "meets_target": met})
+        self.units.done(folder, "select", started, {"accuracies": accuracies, "level": level, "meets_target": met,
+                                                   "copies": copies})
 
     def selected_level(self) -> int:
         return int(json.loads((self.output / "select" / "unit.json").read_text())["level"])
