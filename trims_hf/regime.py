@@ -249,7 +249,8 @@ def result_masks(completion_spans: Sequence[tuple[int, int]], answer: str, promp
     return found
 
 
-def result_recall(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, str]], fmt: Any) -> dict[str, Any]:
+def result_recall(model: Any, tokenizer: Any, rows: Sequence[Mapping[str, str]],
+                  fmt: StudentFormat | None = None) -> dict[str, Any]:
     """The share of solution-line results a student predicts exactly (every digit its argmax) in each of
     :data:`RECALL_VIEWS`, from one forward per problem: high with the rest visible and low with the later numbers masked
     says the student copies results from where the answer repeats them instead of computing them."""
