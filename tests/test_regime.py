@@ -243,9 +243,10 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
         rows.write_text(json.dumps(row) + "\n")
         assert recipe.main(["copies", "--model", str(tmp_path), "--rows", str(rows)]) == 2  # before any model loads
         assert message in capsys.readouterr().err
-    rows.write_text(json.dumps({"question": "q", "answer": "So 2 + 2 = 4.\n#### 4"}) + "\n")
-    assert recipe.main(["copies", "--model", str(tmp_path), "--rows", str(rows)]) == 2
-    assert f"--model {tmp_path}: not a student folder" in capsys.readouterr().err
+    for row in ({"question": "q", "answer": "So 2 + 2 = 4.\n#### 4"}, {"prompt": "q", "completion": "So 2 + 2 = 4.\n#### 4"}):
+        rows.write_text(json.dumps(row) + "\n")  # held-out rows, or a study's training rows: both read
+        assert recipe.main(["copies", "--model", str(tmp_path), "--rows", str(rows)]) == 2
+        assert f"--model {tmp_path}: not a student folder" in capsys.readouterr().err
     assert recipe.main(["curve", "--sizes", "64x4x4"]) == 2
     assert "curve needs --output" in capsys.readouterr().err
 

@@ -34,7 +34,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     parser.add_argument("command", choices=("curve", "study", "copies"))
     parser.add_argument("--output", type=Path, help="curve, study: folder (reruns resume here).")
     parser.add_argument("--model", type=Path, help="copies: a base's folder (a point's <size>/base).")
-    parser.add_argument("--rows", type=Path, help="copies: held-out rows (a point's <size>/data/selection-L1.jsonl).")
+    parser.add_argument("--rows", type=Path, help="copies: question/answer rows (a point's <size>/data/selection-L1.jsonl) "
+                        "or prompt/completion rows (its data/train.jsonl).")
     parser.add_argument("--limit", type=int, default=100, help="copies: the first N rows (default 100).")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="A protocol setting (trims_hf.regime.RegimeProtocol), e.g. hidden_size=128 or test_level=2.")
@@ -85,7 +86,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
         from trims_hf.tasks.base import TaskDataError, read_json_rows
 
         try:
-            args.rows_read = read_json_rows(args.rows)[: args.limit]
+            args.rows_read = [{"question": row["prompt"], "answer": row["completion"]} if "question" not in row
+                              and {"prompt", "completion"} <= row.keys() else row
+                              for row in read_json_rows(args.rows)[: args.limit]]  # a study's data/train.jsonl too
             ArithTask(args.rows_read, name=f"--rows {args.rows}").load()
         except (TaskDataError, ValueError) as error:
             raise InputError(str(error)) from None
