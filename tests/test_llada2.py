@@ -266,6 +266,7 @@ def test_a_config_without_use_bias_means_a_bias_and_is_refused_in_one_line():
     ({"n_group": 8, "topk_group": 4}, "n_group"),  # one expert per group: the group score is a top-2 sum
     ({"topk_group": 0}, "topk_group"), ({"topk_group": 5}, "topk_group"), ({"n_group": 2, "topk_group": None}, "topk_group"),
     ({"topk_group": 1, "num_experts_per_tok": 3}, "num_experts_per_tok"),  # 1 group of 2 experts
+    ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 4 query heads
 ])
 def test_a_router_the_original_cannot_run_is_refused_at_load_naming_the_field(edit, field):
     config = {**LLADA2_TINY, **edit}

@@ -109,6 +109,9 @@ def glm4_moe_config_from_llada2(original: dict[str, Any]) -> Glm4MoeConfig:
         raise ValueError(f"LLaDA2 config field rotary_dim={original['rotary_dim']!r}: the original code rotates "
                          f"head_dim x partial_rotary_factor = {rotary} dimensions")
     heads = original["num_attention_heads"]
+    kv_heads = original.get("num_key_value_heads") or heads  # 0, the original's default: one per query head
+    if heads % kv_heads:
+        raise ValueError(f"LLaDA2 config field num_key_value_heads={kv_heads!r} must divide num_attention_heads={heads}")
     return Glm4MoeConfig(
         vocab_size=original["vocab_size"],
         hidden_size=original["hidden_size"],
@@ -116,7 +119,7 @@ def glm4_moe_config_from_llada2(original: dict[str, Any]) -> Glm4MoeConfig:
         moe_intermediate_size=original["moe_intermediate_size"],
         num_hidden_layers=original["num_hidden_layers"],
         num_attention_heads=heads,
-        num_key_value_heads=original.get("num_key_value_heads") or heads,
+        num_key_value_heads=kv_heads,
         head_dim=_head_dim(original),
         hidden_act=original["hidden_act"],
         max_position_embeddings=original["max_position_embeddings"],
