@@ -122,10 +122,8 @@ class RegimeProtocol(LeveledOneSeedProtocol):
 
 def make_regime_study(output: Path, protocol: RegimeProtocol, deadline: float = math.inf) -> Any:
     """The study of ``protocol`` in ``output`` (built here so that importing this module loads no torch)."""
-    from .evaluation import evaluate_task
-    from .results import save_results
     from .schema import as_prompt_completion
-    from .study import Study, on_device
+    from .study import Study
     from .tasks.arith import ArithTask, draw_unique
     from .tasks.base import read_json_rows, write_json_rows
 
@@ -167,21 +165,15 @@ def make_regime_study(output: Path, protocol: RegimeProtocol, deadline: float = 
         def stage_probe(self) -> None:
             """The base alone on each level's selection problems at ``selection_threshold``: accuracy, generated tokens
             per answer and tokens per step (what the regime rule reads), before any variant."""
-            folder, p = self.output / "probe", self.protocol
+            folder = self.output / "probe"
             if not self.units.unit(folder, "probe", "probe"):
                 return
             started = time.perf_counter()
-            model = on_device(self.load_student(self.output / "base"), self.device)
             levels = {}
-            for level in p.levels:
-                rows = read_json_rows(self.output / "data" / f"selection-L{level}.jsonl")
-                result = evaluate_task(model, self.tokenizer(), ArithTask(rows, name=f"chain-L{level} selection"),
-                                       p.decoding_at(p.selection_threshold), batch_size=p.eval_batch_size,
-                                       model_name=BASE)
-                save_results([result], folder / f"L{level}.json")
+            for level, (result, copies) in probe_levels(self, folder, "chain").items():
                 levels[level] = {"accuracy": result.accuracy, "answer_tokens": answer_tokens(result),
                                  "tokens_per_step": result.tokens_per_step, "problems": result.num_samples,
-                                 "copies": result_recall(model, self.tokenizer(), rows[:COPIES_ROWS], p.student_format)}
+                                 "copies": copies}
                 print(f"level {level}: base accuracy {result.accuracy:.3f}, {levels[level]['answer_tokens']:.1f} "
                       f"tokens per answer (n={result.num_samples})", flush=True)
             self.units.done(folder, "probe", started, {"levels": levels}, stage="probe")
@@ -205,6 +197,29 @@ def make_regime_study(output: Path, protocol: RegimeProtocol, deadline: float = 
             return {"probe": unit_record(self.output, "probe")}
 
     return RegimeStudy(output, protocol, "cpu", deadline)
+
+
+def probe_levels(study: Any, folder: Path, task: str) -> dict[int, tuple[Any, dict[str, Any]]]:
+    """The study's base alone on each level's selection problems (``data/selection-L<level>.jsonl``), before any
+    variant: its evaluation at ``selection_threshold`` (saved as ``folder/L<level>.json``) and its
+    :func:`result_recall` on the first :data:`COPIES_ROWS` of them; what the regime's probe and SmolLM2's level
+    selection read."""
+    from .evaluation import evaluate_task
+    from .results import save_results
+    from .study import on_device
+    from .tasks.arith import ArithTask
+    from .tasks.base import read_json_rows
+
+    p, tokenizer = study.protocol, study.tokenizer()
+    model = on_device(study.load_student(study.output / "base"), study.device)
+    probed = {}
+    for level in p.levels:
+        rows = read_json_rows(study.output / "data" / f"selection-L{level}.jsonl")
+        result = evaluate_task(model, tokenizer, ArithTask(rows, name=f"{task}-L{level} selection"),
+                               p.decoding_at(p.selection_threshold), batch_size=p.eval_batch_size, model_name=BASE)
+        save_results([result], folder / f"L{level}.json")
+        probed[level] = result, result_recall(model, tokenizer, rows[:COPIES_ROWS], p.student_format)
+    return probed
 
 
 def answer_tokens(result: Any) -> float:

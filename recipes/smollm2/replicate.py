@@ -39,9 +39,7 @@ from datasets import Dataset
 
 from trims_hf.accelerators import TimeModel
 from trims_hf.errors import InputError, check_output_path
-from trims_hf.evaluation import evaluate_task
 from trims_hf.protocol import (
-    BASE,
     VARIANTS,
     LeveledOneSeedProtocol,
     StudyProtocol,
@@ -51,12 +49,11 @@ from trims_hf.protocol import (
     record_protocol,
     with_overrides,
 )
-from trims_hf.regime import COPIES_ROWS, RECALL_VIEWS, result_recall
-from trims_hf.results import save_results
+from trims_hf.regime import RECALL_VIEWS, probe_levels
 from trims_hf.schema import as_prompt_completion
 from trims_hf.settings import DecodingConfig, ScoringOptions, StudentFormat
 from trims_hf.sources import smollm2_gguf
-from trims_hf.study import Study, file_sha256, models_plan, on_device
+from trims_hf.study import Study, file_sha256, models_plan
 from trims_hf.tasks.arith import ArithTask, draw_unique
 from trims_hf.tasks.base import read_json_rows, write_json_rows
 from trims_hf.teacher import drop_gguf_marks, load_teacher
@@ -423,16 +420,9 @@ class Replication(Study):
         if not self.units.unit(folder, "select"):
             return
         started = time.perf_counter()
-        model = on_device(self.load_student(self.output / "base"), self.device)
         accuracies, copies = {}, {}
-        for level in p.levels:
-            rows = read_json_rows(self.output / "data" / f"selection-L{level}.jsonl")
-            result = evaluate_task(model, self.tokenizer(), ArithTask(rows, name=f"arith-L{level} selection"),
-                                   p.decoding_at(p.selection_threshold), batch_size=p.eval_batch_size,
-                                   model_name=BASE)
-            save_results([result], folder / f"L{level}.json")
-            accuracies[level] = result.accuracy
-            copies[level] = result_recall(model, self.tokenizer(), rows[:COPIES_ROWS], p.student_format)
+        for level, (result, recall) in probe_levels(self, folder, "arith").items():
+            accuracies[level], copies[level] = result.accuracy, recall
             print(f"level {level}: base accuracy {result.accuracy:.3f} (n={result.num_samples}); results right with the "
                   f"rest visible / later numbers masked / left to right: "
                   f"{' / '.join(f'{copies[level][view]:.2f}' for view in RECALL_VIEWS)}", flush=True)
