@@ -25,7 +25,7 @@ _spec.loader.exec_module(recipe)
 
 
 # -- the chain problems ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("level", [1, 2, 3])
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
 @pytest.mark.parametrize("steps", [1, 3, 5])
 def test_chain_problems_solve_themselves_line_by_line(level, steps):
     rng = random.Random(level * 10 + steps)
@@ -42,6 +42,24 @@ def test_chain_problems_solve_themselves_line_by_line(level, steps):
             assert total >= 1
         example = ArithTask([row]).load()[0]
         assert ArithTask([row]).reference(example) == str(total)
+
+
+def test_one_digit_level_keeps_every_number_one_digit_and_draws_every_fact():
+    rng, facts = random.Random(3), set()
+    for _ in range(3000):
+        row = make_problem(rng, 0, chain_steps=4)
+        numbers = [int(n) for n in re.findall(r"\d+", row["question"] + row["answer"])]
+        assert all(1 <= n <= 9 for n in numbers), row
+        facts |= set(re.findall(r"\d [+-] \d = \d", row["answer"]))
+    assert len(facts) == 72  # every one-digit sum and difference with operands and result in 1-9
+
+
+@pytest.mark.parametrize("level, steps", [(0, 0), (-1, 3)])
+def test_levels_a_problem_cannot_have_are_refused_in_one_line(level, steps):
+    with pytest.raises(ValueError, match=f"difficulty level {level}: levels start at 1, or at 0 for chain"):
+        make_problem(random.Random(0), level, chain_steps=steps)
+    with pytest.raises(ValueError, match=f"^levels: difficulty level {level}"):
+        regime.RegimeProtocol(levels=(level, 1), chain_steps=steps)
 
 
 def test_chain_steps_zero_draws_the_demos_problems_unchanged():

@@ -359,15 +359,23 @@ class StudyProtocol:
 class LeveledOneSeedProtocol(StudyProtocol):
     """A study over difficulty levels whose base and variants share one seed (one base per seed) and whose base is also
     decoded at a selection threshold: the regime study's and SmolLM2's replication. Declares no fields: the subclass
-    declares ``levels``, ``seed`` and ``selection_threshold``."""
+    declares ``levels``, ``chain_steps``, ``seed`` and ``selection_threshold``."""
 
     levels: tuple[int, ...]
+    chain_steps: int
     seed: int
     selection_threshold: float
 
     def __post_init__(self) -> None:
-        if not self.levels or min(self.levels) < 1:
-            raise ValueError("levels: needs at least one value, each from 1.")
+        from .tasks.arith import check_level
+
+        if not self.levels:
+            raise ValueError("levels: needs at least one value.")
+        for level in self.levels:
+            try:
+                check_level(level, self.chain_steps)
+            except ValueError as error:
+                raise ValueError(f"levels: {error}") from None
         super().__post_init__()
 
     def decoded_thresholds(self) -> tuple[float, ...]:

@@ -103,8 +103,22 @@ def level_scale(level: int) -> int:
     for it is multi-digit arithmetic (more uncertain digits per result), while the solution's shape stays.
     """
     if level < 1:
-        raise ValueError(f"difficulty level {level}: levels start at 1.")
+        raise ValueError(f"difficulty level {level}: levels start at 1 ({ONE_DIGIT_LEVEL} is for chain problems only).")
     return 4 ** (level - 1)
+
+
+ONE_DIGIT_LEVEL = 0
+"""The chain problems' easiest level: the start, every operand and every running total one digit (1-9), so each result
+is one of 72 one-digit sums and differences. Why it exists: from-scratch students trained as MDLMs learn to copy a result
+that a later line repeats but compute few of level 1's two-digit ones (docs/regime.md), and a study that judges
+"equal accuracy" needs a base that gets most answers right."""
+
+
+def check_level(level: int, chain_steps: int = 0) -> None:
+    """Refuse, in one line, a level :func:`make_problem` cannot draw: below 0, or 0 without chain steps."""
+    if level < ONE_DIGIT_LEVEL or (level == ONE_DIGIT_LEVEL and chain_steps < 1):
+        raise ValueError(f"difficulty level {level}: levels start at 1, or at {ONE_DIGIT_LEVEL} for chain problems "
+                         "(chain_steps >= 1).")
 
 
 CHAIN_EVENTS = {"+": (("finds {n} more", "finding {n} more"), ("gets {n} more", "getting {n} more")),
@@ -112,18 +126,22 @@ CHAIN_EVENTS = {"+": (("finds {n} more", "finding {n} more"), ("gets {n} more", 
 """The events of a chain problem by operation: (what the question says, what the solution says)."""
 
 
-def _chain(rng: random.Random, name: str, item: str, scale: int, steps: int) -> Problem:
+def _chain(rng: random.Random, name: str, item: str, level: int, steps: int) -> Problem:
     """``steps`` events, each adding or removing a number of items; one solution line per event.
 
     Why this family: each line is ~15 tokens, most of them template or copied from the question (predictable once the
     format is learned) and a few uncertain (the result's digits, the wording), so a few steps make answers long and
     mixed while the arithmetic stays a one-digit operand on a running total (at level 1) that a small model learns.
+    At :data:`ONE_DIGIT_LEVEL` the running total stays below 10 too.
     """
-    total = start = rng.randint(5, 20 * scale)
+    one_digit = level == ONE_DIGIT_LEVEL
+    scale = 1 if one_digit else level_scale(level)
+    total = start = rng.randint(2, 9) if one_digit else rng.randint(5, 20 * scale)
     asked, lines = [], []
     for _ in range(steps):
-        op = "+" if total < 2 or rng.random() < 0.5 else "-"
-        n = rng.randint(1, 9 * scale) if op == "+" else rng.randint(1, min(9 * scale, total - 1))
+        room = 9 - total if one_digit else 9 * scale  # the most an event may add
+        op = "+" if total < 2 or (room > 0 and rng.random() < 0.5) else "-"
+        n = rng.randint(1, room) if op == "+" else rng.randint(1, min(9 * scale, total - 1))
         said, done = rng.choice(CHAIN_EVENTS[op])
         after = total + n if op == "+" else total - n
         asked.append(f"Then {name} {said.format(n=n)}.")
@@ -138,10 +156,12 @@ def make_problem(rng: random.Random, level: int = 1, chain_steps: int = 0) -> di
     """One problem as a GSM8K-style row: ``question`` and ``answer`` (solution lines + answer line).
 
     ``level`` 1 draws exactly the demo's problems; higher levels draw larger operands (:func:`level_scale`).
-    ``chain_steps`` > 0 draws a chain problem of that many steps instead (:func:`_chain`: long, mostly template).
+    ``chain_steps`` > 0 draws a chain problem of that many steps instead (:func:`_chain`: long, mostly template), which
+    also has level :data:`ONE_DIGIT_LEVEL`.
     """
+    check_level(level, chain_steps)
     if chain_steps > 0:
-        question, lines, answer = _chain(rng, rng.choice(NAMES), rng.choice(ITEMS), level_scale(level), chain_steps)
+        question, lines, answer = _chain(rng, rng.choice(NAMES), rng.choice(ITEMS), level, chain_steps)
     else:
         question, lines, answer = rng.choice(FAMILIES)(rng, rng.choice(NAMES), rng.choice(ITEMS), level_scale(level))
     return {"question": question, "answer": "\n".join([*lines, rng.choice(ANSWER_LINES).format(n=answer)])}
