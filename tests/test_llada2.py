@@ -38,6 +38,19 @@ def test_logits_equal_the_reference_bidirectional_and_block_causal(llada2):
     assert (parity["logits"] - parity["block_logits"]).abs().max() > 1e-2
 
 
+def test_experts_run_transformers_grouped_gemm_with_the_per_expert_loops_logits(llada2):
+    """The grouped GEMM (transformers' default for GLM-4-MoE) rather than a Python loop over every expert: the loop made
+    an H100 forward of LLaDA2.0-mini 66x its weight-read bound (docs/gpu.md)."""
+    parity = load_file(llada2 / "parity.safetensors")
+    model = load_student(str(llada2)).eval()
+    assert model.config._experts_implementation == "grouped_mm"
+    with torch.no_grad():
+        grouped = model(input_ids=parity["input_ids"]).logits
+        model.set_experts_implementation("eager")
+        looped = model(input_ids=parity["input_ids"]).logits
+    torch.testing.assert_close(grouped, looped, atol=1e-5, rtol=0)
+
+
 def test_hub_config_is_detected_and_lora_wraps_the_original_projections(llada2):
     assert detect_student_kind({"model_type": "llada2_moe", "architectures": ["LLaDA2MoeModelLM"]}) == "llada2"
     assert detect_student_kind({"model_type": "llada21_moe"}) == "llada2"  # dLLM's name for LLaDA 2.1's copy
