@@ -8,7 +8,7 @@ that launched it and that operator's ancestors, read from the trace itself:
 - ``lm_head``: a matmul with the vocabulary as one of its dimensions (the output head, forward and backward);
 - ``loss``: the cross-entropy of the masked tokens (log-softmax, NLL and their backward);
 - ``lora``: a matmul with the LoRA rank as one of its dimensions (the adapters' extra matmuls);
-- ``frozen_matmul``: every other matmul (the base model's projections);
+- ``frozen_matmul``: every other matmul (the base model's projections, an MoE's grouped expert GEMMs);
 - ``other``: the rest (norms, rotary, activations, dropout, casts, copies).
 
 Host time against device time and kernel launches per step come from the same trace. Nothing here is timed by the
@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 CATEGORIES = ("frozen_matmul", "lora", "attention", "lm_head", "loss", "optimizer", "other")
-MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::_scaled_mm")
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::_scaled_mm",
+           "aten::_grouped_mm", "aten::_scaled_grouped_mm")
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
 

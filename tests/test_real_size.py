@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -157,6 +158,20 @@ def test_training_variants_and_the_profile_summary(tmp_path):
               if line.startswith("  ") and line.split()[0] in real_size.train_profile.CATEGORIES}
     assert set(shares) == set(real_size.train_profile.CATEGORIES) and sum(shares.values()) == pytest.approx(100, abs=0.5)
     assert shares["frozen_matmul"] > 0 and shares["lora"] > 0 and shares["attention"] > 0 and shares["loss"] > 0
+
+
+def test_profile_categories_read_an_operator_and_its_ancestors():
+    def event(name, shapes=(), parent=None):
+        return SimpleNamespace(name=name, input_shapes=[list(shape) for shape in shapes], cpu_parent=parent)
+
+    category, vocab, rank = real_size.train_profile.category, 1000, 32
+    backward = event("autograd::engine::evaluate_function: GroupedMmBackward0")
+    assert category(event("aten::_grouped_mm", [(64, 128), (8, 128, 256)], backward), vocab, rank) == "frozen_matmul"
+    assert category(event("aten::mm", [(64, 32), (32, 128)]), vocab, rank) == "lora"
+    assert category(event("aten::mm", [(64, 128), (128, 1000)]), vocab, rank) == "lm_head"
+    assert category(event("aten::copy_", [], event("aten::_grouped_mm", [(64, 128)])), vocab, rank) == "frozen_matmul"
+    assert category(event("aten::index", [(64, 128)]), vocab, rank) == "other"
+    assert category(event("aten::mm", [(64, 128)], event("Optimizer.step#AdamW.step")), vocab, rank) == "optimizer"
 
 
 @pytest.mark.parametrize("fits_up_to", [0, 1, 3, 5, 8, 20])

@@ -54,12 +54,17 @@ def test_one_digit_level_keeps_every_number_one_digit_and_draws_every_fact():
     assert len(facts) == 72  # every one-digit sum and difference with operands and result in 1-9
 
 
-@pytest.mark.parametrize("level, steps", [(0, 0), (-1, 3)])
+@pytest.mark.parametrize("level, steps", [(0, 0), (-1, 3), (11, 3), (10**6, 3), (1.5, 3), (True, 3)])
 def test_levels_a_problem_cannot_have_are_refused_in_one_line(level, steps):
-    with pytest.raises(ValueError, match=f"difficulty level {level}: levels start at 1, or at 0 for chain"):
+    with pytest.raises(ValueError, match=rf"^difficulty level {level!r}: levels are whole numbers from 1 to 10, or 0 "):
         make_problem(random.Random(0), level, chain_steps=steps)
-    with pytest.raises(ValueError, match=f"^levels: difficulty level {level}"):
+    with pytest.raises(ValueError, match=f"^levels: difficulty level {level!r}"):
         regime.RegimeProtocol(levels=(level, 1), chain_steps=steps)
+
+
+def test_the_hardest_level_draws():
+    row = make_problem(random.Random(0), 10, chain_steps=3)
+    assert ArithTask([row]).reference(ArithTask([row]).load()[0]).isdigit()
 
 
 def test_chain_steps_zero_draws_the_demos_problems_unchanged():

@@ -114,11 +114,18 @@ that a later line repeats but compute few of level 1's two-digit ones (docs/regi
 "equal accuracy" needs a base that gets most answers right."""
 
 
+MAX_LEVEL = 10
+"""Level 10 draws numbers up to ~5 million (20 x 4**9); beyond it only the digit count grows, and past ~7,000 Python
+cannot even print them."""
+
+
 def check_level(level: int, chain_steps: int = 0) -> None:
-    """Refuse, in one line, a level :func:`make_problem` cannot draw: below 0, or 0 without chain steps."""
-    if level < ONE_DIGIT_LEVEL or (level == ONE_DIGIT_LEVEL and chain_steps < 1):
-        raise ValueError(f"difficulty level {level}: levels start at 1, or at {ONE_DIGIT_LEVEL} for chain problems "
-                         "(chain_steps >= 1).")
+    """Refuse, in one line, a level :func:`make_problem` cannot draw: not a whole number, below 0, 0 without chain steps,
+    or above :data:`MAX_LEVEL`."""
+    if isinstance(level, bool) or not isinstance(level, int) or not ONE_DIGIT_LEVEL <= level <= MAX_LEVEL \
+            or (level == ONE_DIGIT_LEVEL and chain_steps < 1):
+        raise ValueError(f"difficulty level {level!r}: levels are whole numbers from 1 to {MAX_LEVEL}, or "
+                         f"{ONE_DIGIT_LEVEL} for chain problems (chain_steps >= 1).")
 
 
 CHAIN_EVENTS = {"+": (("finds {n} more", "finding {n} more"), ("gets {n} more", "getting {n} more")),
