@@ -285,6 +285,7 @@ def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     copies = [probe["copies"] for row in rows for probe in row["levels"].values()]
     assert copies and all(c["results"] >= c["problems"] > 0 and 0 <= c[regime.RECALL_VIEWS[1]] <= 1 for c in copies)
     assert [r["point"] for r in rows] == ["h32-L2-p20-b8-s2"]  # it met the rule: the dearer point is never run
+    assert {"train_per_level=48", "target_accuracy=0.0"} <= set(rows[0]["settings"])  # what the study takes up
     assert (curve / "curve.png").is_file() and "| h32-L2-p20-b8-s2 **(chosen)** | 1 |" in (curve / "curve.md").read_text()
     assert recipe.main(argv) == 0  # a rerun skips both points
     assert [json.loads(line)["point"] for line in (curve / "curve.jsonl").read_text().splitlines()] == [r["point"] for r in rows]
@@ -318,6 +319,30 @@ def test_the_study_takes_the_chosen_point_and_refuses_a_curve_that_missed(tmp_pa
     (tmp_path / "curve.jsonl").write_text(json.dumps(row("a", 1.0, L1=(0.3, 60))) + "\n")
     assert recipe.main(["study", "--output", str(tmp_path / "s"), "--from-curve", str(tmp_path)]) == 2
     assert "no study is run there" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_the_study_takes_up_the_settings_the_curve_ran_with(tmp_path, capsys):
+    point = row("h64-L4-p1600-b16-s1000", 2.0, L0=(0.7, 62), L1=(0.2, 66)) | {
+        "num_layers": 4, "num_heads": 4, "pretrain_steps": 1600, "base_steps": 1000,
+        "settings": ["levels=0,1", "chain_steps=4", "decoding.threshold=0.8", "base_steps=50"]}
+    p = regime.chosen_protocol(P, [point])
+    assert (p.levels, p.chain_steps, p.decoding.threshold, p.test_level, p.base_steps) == ((0, 1), 4, 0.8, 0, 1000)
+    # A curve whose shared stages were made under other settings than the study's is refused, before anything runs.
+    (tmp_path / "curve.jsonl").write_text(json.dumps({**point, "settings": []} | {"levels": {"1": point["levels"][0]}}) + "\n")
+    made = regime.chosen_protocol(P, regime.read_curve(tmp_path / "curve.jsonl"))
+    data = tmp_path / regime.pretrained_tag(made) / "data"
+    data.mkdir(parents=True)
+    (data / "unit.json").write_text(json.dumps({"unit": "data", "protocol": made.fingerprint("data")}))
+    for settings, refused in ((["--set", "chain_steps=4"], True), ([], False)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(regime, "run_seeds", lambda *args, **kwargs: (_ for _ in ()).throw(SystemExit(7)))
+            argv = ["study", "--output", str(tmp_path / "s"), "--from-curve", str(tmp_path), *settings]
+            if refused:
+                assert recipe.main(argv) == 2
+                assert f"its data stage ({data / 'unit.json'}) was made under other settings" in capsys.readouterr().err
+            else:
+                with pytest.raises(SystemExit, match="7"):  # accepted: it reaches the seeds
+                    recipe.main(argv)
 
 
 def test_grid_crosses_learning_rates_and_annealing_at_equal_cost():

@@ -164,21 +164,35 @@ def field_help(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe_fields(protocol: Any) -> str:
-    """Every field ``--set FIELD=VALUE`` can change, as it would be typed with its value in ``protocol``, and what it
-    means: what a study command's ``--fields`` prints."""
-    lines = []
+def settings(protocol: Any) -> list[tuple[str, str, str]]:
+    """Every field ``--set FIELD=VALUE`` can change, as (``FIELD``, ``VALUE`` as it would be typed, what it means); a
+    setting the protocol holds field by field (``decoding.threshold``)."""
+    rows = []
     docs = field_help(type(protocol))
     for f in dataclasses.fields(protocol):
         value = getattr(protocol, f.name)
         nested = dataclasses.is_dataclass(value)
-        rows = ([(f"{f.name}.{g.name}", getattr(value, g.name), field_help(type(value)).get(g.name, ""))
-                 for g in dataclasses.fields(value)] if nested else [(f.name, value, docs.get(f.name, ""))])
-        for name, setting, meaning in rows:
-            shown = ",".join(map(str, setting)) if isinstance(setting, tuple) else setting
-            lines.append(f"{name}={shown}")
-            lines += textwrap.wrap(meaning, 100, initial_indent="    ", subsequent_indent="    ")
+        rows += ([(f"{f.name}.{g.name}", getattr(value, g.name), field_help(type(value)).get(g.name, ""))
+                  for g in dataclasses.fields(value)] if nested else [(f.name, value, docs.get(f.name, ""))])
+    return [(name, ",".join(map(str, value)) if isinstance(value, tuple) else str(value), meaning)
+            for name, value, meaning in rows]
+
+
+def describe_fields(protocol: Any) -> str:
+    """Every field ``--set FIELD=VALUE`` can change, as it would be typed with its value in ``protocol``, and what it
+    means: what a study command's ``--fields`` prints."""
+    lines = []
+    for name, shown, meaning in settings(protocol):
+        lines.append(f"{name}={shown}")
+        lines += textwrap.wrap(meaning, 100, initial_indent="    ", subsequent_indent="    ")
     return "\n".join(lines)
+
+
+def changed_settings(protocol: Any, reference: Any) -> list[str]:
+    """The ``FIELD=VALUE`` assignments that make ``reference`` into ``protocol`` (:func:`with_overrides` reads them):
+    how a run records the settings it was given, so that a later run can take them up."""
+    before = {name: shown for name, shown, _ in settings(reference)}
+    return [f"{name}={shown}" for name, shown, _ in settings(protocol) if before.get(name) != shown]
 
 
 PROTOCOL_FILE = "protocol.json"

@@ -351,7 +351,10 @@ def size_folder(output: Path, p: RegimeProtocol) -> Path:
 
 def point_row(p: RegimeProtocol, study_folder: Path) -> dict[str, Any]:
     """What the curve keeps of a probed point: its knobs, cost, the probe per level, the hard tokens' share of the
-    teacher's NLL and the wall times of its base and probe."""
+    teacher's NLL, the wall times of its base and probe, and every setting it ran with that is not the protocol's
+    default (``FIELD=VALUE``, as ``--set`` takes them), which the seed study takes up."""
+    from .protocol import changed_settings
+
     base, probe = unit_record(study_folder, "base"), unit_record(study_folder, "probe")
     hardest = base["buckets"]["per_bucket"][0]
     return {"point": point_name(p), "hidden_size": p.hidden_size, "num_layers": p.num_layers, "num_heads": p.num_heads,
@@ -359,7 +362,8 @@ def point_row(p: RegimeProtocol, study_folder: Path) -> dict[str, Any]:
             "base_steps": p.base_steps, "pretrain_steps": p.pretrain_steps, "base_lr": p.base_lr,
             "anneal_steps": p.anneal_steps, "parameters": p.parameters(), "cost": p.cost(),
             "hard_share": hardest["nll_share"], "levels": {int(k): v for k, v in probe["levels"].items()},
-            "base_wall_s": base["wall_s"], "probe_wall_s": probe["wall_s"]}
+            "base_wall_s": base["wall_s"], "probe_wall_s": probe["wall_s"],
+            "settings": changed_settings(p, RegimeProtocol())}
 
 
 def meets(row: Mapping[str, Any], level: int, p: RegimeProtocol) -> dict[str, bool]:
@@ -400,13 +404,17 @@ VARIANT_SHARE = 4
 
 
 def chosen_protocol(protocol: RegimeProtocol, rows: Sequence[Mapping[str, Any]]) -> RegimeProtocol:
-    """The seed study's protocol from a curve: the chosen point's size, pretrained model, batch and steps, the
+    """The seed study's protocol from a curve: the settings the curve ran with (its rows record them; a curve from
+    before they did ran with ``protocol``'s), then the chosen point's size, pretrained model, batch and steps, the
     variants at a quarter of the base's steps, the chosen level as the test level. ValueError when the curve chose
     nothing or its choice missed the target (a study at the floor cannot judge "at equal accuracy")."""
+    from .protocol import with_overrides
+
     chosen = choose(rows, protocol)
     if chosen is None or not chosen["meets_target"]:
         raise ValueError("the curve chose no point that meets the rule (see its curve.md): no study is run there.")
     row = next(r for r in rows if r["point"] == chosen["point"])
+    protocol = with_overrides(protocol, row.get("settings", []))
     return dataclasses.replace(protocol, hidden_size=row["hidden_size"], num_layers=row["num_layers"],
                                num_heads=row.get("num_heads", protocol.num_heads),
                                pretrain_steps=row.get("pretrain_steps", RegimeProtocol.pretrain_steps),
@@ -501,6 +509,16 @@ def plot_curve(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
 # -- the seed study and its reading --------------------------------------------------------------------------------------
 SHARED_STAGES = ("data", "pretrained", "score")
 """Stages a seed does not change (their fingerprints exclude the seed): made once, copied into every seed's folder."""
+
+
+def check_shared(source: Path, protocol: RegimeProtocol) -> None:
+    """Refuse, in one line, shared stages in ``source`` made under other settings than ``protocol``'s: the study would
+    otherwise rebuild them with its own, and no longer run on the curve's data, pretrained model and scores."""
+    for stage in SHARED_STAGES:
+        path = source / stage / "unit.json"
+        if path.is_file() and json.loads(path.read_text())["protocol"] != protocol.fingerprint(stage):
+            raise ValueError(f"its {stage} stage ({path}) was made under other settings than this study's: give the "
+                             "study the settings the curve ran with (--set)")
 
 
 def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], deadline: float = math.inf,

@@ -54,8 +54,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
                         help="curve: shares of the base's steps over which its attention anneals from causal to "
                         "bidirectional (DiffuLLaMA; 0: at once; default: the protocol's anneal_steps, 0).")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="study: one base per seed.")
-    parser.add_argument("--from-curve", type=Path, help="study: run in the point a curve folder's rule chose (its "
-                        "size, pretrained model, batch, steps and level); --set then changes the rest.")
+    parser.add_argument("--from-curve", type=Path, help="study: run in the point a curve folder's rule chose (the "
+                        "settings the curve ran with, then its size, pretrained model, batch, steps and level); --set then "
+                        "changes the rest.")
     args = parser.parse_args(argv)
     from trims_hf.errors import InputError, check_output_path
     from trims_hf.protocol import with_overrides
@@ -66,13 +67,14 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     except ValueError as error:
         raise InputError(f"--set {error}") from None
     if args.from_curve is not None:
-        from trims_hf.regime import chosen_protocol, read_curve
+        from trims_hf.regime import check_shared, chosen_protocol, pretrained_tag, read_curve
 
         curve = args.from_curve / "curve.jsonl"
         if not curve.is_file():
             raise InputError(f"--from-curve {args.from_curve}: no curve.jsonl there.")
         try:
             protocol = with_overrides(chosen_protocol(protocol, read_curve(curve)), args.set)
+            check_shared(args.from_curve / pretrained_tag(protocol), protocol)
         except ValueError as error:
             raise InputError(f"--from-curve {args.from_curve}: {error}") from None
     if args.command == "copies":
