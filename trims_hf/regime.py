@@ -516,7 +516,7 @@ def check_shared(source: Path, protocol: RegimeProtocol) -> None:
     otherwise rebuild them with its own, and no longer run on the curve's data, pretrained model and scores."""
     for stage in SHARED_STAGES:
         path = source / stage / "unit.json"
-        if path.is_file() and json.loads(path.read_text())["protocol"] != protocol.fingerprint(stage):
+        if path.is_file() and unit_record(source, stage)["protocol"] != protocol.fingerprint(stage):
             raise ValueError(f"its {stage} stage ({path}) was made under other settings than this study's: give the "
                              "study the settings the curve ran with (--set)")
 
