@@ -42,6 +42,7 @@ def main(out: Path, per_device: int, accumulation: int) -> None:
     zero_stage = trainer.model_wrapped.zero_optimization_stage() if trainer.is_deepspeed_enabled else None
     torch.save({"initial": initial, "weights": weights, "logs": logs, "reductions": len(reductions),
                 "world_size": args.world_size, "zero_stage": zero_stage}, out / f"rank{args.process_index}.pt")
+    trainer.accelerator.end_training()  # leaves the gloo group before exit, as accelerate asks every script to
 
 
 if __name__ == "__main__":

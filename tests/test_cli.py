@@ -114,3 +114,21 @@ def test_deepspeed_is_told_it_runs_on_the_cpu_and_says_nothing_about_it():
 
     if not torch.cuda.is_available():  # left to guess on a CPU machine, DeepSpeed says it could not find a GPU
         assert "unable to detect" in runs[False].stdout + runs[False].stderr
+
+
+@pytest.mark.parametrize("argv", [["export", "--help"], ["eval", "--model", "/no/such/student", "--task", "gsm8k",
+                                                         "--output", "unused.json"]], ids=["help", "error"])
+def test_a_command_leaves_the_process_group_it_ran_in(argv, tmp_path, monkeypatch):
+    """A gloo group left to interpreter exit can abort a finished process, so every command leaves it, however it
+    ends."""
+    import torch.distributed as dist
+    from helpers_launch import free_port
+
+    monkeypatch.chdir(tmp_path)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        main(argv)
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

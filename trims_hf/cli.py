@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
     except SystemExit as exit:  # argparse's --help and usage errors, as an exit code for callers of main()
         return exit.code if isinstance(exit.code, int) else 1
+    finally:
+        if "torch.distributed" in sys.modules:  # a command that never loaded torch joined no group
+            from .distributed import end_process_group
+
+            end_process_group()
 
 
 if __name__ == "__main__":

@@ -93,4 +93,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from ..distributed import end_process_group
+
+    try:
+        main()
+    finally:
+        end_process_group()
