@@ -15,7 +15,7 @@ import pytest
 
 from trims_hf import regime
 from trims_hf.evaluation import EvalResult, SampleRecord
-from trims_hf.protocol import BASE
+from trims_hf.protocol import BASE, with_overrides
 from trims_hf.tasks.arith import ArithTask, draw_unique, make_problem
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "regime" / "regime.py"
@@ -306,6 +306,19 @@ def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     assert shared[0] == shared[1] == shared[2]  # the curve's pretrained model, copied, not retrained
     assert bases[0]["steps"] == 2 and json.loads((study / "seed-0" / "protocol.json").read_text())["protocol"][
         "variant_steps"] == 1  # the chosen point's steps, its variants a quarter of them
+    # The same study at another trajectory ratio, lent the first one's stages: its bases are the same files, its
+    # variants trained anew at the new ratio.
+    again = tmp_path / "again"
+    argv = ["study", "--smoke", "--output", str(again), "--seeds", "0", "1", "--from-curve", str(curve), *rule,
+            "--reuse", str(study), "--set", "masking.trajectory_ratio=0.5"]
+    assert recipe.main(argv) == 0
+    for s in (0, 1):
+        for stage in ("base", "probe"):
+            assert (again / f"seed-{s}" / stage / "unit.json").read_text() == \
+                (study / f"seed-{s}" / stage / "unit.json").read_text()
+        variant = json.loads((again / f"seed-{s}" / "variants" / f"trims_hard_to_easy-seed{s}" / "unit.json").read_text())
+        assert variant["protocol"] == json.loads((again / f"seed-{s}" / "protocol.json").read_text())["fingerprint"]
+    assert json.loads((again / "seed-0" / "protocol.json").read_text())["protocol"]["masking.trajectory_ratio"] == 0.5
 
 
 def test_the_study_takes_the_chosen_point_and_refuses_a_curve_that_missed(tmp_path, capsys):
@@ -343,6 +356,33 @@ def test_the_study_takes_up_the_settings_the_curve_ran_with(tmp_path, capsys):
             else:
                 with pytest.raises(SystemExit, match="7"):  # accepted: it reaches the seeds
                     recipe.main(argv)
+
+
+def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings(tmp_path, monkeypatch, capsys):
+    """A study at another trajectory ratio takes the other study's bases; one at another base learning rate takes only
+    what comes before the base. A seed the other study does not have takes only the shared stages, from the first."""
+    from trims_hf.study import KEY_FILE, Units
+
+    old = tmp_path / "old"
+    made = regime.RegimeProtocol(seed=0)
+    for stage in regime.REUSABLE_STAGES:
+        (old / "seed-0" / stage).mkdir(parents=True)
+        (old / "seed-0" / stage / KEY_FILE).write_text(json.dumps(Units(made, "cpu").key(stage, stage), indent=2))
+    ran = []
+    monkeypatch.setattr(regime, "make_regime_study", lambda folder, p, deadline: type(
+        "Stub", (), {"run": lambda self: ran.append(folder) or True})())
+    for name, settings, expected in (("ratio", ["masking.trajectory_ratio=0.5"], list(regime.REUSABLE_STAGES)),
+                                     ("lr", ["base_lr=0.002"], list(regime.SHARED_STAGES))):
+        output = tmp_path / name
+        assert regime.run_seeds(output, with_overrides(P, settings), [0, 1], reuse=old)
+        assert sorted(p.name for p in (output / "seed-0").iterdir() if p.is_dir()) == sorted(expected)
+        assert sorted(p.name for p in (output / "seed-1").iterdir() if p.is_dir()) == sorted(regime.SHARED_STAGES)
+        said = capsys.readouterr().out
+        assert f"seed 0: from {old}, took {', '.join(expected)}" in said and f"seed 1: from {old}, took no stage" in said
+        assert ("not base, probe (made under other settings)" in said) == (name == "lr")
+    assert recipe.main(["study", "--output", str(tmp_path / "x"), "--reuse", str(tmp_path / "ratio"), "--seeds",
+                        "2"]) == 2
+    assert f"--reuse {tmp_path / 'ratio'}: no seed-<s> folder of seeds 2 there." in capsys.readouterr().err
 
 
 def test_grid_crosses_learning_rates_and_annealing_at_equal_cost():

@@ -45,6 +45,11 @@ VARIANTS: dict[str, tuple[bool, str]] = {
 """name -> (trajectory masking, bucket ordering): the TRIMS variants mask with the protocol's ``trajectory_ratio``,
 the MDLM baseline uses the same collator with ratio 0."""
 BASE = "base (before SFT)"
+BUCKET_FIELDS = tuple(f"masking.{f.name}" for f in dataclasses.fields(BucketConfig))
+"""The masking fields the teacher's buckets depend on: a score stage's part of the masking."""
+MDLM_MASKING_FIELDS = tuple(f"masking.{f.name}" for f in dataclasses.fields(MaskingConfig) if f.name != "trajectory_ratio")
+"""The masking fields an MDLM-trained base depends on: all but the trajectory ratio, which it trains at 0 (see
+:meth:`StudyProtocol.student_args`), so that a study at another ratio reuses the bases."""
 
 
 Protocol = TypeVar("Protocol")
@@ -72,11 +77,13 @@ def protocol_record(protocol: Any) -> dict[str, Any]:
 
 
 def fingerprint(protocol: Any, fields: Sequence[str] | None = None) -> str:
-    """A short hash of :func:`protocol_record`, or of the part of it under the top-level ``fields`` (and what they
-    resolve to): what each output of a study records."""
+    """A short hash of :func:`protocol_record`, or of the part of it under ``fields`` (and what they resolve to):
+    what each output of a study records. A field is a top-level name (``masking``: all of it) or a dotted path
+    (``masking.p_future``: that setting alone)."""
     record = protocol_record(protocol)
     if fields is not None:
-        record = {k: v for k, v in record.items() if k.split(".")[0] in (*fields, "resolved")}
+        prefixes = tuple(f"{name}." for name in (*fields, "resolved"))
+        record = {k: v for k, v in record.items() if k in fields or k.startswith(prefixes)}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
 
 

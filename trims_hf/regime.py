@@ -29,15 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .protocol import BASE, VARIANTS, LeveledOneSeedProtocol, StudyProtocol, check_protocol, record_protocol
+from .protocol import (
+    BASE,
+    BUCKET_FIELDS,
+    MDLM_MASKING_FIELDS,
+    VARIANTS,
+    LeveledOneSeedProtocol,
+    StudyProtocol,
+    check_protocol,
+    record_protocol,
+)
 from .reports import write_atomic
 from .settings import DecodingConfig, StudentFormat
 
 DATA_FIELDS = ("levels", "chain_steps", "train_per_level", "selection_per_level", "test_problems", "data_seed")
 PRETRAINED_FIELDS = (*DATA_FIELDS, "student_format", "hidden_size", "num_layers", "num_heads", "pretrain_steps",
                      "pretrain_lr", "pretrain_batch_size", "threads")
-SCORE_FIELDS = (*PRETRAINED_FIELDS, "masking")
-BASE_FIELDS = (*SCORE_FIELDS, "base_steps", "base_lr", "batch_size", "anneal_steps", "seed")
+SCORE_FIELDS = (*PRETRAINED_FIELDS, *BUCKET_FIELDS)
+BASE_FIELDS = (*PRETRAINED_FIELDS, *MDLM_MASKING_FIELDS, "base_steps", "base_lr", "batch_size", "anneal_steps", "seed")
 PROBE_FIELDS = (*BASE_FIELDS, "decoding", "selection_threshold", "eval_batch_size")
 
 
@@ -509,6 +518,8 @@ def plot_curve(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
 # -- the seed study and its reading --------------------------------------------------------------------------------------
 SHARED_STAGES = ("data", "pretrained", "score")
 """Stages a seed does not change (their fingerprints exclude the seed): made once, copied into every seed's folder."""
+REUSABLE_STAGES = (*SHARED_STAGES, "base", "probe")
+"""What another study may lend a seed (``run_seeds``'s ``reuse``): every stage before the variants."""
 
 
 def check_shared(source: Path, protocol: RegimeProtocol) -> None:
@@ -522,17 +533,34 @@ def check_shared(source: Path, protocol: RegimeProtocol) -> None:
 
 
 def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], deadline: float = math.inf,
-              shared_from: Path | None = None) -> bool:
+              shared_from: Path | None = None, reuse: Path | None = None) -> bool:
     """The study in ``output/seed-<s>`` for each seed, each with its own base; the shared stages are copied from
     ``shared_from`` (e.g. the curve's folder of the chosen pretrained model) into the first seed's folder, and from
     there into the others', wherever finished (a unit checks its key, so a copy made under other settings is
-    rebuilt). False when the deadline stopped it (rerun to continue)."""
+    rebuilt). ``reuse``, another study's folder, lends each seed its finished stages up to the base and its probe
+    (:data:`REUSABLE_STAGES`) wherever they were made under this protocol's settings for them: a study that changes
+    only what the variants read (e.g. the trajectory ratio) trains no base again. False when the deadline stopped it
+    (rerun to continue)."""
+    from .study import KEY_FILE, Units
+
     first = output / f"seed-{seeds[0]}"
     for seed in seeds:
         folder, p = output / f"seed-{seed}", dataclasses.replace(protocol, seed=seed)
         check_protocol(folder, p)
         folder.mkdir(parents=True, exist_ok=True)
         record_protocol(folder, p)
+        if reuse is not None:
+            units, taken, other = Units(p, device="cpu"), [], []
+            for stage in REUSABLE_STAGES:
+                lent = reuse / f"seed-{seed}" / stage
+                if units.finished(lent, stage, stage):
+                    taken.append(stage)
+                    if not (folder / stage).exists():
+                        shutil.copytree(lent, folder / stage)
+                elif (lent / KEY_FILE).is_file():
+                    other.append(stage)
+            print(f"seed {seed}: from {reuse}, took {', '.join(taken) or 'no stage'}"
+                  + (f"; not {', '.join(other)} (made under other settings)" if other else ""), flush=True)
         source = first if folder != first else shared_from
         for stage in SHARED_STAGES if source is not None else ():
             if not (folder / stage).exists() and (source / stage / "cache-key.json").is_file():

@@ -57,6 +57,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     parser.add_argument("--from-curve", type=Path, help="study: run in the point a curve folder's rule chose (the "
                         "settings the curve ran with, then its size, pretrained model, batch, steps and level); --set then "
                         "changes the rest.")
+    parser.add_argument("--reuse", type=Path, help="study: another study's folder whose finished stages up to each "
+                        "seed's base and probe are taken wherever they were made under this study's settings for them "
+                        "(e.g. a study at another trajectory ratio trains no base again).")
     args = parser.parse_args(argv)
     from trims_hf.errors import InputError, check_output_path
     from trims_hf.protocol import with_overrides
@@ -113,6 +116,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     if args.budget_minutes is not None and args.budget_minutes <= 0:
         raise InputError(f"--budget-minutes {args.budget_minutes}: must be positive.")
     check_output_path(args.output, f"--output {args.output}")
+    if args.reuse is not None and not any((args.reuse / f"seed-{seed}").is_dir() for seed in args.seeds):
+        raise InputError(f"--reuse {args.reuse}: no seed-<s> folder of seeds {' '.join(map(str, args.seeds))} there.")
     return args, protocol
 
 
@@ -159,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n" + table)
         return 0
     shared = args.from_curve / regime.pretrained_tag(protocol) if args.from_curve is not None else None
-    finished = regime.run_seeds(args.output, protocol, args.seeds, start + budget, shared)
+    finished = regime.run_seeds(args.output, protocol, args.seeds, start + budget, shared, args.reuse)
     print("\n" + regime.write_seed_report(args.output, protocol, args.seeds).read_text())
     return 0 if finished else 3
 

@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..determinism import DEFAULT_THREADS
-from ..protocol import StudyProtocol, with_overrides
+from ..protocol import BUCKET_FIELDS, MDLM_MASKING_FIELDS, StudyProtocol, with_overrides
 from ..settings import DecodingConfig, MaskingConfig, StudentFormat
 
 TEACHERS = ("embedded", "smollm2")
 DATA_FIELDS = ("num_train", "num_test", "data_seed", "data_file")
 PRETRAINED_FIELDS = (*DATA_FIELDS, "threads", "hidden_size", "num_layers", "num_heads", "batch_size", "teacher_steps",
                      "teacher_lr", "student_format")
-SCORE_FIELDS = (*PRETRAINED_FIELDS, "teacher", "masking")
+SCORE_FIELDS = (*PRETRAINED_FIELDS, "teacher", *BUCKET_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class DemoSettings(StudyProtocol):
         super().__post_init__()
 
     STAGE_FIELDS = {"data": DATA_FIELDS, "pretrained": PRETRAINED_FIELDS, "score": SCORE_FIELDS,
-                    "base": (*SCORE_FIELDS, "base_steps", "base_lr")}
+                    "base": (*PRETRAINED_FIELDS, "teacher", *MDLM_MASKING_FIELDS, "base_steps", "base_lr")}
 
     def sft_seeds(self) -> tuple[int, ...]:
         return self.seeds
