@@ -383,6 +383,10 @@ def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings
     assert recipe.main(["study", "--output", str(tmp_path / "x"), "--reuse", str(tmp_path / "ratio"), "--seeds",
                         "2"]) == 2
     assert f"--reuse {tmp_path / 'ratio'}: no seed-<s> folder of seeds 2 there." in capsys.readouterr().err
+    for command in (["curve", "--output", str(tmp_path / "x")], ["copies", "--model", str(old), "--rows", str(old)]):
+        assert recipe.main([*command, "--reuse", str(tmp_path / "ratio")]) == 2
+        assert f"--reuse {tmp_path / 'ratio'}: only the study takes another study's stages." in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_grid_crosses_learning_rates_and_annealing_at_equal_cost():

@@ -65,6 +65,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     from trims_hf.protocol import with_overrides
     from trims_hf.regime import RegimeProtocol
 
+    if args.reuse is not None and args.command != "study":
+        raise InputError(f"--reuse {args.reuse}: only the study takes another study's stages.")
+
     try:
         protocol = with_overrides(RegimeProtocol(), [*(SMOKE if args.smoke else ()), *args.set])
     except ValueError as error:
