@@ -116,19 +116,37 @@ def test_deepspeed_is_told_it_runs_on_the_cpu_and_says_nothing_about_it():
         assert "unable to detect" in runs[False].stdout + runs[False].stderr
 
 
+def raising_command(argv):
+    raise RuntimeError("the command failed")
+
+
 @pytest.mark.parametrize("argv", [["export", "--help"], ["eval", "--model", "/no/such/student", "--task", "gsm8k",
-                                                         "--output", "unused.json"]], ids=["help", "error"])
-def test_a_command_leaves_the_process_group_it_ran_in(argv, tmp_path, monkeypatch):
-    """A gloo group left to interpreter exit can abort a finished process, so every command leaves it, however it
-    ends."""
+                                                         "--output", "unused.json"], ["boom"]],
+                         ids=["help", "input-error", "exception"])
+def test_a_command_that_ends_leaves_the_process_group_it_ran_in_and_one_that_raises_does_not(argv, tmp_path,
+                                                                                             monkeypatch):
+    """A gloo group left to interpreter exit can abort a finished process, so a command that ends (its exit code,
+    usage errors included) leaves it; one that raises leaves the group to the launcher, as other processes may
+    still wait in a collective."""
+    import types
+
     import torch.distributed as dist
     from helpers_launch import free_port
 
+    from trims_hf import cli
+
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "raising_command", types.SimpleNamespace(main=raising_command))
+    monkeypatch.setitem(cli.COMMANDS, "boom", ("raising_command", "fails"))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        main(argv)
-        assert not dist.is_initialized()
+        if argv == ["boom"]:
+            with pytest.raises(RuntimeError, match="the command failed"):
+                main(argv)
+            assert dist.is_initialized()
+        else:
+            assert main(argv) in (0, 2)
+            assert not dist.is_initialized()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

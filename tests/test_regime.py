@@ -368,6 +368,7 @@ def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings
     for stage in regime.REUSABLE_STAGES:
         (old / "seed-0" / stage).mkdir(parents=True)
         (old / "seed-0" / stage / KEY_FILE).write_text(json.dumps(Units(made, "cpu").key(stage, stage), indent=2))
+    (tmp_path / "ratio" / "seed-0" / "base").mkdir(parents=True)  # a base cut short in an earlier run: replaced
     ran = []
     monkeypatch.setattr(regime, "make_regime_study", lambda folder, p, deadline: type(
         "Stub", (), {"run": lambda self: ran.append(folder) or True})())
@@ -376,6 +377,8 @@ def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings
         output = tmp_path / name
         assert regime.run_seeds(output, with_overrides(P, settings), [0, 1], reuse=old)
         assert sorted(p.name for p in (output / "seed-0").iterdir() if p.is_dir()) == sorted(expected)
+        assert all(Units(made, "cpu").finished(output / "seed-0" / stage, stage, stage) or stage not in expected
+                   for stage in regime.REUSABLE_STAGES if stage != "base" or name == "ratio")
         assert sorted(p.name for p in (output / "seed-1").iterdir() if p.is_dir()) == sorted(regime.SHARED_STAGES)
         said = capsys.readouterr().out
         assert f"seed 0: from {old}, took {', '.join(expected)}" in said and f"seed 1: from {old}, took no stage" in said
@@ -383,10 +386,36 @@ def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings
     assert recipe.main(["study", "--output", str(tmp_path / "x"), "--reuse", str(tmp_path / "ratio"), "--seeds",
                         "2"]) == 2
     assert f"--reuse {tmp_path / 'ratio'}: no seed-<s> folder of seeds 2 there." in capsys.readouterr().err
+    assert regime.run_seeds(tmp_path / "ratio", with_overrides(P, ["masking.trajectory_ratio=0.5"]), [0], reuse=old)
+    assert f"seed 0: from {old}, took no stage; had {', '.join(regime.REUSABLE_STAGES)} already" in capsys.readouterr().out
     for command in (["curve", "--output", str(tmp_path / "x")], ["copies", "--model", str(old), "--rows", str(old)]):
         assert recipe.main([*command, "--reuse", str(tmp_path / "ratio")]) == 2
         assert f"--reuse {tmp_path / 'ratio'}: only the study takes another study's stages." in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_stage_copy_is_whole_or_absent(tmp_path, monkeypatch):
+    source, target = tmp_path / "source", tmp_path / "seed-0" / "base"
+    source.mkdir()
+    for name in ("cache-key.json", "model.safetensors"):
+        (source / name).write_text(name)
+    real_copytree = regime.shutil.copytree
+
+    def key_file_then_fail(src, dst, **kwargs):  # a copy cut short after the key file, before the weights
+        Path(dst).mkdir()
+        (Path(dst) / "cache-key.json").write_text((Path(src) / "cache-key.json").read_text())
+        raise OSError("disk full")
+
+    target.parent.mkdir()
+    with monkeypatch.context() as patch:
+        patch.setattr(regime.shutil, "copytree", key_file_then_fail)
+        with pytest.raises(OSError):
+            regime.copy_stage(source, target)
+    assert regime.shutil.copytree is real_copytree
+    assert not target.exists()  # no key file without its weights
+    regime.copy_stage(source, target)  # again: the partial copy is cleared first
+    assert sorted(p.name for p in target.iterdir()) == ["cache-key.json", "model.safetensors"]
+    assert [p.name for p in target.parent.iterdir()] == ["base"]
 
 
 def test_grid_crosses_learning_rates_and_annealing_at_equal_cost():

@@ -42,15 +42,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sleep_while_waiting()  # before a command loads torch
     try:
-        return int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
+        code = int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
     except SystemExit as exit:  # argparse's --help and usage errors, as an exit code for callers of main()
-        return exit.code if isinstance(exit.code, int) else 1
-    finally:
-        if "torch.distributed" in sys.modules:  # a command that never loaded torch joined no group
-            from .distributed import end_process_group
+        code = exit.code if isinstance(exit.code, int) else 1
+    leave_process_group()
+    return code
 
-            end_process_group()
 
+def leave_process_group() -> None:
+    """Destroy the process group a command that ended (not one that raised) joined, while the interpreter is whole.
+
+    Why: a gloo group left to interpreter exit can abort a finished process (SIGABRT, "terminate called without an
+    active exception") when its worker threads free tensors during teardown; torch asks programs to destroy the group
+    at the end, and ``Trainer`` does not. Not after an exception: other processes may still wait in a collective,
+    and destroying an NCCL group then can hang instead of letting the launcher stop them all."""
+    if "torch.distributed" not in sys.modules:  # a command that never loaded torch joined no group
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -52,17 +52,6 @@ def process_state(device: str | None = None) -> PartialState:
     return PartialState(cpu=cpu)
 
 
-def end_process_group() -> None:
-    """Leave the process group this process joined, if any, while the interpreter is still whole. Why: a gloo group
-    left to interpreter exit can abort the process (SIGABRT, "terminate called without an active exception") after
-    its work is done, when its worker threads free tensors during teardown; torch asks programs to destroy the
-    group at the end, and ``Trainer`` does not."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def balanced_shards(costs: Sequence[float], num_shards: int) -> list[list[int]]:
     """Indices of ``costs`` dealt into ``num_shards`` shards of near-equal total cost, each in ascending order.
 

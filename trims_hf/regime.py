@@ -532,6 +532,16 @@ def check_shared(source: Path, protocol: RegimeProtocol) -> None:
                              "study the settings the curve ran with (--set)")
 
 
+def copy_stage(source: Path, target: Path) -> None:
+    """Copy a stage's folder whole or not at all (into a sibling, then renamed into place): a copy cut short never
+    leaves a key file without what it keys, which would count as finished."""
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(source, partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+
+
 def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], deadline: float = math.inf,
               shared_from: Path | None = None, reuse: Path | None = None) -> bool:
     """The study in ``output/seed-<s>`` for each seed, each with its own base; the shared stages are copied from
@@ -550,21 +560,23 @@ def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], dead
         folder.mkdir(parents=True, exist_ok=True)
         record_protocol(folder, p)
         if reuse is not None:
-            units, taken, other = Units(p, device="cpu"), [], []
+            units, taken, here, other = Units(p, device="cpu"), [], [], []
             for stage in REUSABLE_STAGES:
                 lent = reuse / f"seed-{seed}" / stage
-                if units.finished(lent, stage, stage):
+                if units.finished(folder / stage, stage, stage):
+                    here.append(stage)
+                elif units.finished(lent, stage, stage):
+                    copy_stage(lent, folder / stage)
                     taken.append(stage)
-                    if not (folder / stage).exists():
-                        shutil.copytree(lent, folder / stage)
                 elif (lent / KEY_FILE).is_file():
                     other.append(stage)
             print(f"seed {seed}: from {reuse}, took {', '.join(taken) or 'no stage'}"
+                  + (f"; had {', '.join(here)} already" if here else "")
                   + (f"; not {', '.join(other)} (made under other settings)" if other else ""), flush=True)
         source = first if folder != first else shared_from
         for stage in SHARED_STAGES if source is not None else ():
-            if not (folder / stage).exists() and (source / stage / "cache-key.json").is_file():
-                shutil.copytree(source / stage, folder / stage)
+            if not (folder / stage).exists() and (source / stage / KEY_FILE).is_file():
+                copy_stage(source / stage, folder / stage)
         if not make_regime_study(folder, p, deadline).run():
             return False
     return True

@@ -89,8 +89,12 @@ class Units:
         return {"unit": name, "protocol": self.protocol.fingerprint(stage), "format": UNIT_FORMAT}
 
     def finished(self, folder: Path, name: str, stage: str | None = None) -> bool:
+        """Whether ``folder`` holds the unit finished under this protocol (an unreadable key file: not finished)."""
         path = folder / KEY_FILE
-        return path.is_file() and json.loads(path.read_text()) == self.key(name, stage)
+        try:
+            return path.is_file() and json.loads(path.read_text()) == self.key(name, stage)
+        except ValueError:
+            return False
 
     def unit(self, folder: Path, name: str, stage: str | None = None, timed: bool = True, expected_s: float = 0.0) -> bool:
         """True when ``folder`` must be (re)built now (it is then empty); raises :class:`OutOfBudget` unless not

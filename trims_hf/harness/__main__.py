@@ -93,9 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from ..distributed import end_process_group
+    from ..cli import leave_process_group
 
-    try:
-        main()
-    finally:
-        end_process_group()
+    main()
+    leave_process_group()
