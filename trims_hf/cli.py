@@ -63,5 +63,6 @@ def leave_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
+
 if __name__ == "__main__":
     sys.exit(main())

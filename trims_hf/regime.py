@@ -542,6 +542,25 @@ def copy_stage(source: Path, target: Path) -> None:
     partial.rename(target)
 
 
+def take_stages(source: Path, folder: Path, protocol: RegimeProtocol) -> str:
+    """Copy into ``folder`` each of :data:`REUSABLE_STAGES` that ``source`` (another study's seed folder) finished
+    under ``protocol``'s settings for it and ``folder`` has not; says what it took, what was there already and what
+    it left for being made under other settings."""
+    from .study import KEY_FILE, Units
+
+    units, taken, here, other = Units(protocol, device="cpu"), [], [], []
+    for stage in REUSABLE_STAGES:
+        if units.finished(folder / stage, stage, stage):
+            here.append(stage)
+        elif units.finished(source / stage, stage, stage):
+            copy_stage(source / stage, folder / stage)
+            taken.append(stage)
+        elif (source / stage / KEY_FILE).is_file():
+            other.append(stage)
+    return (f"took {', '.join(taken) or 'no stage'}" + (f"; had {', '.join(here)} already" if here else "")
+            + (f"; not {', '.join(other)} (made under other settings)" if other else ""))
+
+
 def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], deadline: float = math.inf,
               shared_from: Path | None = None, reuse: Path | None = None) -> bool:
     """The study in ``output/seed-<s>`` for each seed, each with its own base; the shared stages are copied from
@@ -551,7 +570,7 @@ def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], dead
     (:data:`REUSABLE_STAGES`) wherever they were made under this protocol's settings for them: a study that changes
     only what the variants read (e.g. the trajectory ratio) trains no base again. False when the deadline stopped it
     (rerun to continue)."""
-    from .study import KEY_FILE, Units
+    from .study import KEY_FILE
 
     first = output / f"seed-{seeds[0]}"
     for seed in seeds:
@@ -560,19 +579,7 @@ def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], dead
         folder.mkdir(parents=True, exist_ok=True)
         record_protocol(folder, p)
         if reuse is not None:
-            units, taken, here, other = Units(p, device="cpu"), [], [], []
-            for stage in REUSABLE_STAGES:
-                lent = reuse / f"seed-{seed}" / stage
-                if units.finished(folder / stage, stage, stage):
-                    here.append(stage)
-                elif units.finished(lent, stage, stage):
-                    copy_stage(lent, folder / stage)
-                    taken.append(stage)
-                elif (lent / KEY_FILE).is_file():
-                    other.append(stage)
-            print(f"seed {seed}: from {reuse}, took {', '.join(taken) or 'no stage'}"
-                  + (f"; had {', '.join(here)} already" if here else "")
-                  + (f"; not {', '.join(other)} (made under other settings)" if other else ""), flush=True)
+            print(f"seed {seed}: from {reuse}, {take_stages(reuse / f'seed-{seed}', folder, p)}", flush=True)
         source = first if folder != first else shared_from
         for stage in SHARED_STAGES if source is not None else ():
             if not (folder / stage).exists() and (source / stage / KEY_FILE).is_file():
