@@ -32,9 +32,9 @@ from helpers_launch import two_processes
 from helpers_tokenizers import make_tokenizer
 
 from trims_hf.distributed import balanced_shards
-from trims_hf.evaluation import unit_costs
+from trims_hf.evaluation.evaluate import unit_costs
+from trims_hf.evaluation.tasks import get_task
 from trims_hf.settings import PromptFormat
-from trims_hf.tasks import get_task
 
 DATA = SHARED / "data"
 BENCHMARKS = {"gsm8k": DATA / "gsm8k" / "test.jsonl", "math500": DATA / "math500" / "test.jsonl",

@@ -89,12 +89,12 @@ from scoring import reset_peak_rss, rss_kb  # noqa: E402
 from train_step import build_trainer, interleaved_steps, masking_collators, precision_path, step, synchronize  # noqa: E402
 
 from trims_hf import TrimsDataCollator, lora_config, mask_token_id, prepare_student, student_spec  # noqa: E402
+from trims_hf.data.scoring import EncodedRow, plan_batches  # noqa: E402
+from trims_hf.data.teacher import check_chunked_head, score_rows  # noqa: E402
 from trims_hf.generation import DecodingConfig, StudentForward, generate  # noqa: E402
 from trims_hf.reports import library_versions  # noqa: E402
-from trims_hf.scoring import EncodedRow, plan_batches  # noqa: E402
 from trims_hf.settings import ScoringOptions  # noqa: E402
 from trims_hf.students import STUDENTS  # noqa: E402
-from trims_hf.teacher import check_chunked_head, score_rows  # noqa: E402
 
 # --- public configs (see the module docstring for the sources) --------------------------------------------------
 
@@ -167,7 +167,7 @@ TOKEN_ID_HIGH = 500
 """Synthetic token ids are drawn from [3, 500): below every model's special ids at both scales."""
 
 # --- accelerators: the library's one table of peaks ----------------------------------------------------------------
-from trims_hf.accelerators import accelerator, mfu, weight_read_bound_ms  # noqa: E402
+from trims_hf.studies.accelerators import accelerator, mfu, weight_read_bound_ms  # noqa: E402
 
 TRIMS_OVER_MDLM_MAX, TRAIN_MFU_MIN = 1.02, 0.40
 SCORE_SECONDS_PER_MILLION_MAX = 60.0

@@ -12,9 +12,9 @@ import json
 import time
 from pathlib import Path
 
-from trims_hf.tasks import HumanEvalTask, MBPPTask
-from trims_hf.tasks.base import CodeTask, Example
-from trims_hf.tasks.sandbox import Isolation, run_tests
+from trims_hf.evaluation.tasks import HumanEvalTask, MBPPTask
+from trims_hf.evaluation.tasks.base import CodeTask, Example
+from trims_hf.evaluation.tasks.sandbox import Isolation, run_tests
 
 MBPP_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mbpp" / "mbpp.jsonl"
 

@@ -28,10 +28,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers_tokenizers import make_tokenizer  # noqa: E402
 
-from trims_hf.scoring import collate, padding_efficiency, plan_batches  # noqa: E402
+from trims_hf.data.scoring import collate, padding_efficiency, plan_batches  # noqa: E402
+from trims_hf.data.teacher import encode_dataset, load_teacher, score_rows  # noqa: E402
 from trims_hf.settings import ScoringOptions  # noqa: E402
 from trims_hf.sources import smollm2_gguf  # noqa: E402
-from trims_hf.teacher import encode_dataset, load_teacher, score_rows  # noqa: E402
 
 GSM8K_TRAIN = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
 

@@ -19,8 +19,8 @@ from datasets import Dataset
 
 from trims_hf.commands import CommandParser
 from trims_hf.commands.score import SCORING_TYPES, DataSource, score
-from trims_hf.hub import load_source_dataset
-from trims_hf.schema import COMPLETION, PROMPT, SchemaError
+from trims_hf.data.hub import load_source_dataset
+from trims_hf.data.schema import COMPLETION, PROMPT, SchemaError
 
 DEFAULT_SOURCE = "simplescaling/s1K"
 QUESTION = "question"

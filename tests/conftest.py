@@ -90,7 +90,7 @@ def synthetic_scored_rows(rows: list[dict], tokenizer, num_buckets: int = 8, see
     """Scored rows as the scorer writes them, with ``tokenizer`` as teacher and random NLLs."""
     import numpy as np
 
-    from trims_hf.buckets import equal_mass_buckets
+    from trims_hf.data.buckets import equal_mass_buckets
 
     rng = np.random.default_rng(seed)
     scored = []

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from trims_hf import evaluation
 from trims_hf.cli import main
+from trims_hf.evaluation import evaluate as evaluation
 
 decode, calls = evaluation.generate_text, []
 

@@ -121,7 +121,7 @@ def test_merged_export_is_the_original_layout_with_our_logits(tmp_path: Path) ->
 def test_push_to_hub_uploads_the_export_with_its_card(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import trims_hf.commands.export  # noqa: F401 - the command's module, whose push is patched below
     import trims_hf.export as export_module
-    from trims_hf import hub
+    from trims_hf.data import hub
 
     calls: list[tuple[str, dict]] = []
 

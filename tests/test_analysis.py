@@ -11,9 +11,10 @@ from helpers_teachers import make_teacher
 from helpers_tokenizers import make_tokenizer
 
 from trims_hf import EvalResult
-from trims_hf.analysis import (
+from trims_hf.data.buckets import bucket_statistics
+from trims_hf.generation.hooks import Trajectory
+from trims_hf.studies.analysis import (
     TeacherNLL,
-    bucket_statistics,
     format_study,
     hard_first_correlation,
     spearman_correlation,
@@ -21,7 +22,6 @@ from trims_hf.analysis import (
     study_rows,
     teacher_nll_scorer,
 )
-from trims_hf.generation.hooks import Trajectory
 
 STOP = 99
 

@@ -1,4 +1,4 @@
-"""trims_hf.annealing: DiffuLLaMA's causal-to-bidirectional attention schedule for a student's training forwards."""
+"""trims_hf.studies.annealing: DiffuLLaMA's causal-to-bidirectional attention schedule for a student's training forwards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from trims_hf import prepare_student
-from trims_hf.annealing import AttentionAnnealing, annealed_mask
+from trims_hf.studies.annealing import AttentionAnnealing, annealed_mask
 
 
 def test_mask_goes_from_causal_to_full_and_keeps_the_causal_part():

@@ -147,15 +147,15 @@ def test_threshold_quota_at_a_temperature_scores_the_tempered_probability(models
     """The block-causal decoder asks the proposals for LLaDA 2.x's tempered confidence (the rule itself:
     test_generation.py's test of the same name)."""
     import trims_hf.generation.block_causal as block_causal
-    from trims_hf.generation.decoding import _propose
+    from trims_hf.generation.steps import propose
 
     asked = []
 
     def spy(*args):
         asked.append(args[5:])
-        return _propose(*args)
+        return propose(*args)
 
-    monkeypatch.setattr(block_causal, "_propose", spy)
+    monkeypatch.setattr(block_causal, "propose", spy)
     ours, _ = models
     generate(ours, torch.tensor([PROMPTS[1]]), config=replace(config(0.95, 8), temperature=0.7, seed=0))
     assert asked and all(extra == (True,) for extra in asked)

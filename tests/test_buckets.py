@@ -76,7 +76,7 @@ def test_different_student_tokenizer_on_gsm8k(gsm8k_rows, tokenizer):
 
 def scored_by(tokenizer, rows: list[dict], nll_of) -> list[dict]:
     """Rows scored as the scorer stores them (disjoint spans), with NLLs ``nll_of(positions)``."""
-    from trims_hf.schema import disjoint_spans
+    from trims_hf.data.schema import disjoint_spans
 
     scored = []
     for row in rows:
@@ -158,7 +158,7 @@ def test_quantiles_over_kept_or_all_student_tokens(gsm8k_rows, tokenizer, quanti
 
 
 def test_tokens_outside_the_quantiles_follow_the_thresholds():
-    from trims_hf.buckets import threshold_buckets
+    from trims_hf.data.buckets import threshold_buckets
 
     scores = np.arange(10.0)
     ids, thresholds = equal_mass_buckets(scores, 5)  # thresholds 8, 6, 4, 2: the first score of buckets 1..4

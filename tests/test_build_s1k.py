@@ -10,7 +10,7 @@ import pytest
 from datasets import Dataset, load_dataset
 from helpers_teachers import save_teacher
 
-from trims_hf.hub import read_card_metadata
+from trims_hf.data.hub import read_card_metadata
 
 SCRIPT = Path(__file__).resolve().parents[1] / "dataset_scripts" / "build_s1k_trims.py"
 spec = importlib.util.spec_from_file_location("build_s1k_trims", SCRIPT)

@@ -9,9 +9,9 @@ from peft import get_peft_model
 from transformers import TrainerCallback
 
 from trims_hf import MDLMConfig, MDLMTrainer, evaluate_task, lora_config
-from trims_hf.callbacks import DecodeEvalCallback
+from trims_hf.evaluation.tasks import TaskDataError
 from trims_hf.generation import DecodingConfig
-from trims_hf.tasks import TaskDataError
+from trims_hf.training.callbacks import DecodeEvalCallback
 
 GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
 NAMES = ("eval_gsm8k_accuracy", "eval_gsm8k_num_samples", "eval_gsm8k_tokens_per_step", "eval_gsm8k_tokens_per_second",

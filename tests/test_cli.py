@@ -14,8 +14,8 @@ import pytest
 
 from trims_hf.cli import COMMANDS, main
 
-HEAVY = ("trims_hf.trainer", "trims_hf.generation.decoding", "trims_hf.harness.model", "trims_hf.jobs.score",
-         "trims_hf.jobs.train", "trims_hf.demo.pipeline", "peft", "datasets")
+HEAVY = ("trims_hf.training.trainer", "trims_hf.generation.decoding", "trims_hf.evaluation.harness.model",
+         "trims_hf.data.score_job", "trims_hf.training.train_job", "trims_hf.studies.demo.pipeline", "peft", "datasets")
 
 
 @pytest.mark.parametrize("argv", [["--help"], *[[name, "--help"] for name in COMMANDS]], ids=lambda a: " ".join(a))

@@ -9,7 +9,7 @@ from conftest import synthetic_scored_rows
 from datasets import Dataset
 
 from trims_hf import MaskingConfig, StudentFormat, TrimsDataCollator, prepare_dataset
-from trims_hf.schema import SchemaError
+from trims_hf.data.schema import SchemaError
 
 
 def collator(tokenizer, seed: int = 0, **masking):

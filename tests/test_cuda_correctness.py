@@ -35,10 +35,10 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig
 
 from trims_hf import TrimsDataCollator, load_student, lora_config
 from trims_hf.generation import DecodeHook, DecodingConfig, StepRecord, StudentForward, generate
-from trims_hf.generation.decoding import build_strategy
-from trims_hf.loss import mdlm_loss, per_sample_loss
+from trims_hf.generation.steps import build_strategy
 from trims_hf.settings import MaskingConfig
 from trims_hf.students import STUDENTS, student_spec
+from trims_hf.students.loss import mdlm_loss, per_sample_loss
 
 FIXTURES = SHARED / "fixtures"
 if not (FIXTURES / "decode_traces.json").is_file():
@@ -161,7 +161,7 @@ def test_lora_adapter_reload_gives_identical_logits(device, tmp_path):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_merged_lora_gives_the_unmerged_logits(device, tmp_path):
-    """The evaluation's path (trims_hf/harness/model.py): ``PeftModel.from_pretrained(...).merge_and_unload()``."""
+    """The evaluation's path (trims_hf/evaluation/harness/model.py): ``PeftModel.from_pretrained(...).merge_and_unload()``."""
     model = student("llada", device, torch.float32)
     peft = get_peft_model(model, lora_config(model))
     torch.manual_seed(0)

@@ -18,10 +18,10 @@ from helpers_teachers import save_teacher
 from test_eval_cli import read, without_timings
 
 from trims_hf.cli import main
-from trims_hf.distributed import CPU_LAUNCH_ADVICE, balanced_shards, gather_recorders
-from trims_hf.evaluation import unit_costs
+from trims_hf.data.score_job import work_dir_for
+from trims_hf.distributed import CPU_LAUNCH_ADVICE, balanced_shards
+from trims_hf.evaluation.evaluate import gather_recorders, unit_costs
 from trims_hf.generation import TokensPerStepRecorder
-from trims_hf.jobs.score import work_dir_for
 
 pytestmark = pytest.mark.slow  # two-process launches: minutes, so the inner loop (-m "not slow") skips them
 
@@ -157,7 +157,7 @@ def test_two_process_harness_matches_one_process(saved_student, tmp_path):
                  "--metadata", json.dumps({"data_dir": str(SHARED / "data")}), "--log_samples"]
     outputs = {}
     for name, prefix in (("one", [sys.executable]), ("two", two_processes())):
-        launch([*prefix, "-m", "trims_hf.harness", *arguments, "--output_path", str(tmp_path / name)])
+        launch([*prefix, "-m", "trims_hf.evaluation.harness", *arguments, "--output_path", str(tmp_path / name)])
         (results_file,) = (tmp_path / name).rglob("results_*.json")
         (trims_file,) = (tmp_path / name).rglob("trims_*.json")
         outputs[name] = json.loads(results_file.read_text()), json.loads(trims_file.read_text())

@@ -17,8 +17,8 @@ import torch
 
 from trims_hf.cli import main
 from trims_hf.determinism import DEFAULT_THREADS, PINNED_ENVIRONMENT
-from trims_hf.tasks.arith import ArithTask, make_splits
-from trims_hf.tiny import build_tokenizer
+from trims_hf.studies.arith import ArithTask, make_splits
+from trims_hf.studies.tiny import build_tokenizer
 
 MODELS = 5  # base + MDLM + three TRIMS orderings
 THRESHOLDS = (0.5, 0.9)
@@ -53,7 +53,7 @@ def test_tokenizer_splits_digits_and_round_trips():
 
 
 def test_the_library_and_the_recipes_never_import_the_demo():
-    # The demo is a command over the library (its task is trims_hf.tasks.arith, its small models trims_hf.tiny):
+    # The demo is a command over the library (its task is trims_hf.studies.arith, its small models trims_hf.studies.tiny):
     # only the command that runs it imports it.
     root = Path(__file__).resolve().parents[1]
     files = [*(root / "trims_hf").rglob("*.py"), *(root / "recipes").rglob("*.py"), *(root / "bench").rglob("*.py")]
@@ -65,7 +65,7 @@ def test_the_library_and_the_recipes_never_import_the_demo():
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
                      [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
             level = getattr(node, "level", 0)
-            if any(name.startswith("trims_hf.demo") or (level and name.split(".")[0] == "demo") for name in names):
+            if any(name.startswith("trims_hf.studies.demo") or (level and name.split(".")[0] == "demo") for name in names):
                 importers.append(str(path.relative_to(root)))
     assert len(files) > 50 and importers == []
 
@@ -89,7 +89,7 @@ def demo_runs(tmp_path_factory) -> tuple[Path, dict, dict, dict[str, int], dict[
 
 @pytest.mark.parametrize("flags, threads", [([], DEFAULT_THREADS), (["--threads", "1"], 1)])
 def test_threads_are_pinned_unless_given(flags, threads, monkeypatch, tmp_path):
-    from trims_hf.demo import pipeline
+    from trims_hf.studies.demo import pipeline
 
     seen = []
     monkeypatch.setattr(pipeline.DemoStudy, "run", lambda self: seen.append(torch.get_num_threads()))
@@ -107,7 +107,7 @@ def test_each_stage_depends_on_the_settings_it_declares():
     float results, so everything from the pretrained model on is rebuilt; SFT steps touch only the variants."""
     from dataclasses import replace
 
-    from trims_hf.demo.presets import FAST
+    from trims_hf.studies.demo.presets import FAST
 
     fewer_threads, more_steps = replace(FAST, threads=FAST.threads + 1), replace(FAST, variant_steps=7)
     assert fewer_threads.fingerprint("data") == FAST.fingerprint("data")
@@ -205,8 +205,8 @@ def test_demo_presets_and_set_reach_the_settings(monkeypatch, tmp_path, capsys):
     """A preset changed field by field: --set takes several assignments and repeats; the later one wins; --fields
     prints the fields as set and runs nothing; abbreviations are refused."""
     from trims_hf.cli import main
-    from trims_hf.demo import pipeline
-    from trims_hf.demo.presets import FAST, DemoSettings
+    from trims_hf.studies.demo import pipeline
+    from trims_hf.studies.demo.presets import FAST, DemoSettings
 
     seen = []
     monkeypatch.setattr(pipeline, "run_demo", lambda output, settings: seen.append(settings))
@@ -256,7 +256,7 @@ def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path,
 @pytest.mark.slow
 def test_importing_the_pipeline_leaves_matplotlib_alone():
     """Figures are built with the object API: no pyplot state, and the user's backend choice survives."""
-    code = ("import sys, matplotlib, trims_hf.demo.pipeline\n"
+    code = ("import sys, matplotlib, trims_hf.studies.demo.pipeline\n"
             "assert 'matplotlib.pyplot' not in sys.modules\n"
             "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()\n")
     env = {**os.environ, "MPLBACKEND": "svg"}

@@ -12,12 +12,12 @@ from conftest import SHARED, tiny_student
 from peft import get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import trims_hf.evaluation as evaluation
+import trims_hf.evaluation.evaluate as evaluation
 import trims_hf.students as students
 from trims_hf import lora_config
 from trims_hf.cli import main
-from trims_hf.model_config import StudentKind
-from trims_hf.tasks.sandbox import resolve_isolation
+from trims_hf.evaluation.tasks.sandbox import resolve_isolation
+from trims_hf.students.model_config import StudentKind
 
 GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
 MBPP = str(SHARED / "data" / "mbpp" / "mbpp.jsonl")
@@ -152,7 +152,7 @@ def nothing_loads(monkeypatch):
         raise AssertionError("the model was loaded before the input error was found")
 
     monkeypatch.setattr(students, "load_student", never)
-    monkeypatch.setattr(students.AutoModelForCausalLM, "from_pretrained", never)
+    monkeypatch.setattr(students.loading.AutoModelForCausalLM, "from_pretrained", never)
 
 
 def unreachable_hub(monkeypatch):

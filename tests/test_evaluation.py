@@ -13,14 +13,14 @@ from matplotlib.text import Text
 from torch import nn
 from transformers import PreTrainedConfig
 
-import trims_hf.evaluation as evaluation
+import trims_hf.evaluation.evaluate as evaluation
 from trims_hf import prepare_student
-from trims_hf.evaluation import EvalResult, EvaluationInterrupted, evaluate_task, sweep, sweep_configs
+from trims_hf.evaluation.evaluate import EvalResult, EvaluationInterrupted, evaluate_task, sweep, sweep_configs
+from trims_hf.evaluation.published import published_results
+from trims_hf.evaluation.results import format_table, plot_frontier, save_results
+from trims_hf.evaluation.tasks import CodeExecutionDisabled, GSM8KTask
 from trims_hf.generation import DecodingConfig, TrajectoryRecorder, cut_at_stop_strings
-from trims_hf.published import published_results
 from trims_hf.reports import library_versions
-from trims_hf.results import format_table, plot_frontier, save_results
-from trims_hf.tasks import CodeExecutionDisabled, GSM8KTask
 
 GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"
 STOP = "\n\nQuestion:"

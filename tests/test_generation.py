@@ -506,7 +506,7 @@ def test_end_of_response_defaults_to_the_chat_templates_end_of_turn_then_eos():
 def test_every_strategy_name_has_a_builder():
     from typing import get_args
 
-    from trims_hf.generation.decoding import STRATEGIES
+    from trims_hf.generation.steps import STRATEGIES
     from trims_hf.settings import StrategyName
 
     assert set(STRATEGIES) == set(get_args(StrategyName))
@@ -518,7 +518,7 @@ def test_decoding_stops_at_the_end_of_response_training_appends():
     from transformers import PreTrainedTokenizerFast
 
     from trims_hf import StudentFormat
-    from trims_hf.preparation import tokenize_example
+    from trims_hf.data.preparation import tokenize_example
 
     vocab = {**{f"w{i}": i for i in range(12)}, "<end>": 12, "<eot>": EOT, "<eos>": EOS, "<mask>": MASK}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="w0"))

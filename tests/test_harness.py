@@ -1,6 +1,6 @@
 """lm-evaluation-harness integration: the MC log-likelihood against exact enumeration, GSM8K CoT through
 the harness with a scripted student (stop strings, token counts, the harness's answer extraction against
-ours), the ``python -m trims_hf.harness`` command on a tiny saved student, and early errors."""
+ours), the ``python -m trims_hf.evaluation.harness`` command on a tiny saved student, and early errors."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from torch import nn
 from transformers import PreTrainedConfig
 
 from trims_hf import prepare_student, student_logits
-from trims_hf.harness import TASKS_DIR
-from trims_hf.harness.likelihood import masked_diffusion_loglikelihood, masked_elbo_terms
-from trims_hf.tasks import GSM8KTask
+from trims_hf.evaluation.harness import TASKS_DIR
+from trims_hf.evaluation.harness.likelihood import masked_diffusion_loglikelihood, masked_elbo_terms
+from trims_hf.evaluation.tasks import GSM8KTask
 
 DATA = SHARED / "data"
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def gsm8k_cot_run(tokenizer):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from trims_hf.harness.model import TrimsLM
+    from trims_hf.evaluation.harness.model import TrimsLM
 
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     docs = read_jsonl(DATA / "gsm8k" / "test.jsonl", len(CASES))
@@ -168,7 +168,7 @@ def test_harness_and_trims_extraction_agree_on_hidden_answers(gsm8k_cot_run):
 # --- the command, local data and early errors ---------------------------------------------------------------
 
 def test_local_data_loaders_match_hub_splits():
-    from trims_hf.harness.tasks import local_data
+    from trims_hf.evaluation.harness.tasks import local_data
 
     gsm8k = local_data.gsm8k(data_dir=str(DATA), pretrained="ignored")
     assert {k: len(v) for k, v in gsm8k.items()} == {"train": 7473, "test": 1319}
@@ -187,7 +187,7 @@ def test_harness_command_writes_results_and_tokens_per_step(saved_student, tmp_p
             "--tasks", "gsm8k_cot_local", "--limit", "2", "--batch_size", "2", "--device", "cpu",
             "--output_path", str(tmp_path / "out")]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRIMS_HARNESS_DATA": str(DATA), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "trims_hf.harness", *args], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "trims_hf.evaluation.harness", *args], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results_file = next((tmp_path / "out").rglob("results_*.json"))
@@ -203,8 +203,8 @@ def test_harness_command_writes_results_and_tokens_per_step(saved_student, tmp_p
 
 
 def test_bad_arguments_fail_before_loading(monkeypatch):
-    from trims_hf.harness.__main__ import main
-    from trims_hf.harness.model import TrimsLM
+    from trims_hf.evaluation.harness.__main__ import main
+    from trims_hf.evaluation.harness.model import TrimsLM
 
     with pytest.raises(ValueError, match="unknown model argument.*treshold"):
         TrimsLM("/nonexistent/model", treshold=0.9)
@@ -224,7 +224,7 @@ def test_bad_arguments_fail_before_loading(monkeypatch):
 
 
 def test_student_arguments_are_the_model_config_and_end_of_response_is_checked_first(tokenizer, tmp_path, monkeypatch):
-    from trims_hf.harness import model as harness_model
+    from trims_hf.evaluation.harness import model as harness_model
 
     folder = tmp_path / "tiny"
     tiny_student(tokenizer, "llada").save_pretrained(folder)

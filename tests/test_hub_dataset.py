@@ -10,11 +10,11 @@ import pytest
 from datasets import Dataset, Features, Value, load_dataset
 from helpers_teachers import make_teacher, save_teacher
 
-from trims_hf import hub
 from trims_hf.cli import main as trims_main
-from trims_hf.hub import HubAccessError, check_push_access, read_card_metadata, save_dataset_folder, scored_dataset_card
-from trims_hf.jobs import score as scoring
-from trims_hf.jobs.score import SCORE_FEATURES
+from trims_hf.data import hub
+from trims_hf.data import score_job as scoring
+from trims_hf.data.hub import HubAccessError, check_push_access, read_card_metadata, save_dataset_folder, scored_dataset_card
+from trims_hf.data.score_job import SCORE_FEATURES
 
 
 def test_folder_round_trips_through_load_dataset_with_card(tmp_path):

@@ -15,8 +15,8 @@ from original_reference import load_reference
 from safetensors.torch import load_file
 
 from trims_hf import MaskingConfig, MDLMConfig, MDLMTrainer, TrimsDataCollator, load_student
-from trims_hf.block_diffusion import block_diffusion_inputs, block_diffusion_mask, clean_input_ids
 from trims_hf.students import STUDENTS, detect_student_kind
+from trims_hf.students.block_diffusion import block_diffusion_inputs, block_diffusion_mask, clean_input_ids
 from trims_hf.students.llada2 import glm4_moe_config_from_llada2, llada2_config_from_glm4_moe
 
 
@@ -194,8 +194,8 @@ def test_padding_is_invisible_to_the_real_tokens_of_a_row(llada2, trims_collator
 
 
 def test_initialised_from_its_config_it_is_the_fused_qkv_class(llada2):
-    from trims_hf.jobs.train import ModelArguments, build_student
-    from trims_hf.model_config import resolve_student
+    from trims_hf.students.model_config import resolve_student
+    from trims_hf.training.train_job import ModelArguments, build_student
 
     scratch = ModelArguments(str(llada2), init_from_config=True)
     model = build_student(scratch, resolve_student(scratch, tokenizer=SimpleNamespace(mask_token_id=MASK_ID)))
@@ -215,7 +215,7 @@ def test_an_attention_that_cannot_take_the_block_mask_is_refused(llada2):
 
 def test_harness_elbo_is_the_block_diffusion_elbo_of_the_original_model(llada2):
     """lm-eval's Monte Carlo ELBO terms read each noised block given the clean blocks before it, as training does."""
-    from trims_hf.harness.likelihood import masked_elbo_terms, sample_mask_patterns
+    from trims_hf.evaluation.harness.likelihood import masked_elbo_terms, sample_mask_patterns
 
     context, continuation = list(range(3, 3 + BLOCK - 4)), list(range(40, 40 + 20))  # the continuation spans 2 blocks
     masks = sample_mask_patterns(len(continuation), 4, torch.Generator().manual_seed(0))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trims_hf import MaskingConfig
-from trims_hf.masking import (
+from trims_hf.training.masking import (
     CosineSchedule,
     LinearSchedule,
     noise_batch,

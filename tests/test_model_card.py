@@ -9,12 +9,12 @@ import pytest
 from huggingface_hub import ModelCard
 from transformers.trainer_utils import SchedulerType
 
-import trims_hf.hub as hub
+import trims_hf.data.hub as hub
 from trims_hf.cli import main
 from trims_hf.commands.eval import parser as eval_parser
-from trims_hf.model_card import eval_command, evaluation_from_logs, trims_model_card
 from trims_hf.reports import library_versions
 from trims_hf.settings import DecodingConfig, ResponseFormat
+from trims_hf.training.model_card import eval_command, evaluation_from_logs, trims_model_card
 
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy" / "trims_toy.yaml"
 HYPERPARAMETERS = {"TRIMS": {"num_buckets": 8, "p_context": 0.05, "p_future": 0.95, "trajectory_ratio": 0.1},

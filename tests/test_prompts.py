@@ -7,12 +7,12 @@ import copy
 import pytest
 
 from trims_hf import PromptFormat, StudentFormat, evaluate_task
+from trims_hf.data.preparation import tokenize_example
+from trims_hf.data.teacher import encode_row
+from trims_hf.evaluation.tasks import Example, Task
 from trims_hf.generation import decoding
-from trims_hf.preparation import tokenize_example
 from trims_hf.prompts import prompt_token_ids, render_prompt
 from trims_hf.settings import ScoringOptions
-from trims_hf.tasks import Example, Task
-from trims_hf.teacher import encode_row
 
 
 class _Captured(Exception):

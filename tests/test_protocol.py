@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from trims_hf.demo.presets import FAST
-from trims_hf.protocol import BASE, VARIANTS, fingerprint, with_overrides
-from trims_hf.regime import RegimeProtocol
 from trims_hf.settings import BucketConfig, MaskingConfig
+from trims_hf.studies.demo.presets import FAST
+from trims_hf.studies.protocol import BASE, VARIANTS, fingerprint, with_overrides
+from trims_hf.studies.regime import RegimeProtocol
 
 OTHER_VALUE = {"num_buckets": "3", "bucket_ordering": "random", "metric": "entropy", "bucket_seed": "7",
                "quantile_tokens": "all", "p_context": "0.1", "p_future": "0.9", "trajectory_ratio": "0.5",

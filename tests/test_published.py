@@ -8,8 +8,8 @@ import re
 import pytest
 from conftest import SHARED
 
-from trims_hf.aup import accuracy_under_parallelism, accuracy_weight
-from trims_hf.published import COMPARE_CHOICES, published_results
+from trims_hf.evaluation.aup import accuracy_under_parallelism, accuracy_weight
+from trims_hf.evaluation.published import COMPARE_CHOICES, published_results
 
 PAPER = SHARED / "paper" / "trims.tex"
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import real_size  # noqa: E402
 
-from trims_hf.accelerators import Accelerator, TimeModel, accelerator  # noqa: E402
+from trims_hf.studies.accelerators import Accelerator, TimeModel, accelerator  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The regime study (trims_hf.regime, recipes/regime): the chain problems, the pre-registered rule of the curve, the
+"""The regime study (trims_hf.studies.regime, recipes/regime): the chain problems, the pre-registered rule of the curve, the
 seed study's reading and its intervals, and both commands end to end at smoke size."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from trims_hf import regime
-from trims_hf.evaluation import EvalResult, SampleRecord
-from trims_hf.protocol import BASE, with_overrides
-from trims_hf.tasks.arith import ArithTask, draw_unique, make_problem
+from trims_hf.evaluation.evaluate import EvalResult, SampleRecord
+from trims_hf.studies import regime
+from trims_hf.studies.arith import ArithTask, draw_unique, make_problem
+from trims_hf.studies.protocol import BASE, with_overrides
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "regime" / "regime.py"
 _spec = importlib.util.spec_from_file_location("regime_recipe", RECIPE)
@@ -150,13 +150,13 @@ ANSWER = "Mia finds 7, so 12 + 7 = 19 pens.\nThen 19 - 3 = 16 pens.\n#### 16"
 
 @pytest.fixture(scope="module")
 def chain_tokenizer():
-    from trims_hf.tiny import build_tokenizer
+    from trims_hf.studies.tiny import build_tokenizer
 
     return build_tokenizer([f"Mia has 12 pens.\n{ANSWER}"])
 
 
 def _tokenized(tokenizer):
-    from trims_hf.preparation import tokenize_example
+    from trims_hf.data.preparation import tokenize_example
     from trims_hf.settings import StudentFormat
 
     return tokenize_example(tokenizer, "Mia has 12 pens.", ANSWER, StudentFormat(max_length=64))
@@ -183,7 +183,7 @@ def test_result_recall_reads_each_view_from_the_aligned_logits(chain_tokenizer):
     import torch
 
     from trims_hf import prepare_student
-    from trims_hf.tiny import tiny_llama
+    from trims_hf.studies.tiny import tiny_llama
 
     model = prepare_student(tiny_llama(chain_tokenizer, 16, 1, 2, 64, seed=0), "dream", chain_tokenizer.mask_token_id)
     truth = torch.tensor(_tokenized(chain_tokenizer).input_ids)
@@ -361,7 +361,7 @@ def test_the_study_takes_up_the_settings_the_curve_ran_with(tmp_path, capsys):
 def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings(tmp_path, monkeypatch, capsys):
     """A study at another trajectory ratio takes the other study's bases; one at another base learning rate takes only
     what comes before the base. A seed the other study does not have takes only the shared stages, from the first."""
-    from trims_hf.study import KEY_FILE, Units
+    from trims_hf.studies.study import KEY_FILE, Units
 
     old = tmp_path / "old"
     made = regime.RegimeProtocol(seed=0)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trims_hf.tasks import HumanEvalTask, MBPPTask, sandbox
-from trims_hf.tasks.sandbox import (
+from trims_hf.evaluation.tasks import HumanEvalTask, MBPPTask, sandbox
+from trims_hf.evaluation.tasks.sandbox import (
     SandboxLimits,
     SandboxUnavailable,
     bubblewrap_command,

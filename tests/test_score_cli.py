@@ -19,9 +19,9 @@ from helpers_teachers import save_teacher
 from huggingface_hub import HfApi
 
 from trims_hf.cli import main as trims_main
-from trims_hf.jobs import score as job
-from trims_hf.jobs.score import work_dir_for
-from trims_hf.schema import SchemaError, as_prompt_completion
+from trims_hf.data import score_job as job
+from trims_hf.data.schema import SchemaError, as_prompt_completion
+from trims_hf.data.score_job import work_dir_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

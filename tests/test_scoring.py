@@ -8,15 +8,15 @@ import torch
 from datasets import Dataset, load_dataset
 from helpers_teachers import make_teacher
 
-from trims_hf.buckets import equal_mass_buckets
-from trims_hf.hub import read_card_metadata
-from trims_hf.jobs.score import add_teacher_buckets, build_scored_dataset, score_dataset, work_dir_for
+from trims_hf.data.buckets import equal_mass_buckets
+from trims_hf.data.hub import read_card_metadata
+from trims_hf.data.schema import SchemaError
+from trims_hf.data.score_job import add_teacher_buckets, build_scored_dataset, score_dataset, work_dir_for
+from trims_hf.data.scoring import EncodedRow, plan_batches
+from trims_hf.data.teacher import encode_dataset, load_teacher, score_batch, score_rows
 from trims_hf.prompts import prompt_template, prompt_token_ids
-from trims_hf.schema import SchemaError
-from trims_hf.scoring import EncodedRow, plan_batches
 from trims_hf.settings import BucketConfig, PromptFormat, ScoringOptions
 from trims_hf.sources import smollm2_gguf
-from trims_hf.teacher import encode_dataset, load_teacher, score_batch, score_rows
 
 ATOL = 1e-5
 
@@ -227,7 +227,7 @@ def test_teacher_buckets_are_cut_over_tokens_within_the_training_length(teacher,
     np.testing.assert_array_equal(np.concatenate([b[:k] for b, k in zip(scored["teacher_bucket"], kept)]), expected)
     assert meta["quantile_tokens"] == "kept" and meta["train_max_length"] == 1024
     assert meta["num_quantile_tokens"] == sum(kept) == sum(b["tokens"] for b in meta["bucket_statistics"])
-    from trims_hf.buckets import threshold_buckets  # imported here so this test also runs (and fails) on the code before it
+    from trims_hf.data.buckets import threshold_buckets  # imported here so this test also runs (and fails) on the code before it
 
     tails = np.concatenate([n[k:] for n, k in zip(scored["teacher_nll"], kept)])
     tail_ids = np.concatenate([b[k:] for b, k in zip(scored["teacher_bucket"], kept)])
@@ -256,7 +256,7 @@ def test_card_names_the_teacher_and_holds_the_statistics(teacher, tokenizer, dat
 
 
 def test_teacher_identity_is_a_name_not_a_path(tmp_path):
-    from trims_hf.teacher import teacher_identity
+    from trims_hf.data.teacher import teacher_identity
 
     gguf = tmp_path / "site-packages" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.parent.mkdir()

@@ -23,14 +23,15 @@ import torch
 from helpers_tokenizers import make_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trims_hf import add_mask_token, evaluation
-from trims_hf import protocol as protocol_module
-from trims_hf import study as study_module
-from trims_hf.protocol import BASE, VARIANTS
-from trims_hf.regime import RECALL_VIEWS
+from trims_hf import add_mask_token
+from trims_hf.evaluation import evaluate as evaluation
+from trims_hf.evaluation.tasks.base import read_json_rows
 from trims_hf.sources import smollm2_gguf
-from trims_hf.study import REPORT_FILES, OutOfBudget, Units, models_plan, unit_label
-from trims_hf.tasks.base import read_json_rows
+from trims_hf.studies import protocol as protocol_module
+from trims_hf.studies import study as study_module
+from trims_hf.studies.protocol import BASE, VARIANTS
+from trims_hf.studies.regime import RECALL_VIEWS
+from trims_hf.studies.study import REPORT_FILES, OutOfBudget, Units, models_plan, unit_label
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2" / "replicate.py"
 _spec = importlib.util.spec_from_file_location("smollm2_replicate", RECIPE)

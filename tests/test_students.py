@@ -113,8 +113,8 @@ def test_mask_token_id_comes_from_the_caller_then_config_then_tokenizer(tokenize
 
 def test_recipes_take_the_mask_token_id(plain_llama_folder, tokenizer, tmp_path):
     from trims_hf.commands.recipe import parse_recipe
-    from trims_hf.jobs.train import ModelArguments, build_student
-    from trims_hf.model_config import resolve_student
+    from trims_hf.students.model_config import resolve_student
+    from trims_hf.training.train_job import ModelArguments, build_student
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"model_name_or_path: {plain_llama_folder}\nmodel_kind: llada\ndataset_name: rows.jsonl\n"
@@ -185,7 +185,7 @@ def test_llada_moe_attention_is_bidirectional_and_lora_wraps_attention_only(orig
 
 def test_llada_moe_training_loss_has_no_router_auxiliary_loss(original_checkpoint):
     """dLLM's MDLM trainer (the one that trains LLaDA-MoE) takes its loss from the logits alone: so does ours."""
-    from trims_hf.loss import mdlm_loss
+    from trims_hf.students.loss import mdlm_loss
 
     model = load_student(str(original_checkpoint("llada_moe"))).train()
     ids = load_file(str(original_checkpoint("llada_moe") / "parity.safetensors"))["input_ids"]

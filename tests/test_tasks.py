@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from conftest import SHARED
 
-from trims_hf.tasks import (
+from trims_hf.evaluation.tasks import (
     BOXED_INSTRUCTION,
     CodeExecutionDisabled,
     GSM8KTask,
@@ -21,7 +21,7 @@ from trims_hf.tasks import (
     get_task,
     registry,
 )
-from trims_hf.tasks.extraction import code_block, last_boxed
+from trims_hf.evaluation.tasks.extraction import code_block, last_boxed
 
 DATA = SHARED / "data"
 GSM8K_FILE = str(DATA / "gsm8k" / "test.jsonl")

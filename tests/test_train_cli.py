@@ -26,7 +26,7 @@ from trims_hf.cli import main
 from trims_hf.commands.recipe import parse_recipe, read_recipe
 from trims_hf.commands.train import split_config
 from trims_hf.errors import InputError
-from trims_hf.trainer import MDLMTrainer
+from trims_hf.training.trainer import MDLMTrainer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TOY = RECIPES / "toy" / "trims_toy.yaml"
@@ -281,8 +281,8 @@ def offline_hub(monkeypatch):
 
     monkeypatch.setattr("huggingface_hub.HfApi.repo_info", unreachable)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
-    monkeypatch.setattr("trims_hf.hub.get_token", lambda: None)
-    monkeypatch.setattr("trims_hf.jobs.train.build_student", never)
+    monkeypatch.setattr("trims_hf.data.hub.get_token", lambda: None)
+    monkeypatch.setattr("trims_hf.training.train_job.build_student", never)
 
 
 @pytest.mark.parametrize("edit,changes,extra,expected", [case[1:] for case in MISTAKES], ids=[case[0] for case in MISTAKES])

@@ -382,7 +382,7 @@ def test_compiled_blocks_train_the_same_objective(tmp_path, tokenizer, prepared,
 
 
 def test_compile_blocks_names_a_model_without_blocks():
-    from trims_hf.trainer import compile_blocks
+    from trims_hf.training.trainer import compile_blocks
 
     with pytest.raises(ValueError, match="compile_blocks: Linear names no decoder block"):
         compile_blocks(torch.nn.Linear(2, 2))

@@ -11,46 +11,49 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# submodule -> the public names it defines: what a user imports. Analysis, report writers and the commands' own
-# plumbing (pre-flight checks, cards, recipe parsing) stay in their modules (e.g. ``trims_hf.analysis``).
+# submodule -> the public names it defines: what a user imports, stage by stage (core, scoring and data, students,
+# training, generation, evaluation, export; then the one name of the studies' wing, ``ArithTask``, mapped by name only:
+# no plugin module imports the studies). Analysis, report writers and the commands' own plumbing (pre-flight checks,
+# cards, recipe parsing) stay in their modules (e.g. ``trims_hf.studies.analysis``).
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "settings": ("DEFAULT_TEACHER", "BucketConfig", "DecodingConfig", "MaskingConfig", "PromptFormat", "ScoringOptions",
                  "StudentFormat"),
     "prompts": ("prompt_token_ids", "render_prompt"),
+    "errors": ("InputError",),
+    "sources": ("SourceError",),
+    "reports": ("library_versions",),
+    "data.buckets": ("bucket_rows", "equal_mass_buckets", "project_scores", "teacher_coverage", "threshold_buckets"),
+    "data.preparation": ("prepare_dataset",),
+    "data.schema": ("SchemaError",),
+    "data.hub": ("HubAccessError", "load_source_dataset"),
+    "data.teacher": ("load_teacher", "load_teacher_tokenizer"),
+    "data.score_job": ("ScoringInterrupted", "build_scored_dataset"),
     "students": ("AdapterError", "MaskTokenError", "StudentKindError", "StudentSpec", "add_mask_token", "detect_student_kind",
                  "load_adapter", "load_student", "mask_token_id", "prepare_student", "student_logits", "student_mask_token_id",
                  "student_spec"),
-    "buckets": ("bucket_rows", "equal_mass_buckets", "project_scores", "teacher_coverage", "threshold_buckets"),
-    "collator": ("TrimsDataCollator",),
-    "config": ("MDLMConfig",),
-    "masking": ("noise_batch",),
-    "block_diffusion": ("block_diffusion_inputs", "block_diffusion_mask"),
-    "loss": ("mdlm_loss", "per_sample_loss"),
-    "preparation": ("prepare_dataset",),
-    "schema": ("SchemaError",),
-    "trainer": ("CollatorEpochCallback", "MDLMTrainer"),
-    "lora": ("lora_config",),
-    "metrics": ("available_metrics", "metric_path"),
-    "tasks": (
-        "ArithTask", "BOXED_INSTRUCTION", "CodeExecutionDisabled", "CodeTask", "Example", "Grade", "GSM8KTask", "HumanEvalTask",
-        "Math500Task", "MBPPTask", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "Task", "TaskDataError",
-        "get_task", "registry",
-        "run_program", "run_tests",
-    ),
+    "students.block_diffusion": ("block_diffusion_inputs", "block_diffusion_mask"),
+    "students.loss": ("mdlm_loss", "per_sample_loss"),
+    "students.model_config": ("ModelConfig", "ResolvedStudent", "load_model", "resolve_student"),
+    "training.collator": ("TrimsDataCollator",),
+    "training.config": ("MDLMConfig",),
+    "training.masking": ("noise_batch",),
+    "training.trainer": ("CollatorEpochCallback", "MDLMTrainer"),
+    "training.lora": ("lora_config",),
+    "training.callbacks": ("DecodeEvalCallback",),
     "generation": (
         "ConfidenceFactor", "ConfidenceThreshold", "EntropyThreshold", "FixedSteps", "GenerationOutput", "ThresholdQuota",
         "TokensPerStepRecorder", "TrajectoryRecorder", "generate", "generate_text", "teacher_nll_per_step",
     ),
-    "hub": ("HubAccessError", "load_source_dataset"),
-    "teacher": ("load_teacher", "load_teacher_tokenizer"),
-    "errors": ("InputError",),
-    "sources": ("SourceError",),
-    "jobs.score": ("ScoringInterrupted", "build_scored_dataset"),
-    "evaluation": ("EvalResult", "EvaluationInterrupted", "SampleRecord", "evaluate_task", "sweep"),
-    "reports": ("library_versions",),
-    "callbacks": ("DecodeEvalCallback",),
+    "evaluation.metrics": ("available_metrics", "metric_path"),
+    "evaluation.tasks": (
+        "BOXED_INSTRUCTION", "CodeExecutionDisabled", "CodeTask", "Example", "Grade", "GSM8KTask", "HumanEvalTask",
+        "Math500Task", "MBPPTask", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "Task", "TaskDataError",
+        "get_task", "registry",
+        "run_program", "run_tests",
+    ),
+    "evaluation.evaluate": ("EvalResult", "EvaluationInterrupted", "SampleRecord", "evaluate_task", "sweep"),
     "export": ("export", "export_adapter", "export_merged"),
-    "model_config": ("ModelConfig", "ResolvedStudent", "load_model", "resolve_student"),
+    "studies.arith": ("ArithTask",),
 }
 _OWNER = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_OWNER)

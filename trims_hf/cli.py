@@ -17,8 +17,9 @@ COMMANDS = {
     "train": ("trims_hf.commands.train", "Fine-tune a masked diffusion student with TRIMS (or MDLM) from a YAML recipe."),
     "eval": ("trims_hf.commands.eval", "Evaluate a student on a benchmark: accuracy and tokens per step."),
     "export": ("trims_hf.commands.export", "Export base + adapter as merged weights or an adapter in the original layout."),
-    "lm-eval": ("trims_hf.harness.__main__", "lm-evaluation-harness with the `trims` model (pip install trims_hf[lm_eval])."),
-    "demo": ("trims_hf.commands.demo", "Run the whole TRIMS chain offline on a small embedded task."),
+    "lm-eval": ("trims_hf.evaluation.harness.__main__",
+                "lm-evaluation-harness with the `trims` model (pip install trims_hf[lm_eval])."),
+    "demo": ("trims_hf.studies.demo.command", "Run the whole TRIMS chain offline on a small embedded task."),
 }
 
 

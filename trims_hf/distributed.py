@@ -21,13 +21,10 @@ import heapq
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from accelerate import PartialState
 from accelerate.utils import gather_object
-
-if TYPE_CHECKING:
-    from .generation import TokensPerStepRecorder
 
 CPU_LAUNCH_ADVICE = ("on CPU, launch with `accelerate launch --multi_gpu --num_processes N ...` or `torchrun "
                      "--nproc_per_node N ...` (gloo processes; `--cpu` alone starts one unless mpirun is set up)")
@@ -81,26 +78,6 @@ def gather(value: Any) -> list[Any]:
     return gather_object([value])
 
 
-def gather_recorders(recorders: dict[str, TokensPerStepRecorder]) -> dict[str, TokensPerStepRecorder]:
-    """Per task, one recorder holding every process's samples (keyed by process and sample id) and forwards, and the
-    slowest process's decoding time: its summary is a one-process run's (tokens per second aside). Every process
-    calls it (a process may lack a task that others decoded)."""
-    from .generation import TokensPerStepRecorder
-
-    shares = gather({task: (r.samples, r.model_forwards, r.wall_time_s, r.early_stop) for task, r in recorders.items()})
-    merged = {}
-    for task in dict.fromkeys(task for share in shares for task in share):
-        recorder = merged[task] = TokensPerStepRecorder()
-        for process, share in enumerate(shares):
-            if task not in share:
-                continue
-            samples, forwards, seconds, recorder.early_stop = share[task]
-            recorder.samples.update(((process, key), counts) for key, counts in samples.items())
-            recorder.model_forwards += forwards
-            recorder.wall_time_s = max(recorder.wall_time_s, seconds)
-    return merged
-
-
 def requested_processes() -> int | None:
     """The process count the ``accelerate launch`` that started this process asked for (its ``--num_processes``
     or its config file's), or None when not started by ``accelerate launch``. Read from the launcher's command
@@ -138,4 +115,4 @@ def announce(command: str, state: PartialState) -> None:
               f"{CPU_LAUNCH_ADVICE}.", file=sys.stderr)
 
 
-__all__ = ["announce", "balanced_shards", "gather", "gather_recorders", "my_share", "process_state", "requested_processes"]
+__all__ = ["announce", "balanced_shards", "gather", "my_share", "process_state", "requested_processes"]

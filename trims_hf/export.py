@@ -17,7 +17,7 @@ from typing import Any
 from huggingface_hub import HfApi, ModelCard, ModelCardData
 from safetensors.torch import save_file
 
-from .hub import METADATA_KEY
+from .data.hub import METADATA_KEY
 from .students import STUDENTS, detect_student_kind
 from .students.adapters import (
     ADAPTER_CONFIG,

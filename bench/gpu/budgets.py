@@ -1,7 +1,7 @@
 """Time budgets of the parts of one GPU window (``run_all.sh``), from FLOP and byte counts on an H100 SXM.
 
 Each part gets: the process start (imports; ``STARTUP_S``), building its models (``BUILD_S`` each), and its work at
-assumed achieved rates (:data:`WINDOW`, the library's :class:`~trims_hf.accelerators.TimeModel`: a fraction of the
+assumed achieved rates (:data:`WINDOW`, the library's :class:`~trims_hf.studies.accelerators.TimeModel`: a fraction of the
 H100's dense bf16 peak for matmul-bound work, of its bandwidth for weight-bound decoding steps), plus a fixed host
 cost per training or decoding step, all times the slack. The counts
 come from the same functions and settings ``bench/real_size.py`` measures with (parameter counts of the real shapes
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from trims_hf.accelerators import TimeModel
+from trims_hf.studies.accelerators import TimeModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model shapes and FLOP counts of its sibling script
 

@@ -26,7 +26,7 @@ exclude="$(git rev-parse --git-path info/exclude)"
 grep -qxF "/.carry/" "$exclude" 2>/dev/null || echo "/.carry/" >> "$exclude"
 shared=${SHARED_DIR:-$root/../shared}
 rm -rf .carry/shared && mkdir -p .carry/shared && cp -r "$shared/fixtures" .carry/shared/
-echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!bench/results' || echo '+uncommitted')" > .carry/commit
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs/results' || echo '+uncommitted')" > .carry/commit
 echo "carried: .whl $(du -sh .whl | cut -f1), .carry $(du -sh .carry | cut -f1), tracked tree $(git ls-files -z | du -ch --files0-from=- | tail -1 | cut -f1)"
 rm -rf "$out"
 # No deadline to speak of: on a CPU shared with other jobs the tiny parts take minutes, and the point is that none fails.

@@ -8,7 +8,7 @@
   copies whether a base computes its solution lines' results or copies them from where the answer repeats them
          (one JSON line: each result read with the rest visible, with the later numbers masked, left to right)
 
-Both resume: a rerun skips finished points and units. The library does the work (trims_hf.regime).
+Both resume: a rerun skips finished points and units. The library does the work (trims_hf.studies.regime).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
                         "or prompt/completion rows (its data/train.jsonl).")
     parser.add_argument("--limit", type=int, default=100, help="copies: the first N rows (default 100).")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="A protocol setting (trims_hf.regime.RegimeProtocol), e.g. hidden_size=128 or test_level=2.")
+                        help="A protocol setting (trims_hf.studies.regime.RegimeProtocol), e.g. hidden_size=128 or test_level=2.")
     parser.add_argument("--smoke", action="store_true", help="Tiny sizes: every stage runs in seconds.")
     parser.add_argument("--budget-minutes", type=float, help="curve: start no point after this; study: no unit "
                         "expected to end after it (exit 3, rerun to continue).")
@@ -62,8 +62,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
                         "(e.g. a study at another trajectory ratio trains no base again).")
     args = parser.parse_args(argv)
     from trims_hf.errors import InputError, check_output_path
-    from trims_hf.protocol import with_overrides
-    from trims_hf.regime import RegimeProtocol
+    from trims_hf.studies.protocol import with_overrides
+    from trims_hf.studies.regime import RegimeProtocol
 
     if args.reuse is not None and args.command != "study":
         raise InputError(f"--reuse {args.reuse}: only the study takes another study's stages.")
@@ -73,7 +73,7 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     except ValueError as error:
         raise InputError(f"--set {error}") from None
     if args.from_curve is not None:
-        from trims_hf.regime import check_shared, chosen_protocol, pretrained_tag, read_curve
+        from trims_hf.studies.regime import check_shared, chosen_protocol, pretrained_tag, read_curve
 
         curve = args.from_curve / "curve.jsonl"
         if not curve.is_file():
@@ -89,9 +89,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
                 raise InputError(f"{flag} {path}: copies needs an existing {'folder' if kind == 'dir' else 'file'}.")
         if args.limit < 1:
             raise InputError(f"--limit {args.limit}: must be at least 1.")
-        from trims_hf.regime import RESULT
-        from trims_hf.tasks.arith import ArithTask
-        from trims_hf.tasks.base import TaskDataError, read_json_rows
+        from trims_hf.evaluation.tasks.base import TaskDataError, read_json_rows
+        from trims_hf.studies.arith import ArithTask
+        from trims_hf.studies.regime import RESULT
 
         try:
             args.rows_read = [{"question": row["prompt"], "answer": row["completion"]} if "question" not in row
@@ -136,8 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import torch
 
-    from trims_hf import regime
     from trims_hf.reports import write_atomic
+    from trims_hf.studies import regime
 
     torch.set_num_threads(protocol.threads)
     if args.command == "copies":

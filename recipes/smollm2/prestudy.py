@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from trims_hf.evaluation import load_examples
+from trims_hf.data.teacher import load_teacher
+from trims_hf.evaluation.evaluate import load_examples
+from trims_hf.evaluation.tasks import Task, get_task
 from trims_hf.generation import cut_at_stop_strings
 from trims_hf.settings import PromptFormat
 from trims_hf.sources import smollm2_gguf
-from trims_hf.tasks import Task, get_task
-from trims_hf.tasks.arith import ArithTask, make_splits
-from trims_hf.teacher import load_teacher
+from trims_hf.studies.arith import ArithTask, make_splits
 
 
 def greedy_accuracy(model: torch.nn.Module, tokenizer, task: Task, examples: Sequence, max_new_tokens: int,

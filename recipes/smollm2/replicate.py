@@ -4,7 +4,7 @@ The protocol is the one :class:`Protocol` below, fixed before any SFT variant ru
 (15 minutes, at most 10 per command) produces the main comparison (:func:`stage_budgets`, recipes/smollm2/README.md);
 its fingerprint is recorded with every output, and an output folder started under one protocol refuses to continue
 under another (a changed setting is a new study in a new folder, never a silent mix). The stages are the library's
-(:class:`trims_hf.study.Study`: data, pretrained, score, base, models, report), each resumable; this study adds:
+(:class:`trims_hf.studies.study.Study`: data, pretrained, score, base, models, report), each resumable; this study adds:
 
   data        generated word problems at difficulty levels 1..L: train (all levels), selection and test per level
   pretrained  SmolLM2 converted once from its GGUF into a plain checkpoint (every later load is fast); the teacher
@@ -37,9 +37,15 @@ sleep_while_waiting()  # before torch loads
 import torch
 from datasets import Dataset
 
-from trims_hf.accelerators import TimeModel
+from trims_hf.data.schema import as_prompt_completion
+from trims_hf.data.teacher import drop_gguf_marks, load_teacher
 from trims_hf.errors import InputError, check_output_path
-from trims_hf.protocol import (
+from trims_hf.evaluation.tasks.base import read_json_rows, write_json_rows
+from trims_hf.settings import DecodingConfig, ScoringOptions, StudentFormat
+from trims_hf.sources import smollm2_gguf
+from trims_hf.studies.accelerators import TimeModel
+from trims_hf.studies.arith import ArithTask, draw_unique
+from trims_hf.studies.protocol import (
     VARIANTS,
     LeveledOneSeedProtocol,
     StudyProtocol,
@@ -49,15 +55,9 @@ from trims_hf.protocol import (
     record_protocol,
     with_overrides,
 )
-from trims_hf.regime import RECALL_VIEWS, probe_levels
-from trims_hf.schema import as_prompt_completion
-from trims_hf.settings import DecodingConfig, ScoringOptions, StudentFormat
-from trims_hf.sources import smollm2_gguf
-from trims_hf.study import Study, file_sha256, models_plan
-from trims_hf.tasks.arith import ArithTask, draw_unique
-from trims_hf.tasks.base import read_json_rows, write_json_rows
-from trims_hf.teacher import drop_gguf_marks, load_teacher
-from trims_hf.tiny import build_tokenizer, pretrain_tiny_llama
+from trims_hf.studies.regime import RECALL_VIEWS, probe_levels
+from trims_hf.studies.study import Study, file_sha256, models_plan
+from trims_hf.studies.tiny import build_tokenizer, pretrain_tiny_llama
 
 STAGES = ("data", "pretrained", "score", "base", "select", "models", "report")
 
@@ -88,7 +88,7 @@ class Protocol(LeveledOneSeedProtocol):
     student: str = "smollm2"
     """smollm2: SmolLM2-135M-Instruct from its GGUF; tiny: a tiny Llama built and pretrained here (smoke runs only)."""
     levels: tuple[int, ...] = (1, 2, 3, 4)
-    """Difficulty levels of the word problems (trims_hf.tasks.arith): level 1 the demo's own, each level 4x larger
+    """Difficulty levels of the word problems (trims_hf.studies.arith): level 1 the demo's own, each level 4x larger
     numbers; the base picks the evaluated one (:func:`select_level`)."""
     train_per_level: int = 1000
     """4,000 train rows: the paper trains 30 epochs on 1K rows; here the base sees ~5 epochs. Rows cost CPU time in the
@@ -127,7 +127,7 @@ class Protocol2(Protocol):
     accuracy"). The task is the chain problems (long answers, mostly template; one-digit operands on a running total at
     level 1), the target 60%, and the base, where the CPU curves lost the pretrained model's arithmetic (docs/regime.md),
     trains as long as one window allows (sized from window 1's measured unit times: :func:`measured_budgets`), turning
-    bidirectional gradually as DiffuLLaMA does (:class:`trims_hf.annealing.AttentionAnnealing`)."""
+    bidirectional gradually as DiffuLLaMA does (:class:`trims_hf.studies.annealing.AttentionAnnealing`)."""
 
     levels: tuple[int, ...] = (1, 2)
     train_per_level: int = 2000
@@ -143,7 +143,7 @@ class Protocol2(Protocol):
 
 
 FULL = Protocol()
-"""Protocol 1: window 1 ran it (results/window-1/); kept as it was for its results."""
+"""Protocol 1: window 1 ran it (docs/results/smollm2/window-1/); kept as it was for its results."""
 SMOKE_SIZES = dict(student="tiny", levels=(1, 2), train_per_level=48, selection_per_level=6, test_problems=8,
                    student_format=StudentFormat(max_length=160), batch_size=8, base_steps=4, base_lr=3e-3,
                    variant_steps=2, variant_lr=1e-3, tail_thresholds=(0.5,),
@@ -261,7 +261,7 @@ def trace_s(p: Protocol) -> float:
 
 def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
     """(unit, expected seconds on an H100, in the tail) of the compute call in the order it runs
-    (:func:`~trims_hf.study.models_plan` for the models): the estimate the protocol was sized with, and the
+    (:func:`~trims_hf.studies.study.models_plan` for the models): the estimate the protocol was sized with, and the
     runtime's prior before a unit of the kind has been timed. Preparing the rows for a bucket ordering is counted
     with the first unit that needs it."""
     rows, batch = len(p.levels) * p.train_per_level, ScoringOptions.max_tokens_per_batch
@@ -285,7 +285,7 @@ def stage_budgets(p: Protocol) -> list[tuple[str, float, bool]]:
     return budgets + [("report", REPORT_S, False)]
 
 
-WINDOW_1 = Path(__file__).resolve().parent / "results" / "window-1" / "results.json"
+WINDOW_1 = Path(__file__).resolve().parents[2] / "docs" / "results" / "smollm2" / "window-1" / "results.json"
 """Window 1's report (one H100, protocol 1): the wall time of every unit (``unit_wall_s``), what later protocols are
 sized with."""
 
@@ -453,7 +453,7 @@ class Replication(Study):
         """Protocol 2: the base turns bidirectional over its first ``anneal_steps`` (DiffuLLaMA's annealing)."""
         if not self.protocol.anneal_steps:
             return {}
-        from trims_hf.annealing import AttentionAnnealing
+        from trims_hf.studies.annealing import AttentionAnnealing
 
         AttentionAnnealing(model, self.protocol.anneal_steps, seed=self.protocol.seed)
         return {"attention_anneal_steps": self.protocol.anneal_steps}

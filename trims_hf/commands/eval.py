@@ -1,6 +1,6 @@
 """``trims eval``: decode a benchmark with a student and report accuracy, tokens per step and AUP (JSON, table, plot).
 
-Flags come from :class:`~trims_hf.model_config.ModelConfig` (the student, as ``trims train`` and the harness
+Flags come from :class:`~trims_hf.students.model_config.ModelConfig` (the student, as ``trims train`` and the harness
 describe it), :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfig` and
 :class:`~trims_hf.settings.ResponseFormat` (where a response ends: as the student was trained). Every input (paths,
 Hub ids, the student's kind and mask id, the task's data and columns, the sweep, the output) is checked before the
@@ -8,7 +8,7 @@ model loads, so a mistake costs seconds and one ``error:`` line, and nothing is 
 to ``<output>.progress.jsonl`` as they finish: after Ctrl-C or a crash, the same command resumes there.
 
 Under ``accelerate launch`` / ``torchrun`` the problems (and the settings of a sweep) are shared across the
-processes (:func:`trims_hf.evaluation.evaluate_settings`), each process saves its records in its own
+processes (:func:`trims_hf.evaluation.evaluate.evaluate_settings`), each process saves its records in its own
 ``<output>.progress.rank-<k>.jsonl``, and the main process writes the one results file, equal to a one-process run's.
 """
 
@@ -19,21 +19,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import InputError, check_output_path
-from ..model_config import (
+from ..evaluation.published import PublishedResult, published_results
+from ..settings import DecodingConfig, ResponseFormat
+from ..students.model_config import (
     ModelConfig,
     ResolvedStudent,
     check_model_sources,
     flag_name,
     resolve_student,
 )
-from ..published import PublishedResult, published_results
-from ..settings import DecodingConfig, ResponseFormat
 from . import INTERRUPTED, CommandParser, fail
 
 
 @dataclass
 class EvalArguments:
-    """On which benchmark, how, and where the results go (the student is a :class:`~trims_hf.model_config.ModelConfig`)."""
+    """On which benchmark, how, and where the results go (the student is a
+    :class:`~trims_hf.students.model_config.ModelConfig`)."""
 
     task: str = field(metadata={"help": "Benchmark: gsm8k, math500, humaneval or mbpp."})
     output: str = field(metadata={"help": "JSON file to write the result(s) to."})
@@ -135,9 +136,9 @@ def _device(args: EvalArguments) -> str:
 
 def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig, prompt_format: ResponseFormat) -> Inputs:
     """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
-    from ..evaluation import check_task_inputs, load_examples, sweep_configs
+    from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
+    from ..evaluation.tasks import CodeExecutionDisabled, get_task
     from ..prompts import end_of_response_ids, uses_chat_template
-    from ..tasks import CodeExecutionDisabled, get_task
 
     try:
         task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
@@ -177,7 +178,7 @@ def parser() -> CommandParser:
 
 def main(argv: list[str]) -> int:
     model, args, config, prompt_format = parser().parse(argv)
-    from ..tasks import TaskDataError
+    from ..evaluation.tasks import TaskDataError
 
     try:
         inputs = check_inputs(model, args, config, prompt_format)
@@ -191,9 +192,9 @@ def main(argv: list[str]) -> int:
 def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseFormat, inputs: Inputs) -> int:
     """Load the student (and adapter), decode every setting, write the JSON (and the frontier plot of a sweep)."""
     from ..distributed import announce, process_state
-    from ..evaluation import EvaluationInterrupted, evaluate_settings, records_files
-    from ..model_config import load_model
-    from ..results import format_table, plot_frontier, save_results
+    from ..evaluation.evaluate import EvaluationInterrupted, evaluate_settings, records_files
+    from ..evaluation.results import format_table, plot_frontier, save_results
+    from ..students.model_config import load_model
 
     records = args.records_file()
     state = process_state(inputs.device)

@@ -27,9 +27,9 @@ class ExportArguments:
 def main(argv: list[str]) -> int:
     args, = CommandParser((ExportArguments,), prog="trims export",
                           description="Export base + adapter as the original model's layout.").parse(argv)
+    from ..data.hub import HubAccessError, check_push_access
     from ..errors import InputError, check_output_folder
     from ..export import export
-    from ..hub import HubAccessError, check_push_access
     from ..students import AdapterError
 
     try:

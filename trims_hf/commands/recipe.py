@@ -1,7 +1,8 @@
 """``trims train``'s recipe: one flat YAML mapping whose keys are the fields of the job's argument dataclasses
-(:class:`~trims_hf.jobs.train.ModelArguments`, :class:`~trims_hf.jobs.train.DataArguments`, :class:`~trims_hf.MDLMConfig`:
-every ``TrainingArguments`` field plus the TRIMS settings), read and checked with ``--key value`` overrides into
-those dataclasses. Unknown keys are errors, so a typo never silently trains with a default.
+(:class:`~trims_hf.training.train_job.ModelArguments`, :class:`~trims_hf.training.train_job.DataArguments`,
+:class:`~trims_hf.MDLMConfig`: every ``TrainingArguments`` field plus the TRIMS settings), read and checked with
+``--key value`` overrides into those dataclasses. Unknown keys are errors, so a typo never silently trains with a
+default.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any, NoReturn
 import yaml
 from transformers import HfArgumentParser
 
-from ..config import MDLMConfig
 from ..errors import InputError, did_you_mean, one_line
-from ..jobs.train import DataArguments, ModelArguments
+from ..training.config import MDLMConfig
+from ..training.train_job import DataArguments, ModelArguments
 
 RECIPE_TYPES = (ModelArguments, DataArguments, MDLMConfig)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schema import COMPLETION, PROMPT, as_prompt_completion
+from ..data.schema import COMPLETION, PROMPT, as_prompt_completion
 from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
 from . import INTERRUPTED, CommandParser, fail
 
@@ -80,7 +80,7 @@ def _job_messages() -> logging.Handler:
     """Show the job's progress notes (``resuming: ...``) on stderr as plain lines."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    job = logging.getLogger("trims_hf.jobs.score")
+    job = logging.getLogger("trims_hf.data.score_job")
     job.addHandler(handler)
     job.setLevel(logging.INFO)
     return handler
@@ -114,10 +114,10 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
                           advice=" or pass --overwrite")
     except InputError as error:
         return fail(in_user_terms(str(error), parser, fields))
+    from ..data.hub import HubAccessError
+    from ..data.schema import SchemaError
+    from ..data.score_job import ScoringInterrupted, build_scored_dataset, work_dir_for
     from ..distributed import announce, process_state
-    from ..hub import HubAccessError
-    from ..jobs.score import ScoringInterrupted, build_scored_dataset, work_dir_for
-    from ..schema import SchemaError
 
     state = process_state()
     announce(parser.prog, state)
@@ -140,7 +140,7 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
                   f"{work_dir_for(out.output)}; rerun the same command to resume.", file=sys.stderr)
         return INTERRUPTED
     finally:
-        logging.getLogger("trims_hf.jobs.score").removeHandler(handler)
+        logging.getLogger("trims_hf.data.score_job").removeHandler(handler)
     if folder is not None:
         print(f"Scored dataset written to {folder}" + (f" and pushed to {out.push_to_hub}" if out.push_to_hub else ""))
     return 0
@@ -152,7 +152,7 @@ def main(argv: list[str]) -> int:
     source, limit, teacher, options, buckets, out = parser.parse(argv)
 
     def load() -> Any:
-        from ..hub import load_source_dataset
+        from ..data.hub import load_source_dataset
 
         rows = load_source_dataset(source.dataset, source.split, limit.limit, flag="--dataset")
         return as_prompt_completion(rows, source.prompt_column, source.completion_column,

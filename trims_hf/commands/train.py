@@ -1,6 +1,6 @@
 """``trims train --config recipes/<model>/<recipe>.yaml [--key value ...]``: train a student from a recipe.
 
-The recipe is read in :mod:`trims_hf.commands.recipe`, the job runs in :mod:`trims_hf.jobs.train`; this module only
+The recipe is read in :mod:`trims_hf.commands.recipe`, the job runs in :mod:`trims_hf.training.train_job`; this module only
 reads the command line and reports errors.
 Launch on several GPUs with ``accelerate launch --config_file recipes/accelerate/<setup>.yaml -m trims_hf.cli train ...``.
 """
@@ -47,10 +47,10 @@ def main(argv: list[str]) -> int:
         return fail("trims train needs --config RECIPE.yaml (see `trims train --help`; recipes/ has examples).")
     if not Path(config).is_file():  # before the seconds of importing torch and transformers
         return fail(f"--config {config}: no such file.")
+    from ..data.hub import HubAccessError
+    from ..data.schema import SchemaError
     from ..errors import InputError
-    from ..hub import HubAccessError
-    from ..jobs.train import TrainingInterrupted, train
-    from ..schema import SchemaError
+    from ..training.train_job import TrainingInterrupted, train
     from .recipe import parse_recipe
 
     try:

@@ -1,18 +1,9 @@
-"""Parallel decoding of masked-diffusion students, its KV caches, hooks and plots."""
+"""Parallel decoding of masked-diffusion students: the decoders (:mod:`.decoding`, :mod:`.block_causal`), the steps
+they share (:mod:`.steps`), KV caches (:mod:`.cache`), hooks and recorders (:mod:`.hooks`) and plots (:mod:`.plots`)."""
 
+from ..settings import DecodingConfig
 from .cache import BlockKVCache, StudentForward
-from .decoding import (
-    ConfidenceFactor,
-    ConfidenceThreshold,
-    DecodingConfig,
-    EntropyThreshold,
-    FixedSteps,
-    GenerationOutput,
-    Strategy,
-    ThresholdQuota,
-    generate,
-    generate_text,
-)
+from .decoding import generate, generate_text
 from .hooks import (
     DecodeHook,
     GenerationStart,
@@ -25,8 +16,17 @@ from .hooks import (
     non_eos_tokens,
     teacher_nll_per_step,
     throughput,
-    tokens_before_stop,
     tokens_covering,
+)
+from .steps import (
+    ConfidenceFactor,
+    ConfidenceThreshold,
+    EntropyThreshold,
+    FixedSteps,
+    GenerationOutput,
+    Strategy,
+    ThresholdQuota,
+    tokens_before_stop,
 )
 
 __all__ = [

@@ -26,12 +26,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..block_diffusion import block_ids
 from ..settings import DecodingConfig
 from ..students import mask_token_id
+from ..students.block_diffusion import block_ids
 from .cache import BlockKVCache
-from .decoding import GenerationOutput, Strategy, _early_stop_fill, _propose
-from .hooks import DecodeHook, StepRecord, tokens_before_stop
+from .hooks import DecodeHook, StepRecord
+from .steps import GenerationOutput, Strategy, early_stop_fill, propose, tokens_before_stop
 
 
 def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -80,7 +80,7 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
             nfe, sample_nfe = nfe + 1, sample_nfe + charged
             at = (window - current).clamp(min=0, max=end - current - 1)
             window_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
-            tokens, confidence, scores = _propose(window_logits, mask_id, config.temperature, generator,
+            tokens, confidence, scores = propose(window_logits, mask_id, config.temperature, generator,
                                                  strategy.score, strategy.tempered)
             commit = strategy.select(scores, masked, step_in_block, initial)
             x.scatter_(1, window, torch.where(commit, tokens, x.gather(1, window)))
@@ -89,7 +89,7 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
             filled = torch.zeros_like(response, dtype=torch.bool)
             if config.early_stop:
                 stopped = finished & (tokens_before_stop(response, stops) < response.shape[1])
-                filled = _early_stop_fill(response, stops, eos_id, finished)
+                filled = early_stop_fill(response, stops, eos_id, finished)
                 response.masked_fill_(filled, eos_id)
                 done |= stopped
             if hooks:

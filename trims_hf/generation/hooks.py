@@ -26,8 +26,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from .steps import tokens_before_stop
+
 if TYPE_CHECKING:
-    from .decoding import DecodingConfig, GenerationOutput
+    from ..settings import DecodingConfig
+    from .steps import GenerationOutput
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,6 @@ def non_eos_tokens(responses: torch.Tensor, eos_token_id: int | None) -> torch.T
     return (responses != eos_token_id).sum(dim=1) if eos_token_id is not None else torch.full(
         responses.shape[:1], responses.shape[1], device=responses.device
     )
-
-
-def tokens_before_stop(responses: torch.Tensor, stop_token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """Per row, the number of tokens before the first stop token (the whole row if there is none)."""
-    stops = torch.as_tensor(stop_token_ids, dtype=responses.dtype, device=responses.device)
-    is_stop = torch.isin(responses, stops)
-    return torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), responses.shape[1])
 
 
 def cut_at_stop_strings(text: str, stop_strings: Sequence[str]) -> str:

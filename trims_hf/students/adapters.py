@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .registry import student_spec
+
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
@@ -112,8 +114,6 @@ def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None,
     """``model`` (a prepared student) wrapped as a ``PeftModel`` with ``adapter`` loaded, whether the adapter names
     the original modules or the native ones; raises :class:`AdapterError` naming the keys when anything does not fit."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-
-    from . import student_spec
 
     folder = adapter_folder(adapter, revision, token)
     adapter_config, tensors = read_adapter(folder)

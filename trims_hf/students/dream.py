@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import Qwen2Config
 
-from .layout import overlay
+from .translation import overlay
 
 DEFAULT_MASK_TOKEN_ID = 151666
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from torch import nn
 
+from .registry import student_spec
+
 logger = logging.getLogger(__name__)
 
 LAYOUTS = ("original", "native")
@@ -42,29 +44,6 @@ class OriginalLayout:
     token: str | bool | None = None
 
 
-def overlay(original: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    """``original`` with ``fields`` set; a field that is None and absent from ``original`` stays absent, as the
-    original file has it."""
-    return {**original, **{key: value for key, value in fields.items() if value is not None or key in original}}
-
-
-def special_token_ids(original: dict[str, Any], default_mask_id: int) -> dict[str, Any]:
-    """The pad / BOS / EOS / mask ids of an original ``config.json`` dict, as every family's native config takes them
-    (the mask id defaults to the family's, which its Hub config does not name)."""
-    return {"pad_token_id": original.get("pad_token_id"), "bos_token_id": original.get("bos_token_id"),
-            "eos_token_id": original.get("eos_token_id"),
-            "mask_token_id": original.get("mask_token_id", default_mask_id)}
-
-
-def default_rope(config: Any, family: str) -> dict[str, Any]:
-    """``config.rope_parameters``, refused unless the default RoPE, the only one the original codes write back."""
-    rope = config.rope_parameters or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_parameters={rope!r}: {family}'s original code has only the default RoPE; save with "
-                         "layout='native'")
-    return rope
-
-
 def use_original_layout(model: nn.Module, layout: OriginalLayout) -> None:
     """Make ``model.save_pretrained`` write ``layout`` by default (in place; survives ``merge_and_unload``), and
     ``model.load_state_dict`` read it back: the Trainer resumes a full fine-tune (and loads its best model) with
@@ -76,8 +55,6 @@ def use_original_layout(model: nn.Module, layout: OriginalLayout) -> None:
 
 def _native_names(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
     """A ``load_state_dict`` pre-hook: keys in the original layout renamed (and fused) in place to the native ones."""
-    from . import student_spec
-
     spec = student_spec(module)
     rename = spec.module_names.to_native
     for key in [key for key in state_dict if key.startswith(prefix)]:
@@ -97,8 +74,6 @@ def save_student(model: nn.Module, save_directory: str | Path, *, layout: str = 
     """``save_pretrained`` of a student read from an original checkpoint: ``layout="original"`` (default) writes the
     original names, config and files; ``"native"`` the transformers class's layout. Other keyword arguments are
     ``PreTrainedModel.save_pretrained``'s (``state_dict``, ``is_main_process``, ``max_shard_size``...)."""
-    from . import student_spec
-
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
     base = type(model).save_pretrained

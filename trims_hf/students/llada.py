@@ -11,8 +11,8 @@ from typing import Any
 
 from transformers import LlamaConfig
 
-from .layout import default_rope, overlay, special_token_ids
 from .names import ModuleNames
+from .translation import default_rope, overlay, special_token_ids
 
 DEFAULT_MASK_TOKEN_ID = 126336
 

@@ -27,8 +27,8 @@ from transformers.models.glm4_moe.modeling_glm4_moe import (
     eager_attention_forward,
 )
 
-from .layout import default_rope, overlay, special_token_ids
 from .names import ModuleNames
+from .translation import default_rope, overlay, special_token_ids
 
 DEFAULT_MASK_TOKEN_ID = 156895
 """``<|mask|>`` of LLaDA 2.x's tokenizer: ``generate(mask_id=156895)`` in the original modeling file and dFactory's

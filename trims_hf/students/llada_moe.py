@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import Qwen3MoeConfig
 
-from .layout import default_rope, overlay, special_token_ids
+from .translation import default_rope, overlay, special_token_ids
 
 DEFAULT_MASK_TOKEN_ID = 156895
 """``<|mask|>`` of LLaDA-MoE's tokenizer: the model card's ``generate(mask_id=156895)`` and dInfer's tests."""

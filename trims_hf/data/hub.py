@@ -1,0 +1,219 @@
+"""Local folders and the Hub: atomic folder writes, dataset cards, early push checks, upload.
+
+The folder layout (``data/train-*.parquet`` + ``README.md``) is what ``datasets.load_dataset(folder)``
+and the Hub both read, so the local copy and the pushed repo are the same files. Write access is
+checked before any expensive work, so a long scoring run never ends in an auth error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset, load_dataset
+from huggingface_hub import DatasetCard, DatasetCardData, HfApi, constants, get_token
+from huggingface_hub.errors import HfHubHTTPError
+
+from ..reports import markdown_table
+
+PAPER_TITLE = "TRIMS: Trajectory-Ranked Instruction Masked Supervision for Diffusion Language Models"
+PAPER_AUTHORS = ("Lingjie Chen", "Ruizhong Qiu", "Yuyu Fan", "Yanjun Zhao", "Hanghang Tong")
+PAPER_CITATION = f"""@misc{{chen2026trims,
+  title  = {{{PAPER_TITLE}}},
+  author = {{{" and ".join(PAPER_AUTHORS)}}},
+  year   = {{2026}}
+}}"""
+METADATA_KEY = "trims"
+"""YAML key of the card that holds the scoring facts (teacher, buckets, thresholds, formatting)."""
+MAX_SHARD_BYTES = 500 * 2**20
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def load_source_dataset(source: str, split: str = "train", limit: int | None = None, *, flag: str = "dataset") -> Dataset:
+    """Load a Hub dataset id, a local dataset folder, or a local ``.jsonl`` / ``.json`` / ``.parquet`` file.
+
+    A missing split, an unreadable file or no rows (every caller scores or trains on them) raises
+    :class:`trims_hf.sources.SourceError` naming ``flag`` (the argument or command-line flag the user gave the
+    source with).
+    """
+    from ..sources import SourceError
+
+    builder = LOCAL_BUILDERS.get(Path(source).suffix)
+    local_file = bool(builder) and Path(source).is_file()
+    no_rows = SourceError(f"{flag} {source}: no rows" + ("." if local_file else f" in split {split!r}."))
+    if local_file and split != "train":
+        raise SourceError(f"{flag} {source} is a single file, whose one split is 'train'; got split={split!r}.")
+    if local_file and not Path(source).stat().st_size:
+        raise no_rows
+    try:
+        dataset = (load_dataset(builder, data_files=str(source), split="train") if local_file
+                   else load_dataset(source, split=split))
+    except ValueError as error:  # datasets' "Unknown split" (its message lists the splits there are), or no rows
+        if "corresponds to no data" in str(error):
+            raise no_rows from None
+        if "split" not in str(error).lower():
+            raise
+        raise SourceError(f"{flag} {source} has no split={split!r} ({str(error).splitlines()[0]}).") from None
+    except Exception as error:  # a malformed local file comes as one of several datasets / pyarrow errors
+        if not local_file:
+            raise
+        reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)
+        raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
+    if not len(dataset):
+        raise no_rows
+    return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
+
+
+class HubAccessError(RuntimeError):
+    """The Hub cannot be written to (offline, no token, or no write access); raised before any work starts."""
+
+
+def check_push_access(repo_id: str, token: str | None = None) -> str:
+    """Return the user name if ``token`` (or the saved login) may write to ``repo_id``'s namespace.
+
+    Checks offline mode, token presence, validity (``whoami``) and the token's role or fine-grained
+    ``repo.write`` scope for the namespace, with a message saying what to do in each case.
+    """
+    if constants.HF_HUB_OFFLINE:
+        raise HubAccessError(f"Cannot push to {repo_id}: HF_HUB_OFFLINE is set. Unset it, or drop --push-to-hub.")
+    token = token or get_token()
+    if not token:
+        raise HubAccessError(f"Cannot push to {repo_id}: no Hugging Face token. Run `hf auth login` or pass --token.")
+    try:
+        info = HfApi().whoami(token=token)
+    except HfHubHTTPError as error:
+        raise HubAccessError(f"Cannot push to {repo_id}: the token was rejected by the Hub ({error}).") from error
+    except Exception as error:  # transport errors (the HTTP client's own classes, OSError): the Hub cannot be reached
+        raise HubAccessError(
+            f"Cannot push to {repo_id}: the Hub is unreachable ({error}). Check the network or drop --push-to-hub.") from error
+    namespace = repo_id.split("/")[0] if "/" in repo_id else info["name"]
+    owners = {info["name"], *(org["name"] for org in info.get("orgs", []))}
+    if namespace not in owners:
+        raise HubAccessError(f"Cannot push to {repo_id}: user {info['name']} is not a member of '{namespace}'.")
+    access = info.get("auth", {}).get("accessToken", {})
+    if access.get("role") == "read" or (access.get("role") == "fineGrained" and not _fine_grained_write(access, namespace)):
+        raise HubAccessError(
+            f"Cannot push to {repo_id}: the token '{access.get('displayName')}' has no write access to '{namespace}'.")
+    return info["name"]
+
+
+def _fine_grained_write(access: Mapping[str, Any], namespace: str) -> bool:
+    grants = access.get("fineGrained", {})
+    scoped = [s for s in grants.get("scoped", []) if s.get("entity", {}).get("name") == namespace]
+    return any("repo.write" in s.get("permissions", []) for s in scoped) or "repo.write" in grants.get("global", [])
+
+
+def write_folder_atomically(folder: str | os.PathLike, fill: Callable[[Path], None], overwrite: bool = False) -> Path:
+    """Build a folder with ``fill(temp_path)`` in a temporary sibling, then rename it into place.
+
+    A crash or error leaves no half-written ``folder``; an existing one is replaced only with ``overwrite``.
+    The staging folder is made with ``mkdir`` (not ``mkdtemp``, whose folders are private), so the result
+    has the permissions the user's umask gives any new folder.
+    """
+    folder = Path(folder)
+    if folder.exists() and not overwrite:
+        raise FileExistsError(f"{folder} already exists; choose another output folder or pass overwrite=True.")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.tmp")
+    staging.mkdir()
+    try:
+        fill(staging)
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, old)
+            os.replace(staging, folder)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def save_dataset_folder(dataset: Dataset, folder: str | os.PathLike, card: DatasetCard, split: str = "train",
+                        overwrite: bool = False) -> Path:
+    """Write ``dataset`` as parquet shards under ``data/`` plus the card as ``README.md``, atomically."""
+    num_shards = max(1, -(-dataset.data.nbytes // MAX_SHARD_BYTES))
+
+    def fill(staging: Path) -> None:
+        (staging / "data").mkdir()
+        for shard in range(num_shards):
+            part = dataset.shard(num_shards, shard, contiguous=True)
+            part.to_parquet(str(staging / "data" / f"{split}-{shard:05d}-of-{num_shards:05d}.parquet"))
+        card.save(staging / "README.md")
+
+    return write_folder_atomically(folder, fill, overwrite)
+
+
+def push_folder(folder: str | os.PathLike, repo_id: str, repo_type: str = "dataset", token: str | None = None,
+                private: bool | None = None, commit_message: str = "Upload with trims_hf") -> str:
+    """Create the repo if needed and upload the folder; the local folder is kept whatever happens."""
+    api = HfApi(token=token)
+    api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
+    commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type=repo_type, commit_message=commit_message)
+    return commit.commit_url
+
+
+def scored_dataset_card(metadata: Mapping[str, Any], license: str | None = None, pretty_name: str | None = None) -> DatasetCard:
+    """A dataset card whose YAML holds the scoring facts under ``trims:``.
+
+    No ``configs:`` entry: the ``data/<split>-*.parquet`` layout is found by convention, and with a
+    ``configs:`` entry datasets 5.2 caches a local folder by the pattern only, so a rewritten folder
+    (or another folder of the same name) loads stale rows.
+    """
+    data = DatasetCardData(
+        license=license,
+        pretty_name=pretty_name,
+        tags=["trims", "diffusion-language-models", "teacher-scores"],
+        **{METADATA_KEY: dict(metadata)},
+    )
+    facts = "\n".join(f"- **{key}**: `{value}`" for key, value in metadata.items()
+                      if key not in ("thresholds", "bucket_statistics"))
+    per_bucket = metadata.get("bucket_statistics") or []
+    table = markdown_table(["bucket", "tokens", "mean NLL", "share of NLL"],
+                           [[str(b["bucket"]), f"{b['tokens']:,}", f"{b['mean_nll']:.4f}", f"{b['nll_share']:.1%}"]
+                            for b in per_bucket])
+    buckets = f"""
+Per bucket (0 = revealed first), over the {metadata.get('quantile_tokens', 'all')} tokens the quantiles were cut on:
+
+{table}
+""" if per_bucket else ""
+    content = f"""---
+{data.to_yaml()}
+---
+
+# {pretty_name or "TRIMS teacher-scored dataset"}
+
+Each row holds a prompt and a completion, and for every teacher token of the completion its character
+span in the completion text (`teacher_token_start`, `teacher_token_end`, end exclusive), the teacher's
+negative log-likelihood `-log p_T(y_i | x, y_<i)` (`teacher_nll`), the entropy of the teacher's predictive
+distribution at that position (`teacher_entropy`), and an equal-mass difficulty bucket (`teacher_bucket`,
+0 = revealed first), as in TRIMS §3.1-3.2. With `quantile_tokens: kept` the quantiles are cut over the
+completion tokens within `train_max_length` teacher tokens (the tokens training sees); the others get
+their bucket from the same thresholds.
+
+## Scoring
+
+{facts}
+{buckets}
+Bucket thresholds (the first score of buckets 1..K-1 in decode order) are in the YAML header under
+`{METADATA_KEY}.thresholds`. Student-side buckets are recomputed from the spans for each student tokenizer.
+
+## Citation
+
+```bibtex
+{PAPER_CITATION}
+```
+"""
+    return DatasetCard(content)
+
+
+def read_card_metadata(folder_or_repo: str | os.PathLike) -> dict[str, Any]:
+    """The ``trims:`` facts (teacher, buckets, thresholds, formatting) of a dataset folder's or Hub repo's card."""
+    source = Path(folder_or_repo) / "README.md" if Path(folder_or_repo).is_dir() else str(folder_or_repo)
+    return DatasetCard.load(source, repo_type="dataset").data.to_dict().get(METADATA_KEY, {})

@@ -1,0 +1,123 @@
+"""Scored rows -> student rows, once per student: token ids, prompt length and one bucket id per completion token.
+
+Like TRL's SFTTrainer, data is prepared once before training (:class:`trims_hf.MDLMTrainer` calls
+:func:`prepare_dataset` on rows that are not prepared yet); the collator then only pads and noises.
+The teacher's per-token scores are projected onto the student's tokens (character-proportional,
+:func:`trims_hf.data.buckets.project_scores`) and cut into equal-mass buckets over the student tokens that
+survive truncation to ``max_length``, the tokens training actually sees (``quantile_tokens="all"``: over
+whole completions). Student tokens no teacher score reaches (:func:`trims_hf.data.buckets.teacher_coverage`)
+stay out of the quantiles; :func:`trims_hf.data.buckets.bucket_rows` says which bucket they get.
+
+End-of-response tokens (appended after the completion) and EOS padding are not scored: they are kept out of
+the quantiles and go to :attr:`BucketConfig.end_bucket`, the last bucket under every ordering.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from datasets import Dataset
+
+from ..prompts import end_of_response_ids, prompt_token_ids
+from ..settings import BucketConfig, StudentFormat
+from . import schema
+from .buckets import bucket_rows, project_scores, teacher_coverage
+
+logger = logging.getLogger(__name__)
+
+KEPT, END_TOKENS = "_kept_tokens", "_end_tokens"  # working columns of prepare_dataset
+STUDENT_SCORE = "student_score"  # the projected teacher metric per kept completion token; NaN: no teacher score
+
+
+@dataclass
+class TokenizedExample:
+    """A prompt/completion pair in student tokens, cut to ``max_length``."""
+
+    input_ids: list[int]
+    prompt_length: int
+    completion_spans: list[tuple[int, int]] = field(repr=False)  # character span of every completion token
+    num_completion_tokens: int  # completion tokens kept within max_length
+    num_end_tokens: int  # end-of-response tokens kept within max_length
+
+
+def tokenize_example(tokenizer: Any, prompt: Any, completion: str, fmt: StudentFormat | None = None,
+                     index: int | None = None) -> TokenizedExample:
+    """Tokenise the prompt (:func:`trims_hf.prompts.prompt_token_ids`) and the completion separately, keeping the
+    completion's character offsets, append the end-of-response tokens and cut to ``fmt.max_length``."""
+    fmt = fmt or StudentFormat()
+    prompt_ids = prompt_token_ids(tokenizer, prompt, fmt)
+    where = f"row {index}" if index is not None else "row"
+    if not prompt_ids:
+        # Shifted students (Dream) predict token i from position i - 1: position 0 must be a visible prompt token.
+        raise schema.SchemaError(f"{where}: the prompt has no tokens; a row needs at least one (e.g. BOS).")
+    if len(prompt_ids) >= fmt.max_length:
+        raise schema.SchemaError(f"{where}: the prompt has {len(prompt_ids)} tokens, leaving no room for the "
+                                 f"completion within max_length={fmt.max_length}.")
+    encoded = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
+    room = fmt.max_length - len(prompt_ids)
+    completion_ids = list(encoded["input_ids"])[:room]
+    end_ids = end_of_response_ids(tokenizer, fmt.end_of_response)[: room - len(completion_ids)]
+    return TokenizedExample(
+        input_ids=prompt_ids + completion_ids + end_ids,
+        prompt_length=len(prompt_ids),
+        completion_spans=[tuple(span) for span in encoded["offset_mapping"]],
+        num_completion_tokens=len(completion_ids),
+        num_end_tokens=len(end_ids),
+    )
+
+
+def is_prepared(dataset: Dataset) -> bool:
+    """Whether ``dataset`` already holds student rows (``input_ids`` and ``prompt_length``)."""
+    return {schema.INPUT_IDS, schema.PROMPT_LENGTH} <= set(getattr(dataset, "column_names", None) or ())
+
+
+def prepare_dataset(
+    dataset: Dataset,
+    tokenizer: Any,
+    fmt: StudentFormat | None = None,
+    buckets: BucketConfig | None = None,
+    *,
+    num_proc: int | None = None,
+) -> Dataset:
+    """Tokenise a scored data set for one student and cut equal-mass buckets over its trained completion tokens.
+
+    Adds ``input_ids``, ``prompt_length`` and ``example_id``; when the rows hold teacher scores (spans and the
+    ``buckets.metric`` column), also ``bucket_ids`` and ``student_score`` (NaN for tokens no teacher score
+    reaches). Rows without scores (plain prompt/completion) serve the MDLM baseline. ``fmt`` and ``buckets``
+    default to the paper's settings.
+    """
+    fmt, buckets = fmt or StudentFormat(), buckets or BucketConfig()
+    scored = schema.has_teacher_scores(dataset.column_names, buckets.metric)
+    score_column = schema.METRIC_COLUMNS[buckets.metric] if scored else None
+
+    def tokenize(row: dict[str, Any], index: int) -> dict[str, Any]:
+        prompt, completion = schema.split_prompt_completion(row, index)
+        example = tokenize_example(tokenizer, prompt, completion, fmt, index)
+        prepared = {schema.INPUT_IDS: example.input_ids, schema.PROMPT_LENGTH: example.prompt_length,
+                    schema.EXAMPLE_ID: index}
+        if score_column is not None:
+            schema.validate_teacher_scores(row, completion, index,
+                                           required=(schema.TEACHER_START, schema.TEACHER_END, score_column))
+            spans = (row[schema.TEACHER_START], row[schema.TEACHER_END])
+            scores = project_scores(*spans, row[score_column], example.completion_spans, len(completion))
+            covered = teacher_coverage(*spans, example.completion_spans, len(completion))
+            prepared[STUDENT_SCORE] = np.where(covered, scores, np.nan).astype(np.float32)  # every completion token
+            prepared[KEPT] = example.num_completion_tokens
+            prepared[END_TOKENS] = example.num_end_tokens
+        return prepared
+
+    tokenized = dataset.map(tokenize, with_indices=True, num_proc=num_proc, desc="Tokenising for the student")
+    if not scored:
+        return tokenized
+    scores, kept = tokenized[STUDENT_SCORE], tokenized[KEPT]
+    per_row, thresholds = bucket_rows(scores, buckets, kept)
+    logger.info("Student-token bucket thresholds (%s, %s, over %s tokens): %s", buckets.metric, buckets.bucket_ordering,
+                buckets.quantile_tokens, thresholds.tolist())
+    column = [np.concatenate([ids[:n], np.full(n_end, buckets.end_bucket, dtype=np.int8)]).tolist()
+              for ids, n, n_end in zip(per_row, kept, tokenized[END_TOKENS])]
+    kept_scores = [np.asarray(s[:n], dtype=np.float32) for s, n in zip(scores, kept)]
+    tokenized = tokenized.remove_columns([STUDENT_SCORE, KEPT, END_TOKENS])
+    return tokenized.add_column(STUDENT_SCORE, kept_scores).add_column(schema.BUCKET_IDS, column)

@@ -1,0 +1,175 @@
+"""The scored-dataset format: one definition shared by the scorer (writer) and the collator (reader).
+
+A *scored* row is what the Hub dataset holds: the text and, per teacher token of the completion,
+its character span in the completion text, its NLL, its entropy and its teacher-side bucket id.
+A *prepared* row is the same example tokenised for one student: ``input_ids``, the prompt length and
+one bucket id per completion token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..settings import MAX_BUCKETS
+
+# Text columns (TRL's prompt-completion format; "prompt" may also be a list of chat messages).
+PROMPT = "prompt"
+COMPLETION = "completion"
+MESSAGES = "messages"
+
+# Per teacher token of the completion (all lists have the same length).
+TEACHER_START = "teacher_token_start"  # character offset where the token starts in the completion
+TEACHER_END = "teacher_token_end"  # character offset where it ends (exclusive)
+TEACHER_NLL = "teacher_nll"  # -log p_T(y_i | x, y_<i)
+TEACHER_ENTROPY = "teacher_entropy"  # entropy of the teacher's predictive distribution at y_i
+TEACHER_BUCKET = "teacher_bucket"  # bucket id over teacher tokens (0 = first to decode)
+
+# Prepared for one student.
+INPUT_IDS = "input_ids"
+PROMPT_LENGTH = "prompt_length"
+BUCKET_IDS = "bucket_ids"  # one per completion token (input_ids[prompt_length:])
+EXAMPLE_ID = "example_id"  # stable row id, used by the fixed-subset trajectory selection
+
+# A collated batch (TrimsDataCollator writes it; the loss, MDLMTrainer and the plain-Trainer hooks read it).
+IGNORE_INDEX = -100
+"""The ``labels`` value of a position that is no response token (the prompt, padding)."""
+LOSS_KEYS = ("labels", "masked", "loss_weights", "t", "is_trajectory")
+"""Keys of a collated batch that only the loss reads, never the model's forward."""
+EPOCH_KEY = "epoch"
+"""Batch key: per row, the epoch its masks were drawn for, or :data:`UNFOLLOWED_EPOCH` when nothing advances it."""
+UNFOLLOWED_EPOCH = -1
+
+TEACHER_LIST_COLUMNS = (TEACHER_START, TEACHER_END, TEACHER_NLL, TEACHER_ENTROPY, TEACHER_BUCKET)
+METRIC_COLUMNS = {"nll": TEACHER_NLL, "entropy": TEACHER_ENTROPY}
+
+
+def disjoint_spans(offsets: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Character spans as the scorer stores them: byte-level tokens of one multi-byte character share its span;
+    the first gets it, the rest zero width, so spans never overlap."""
+    spans, previous_end = [], 0
+    for start, end in offsets:
+        start = max(start, previous_end)
+        end = max(end, start)
+        spans.append((start, end))
+        previous_end = end
+    return tuple(spans)
+
+
+def has_teacher_scores(column_names: Sequence[str], metric: str) -> bool:
+    """Whether a data set's columns hold the teacher spans and the ``metric`` scores buckets are cut on."""
+    return {TEACHER_START, TEACHER_END, METRIC_COLUMNS[metric]} <= set(column_names)
+
+
+class SchemaError(ValueError):
+    """A row does not follow the scored or prepared format; the message names the row and field."""
+
+
+def as_prompt_completion(dataset: Any, prompt_column: str, completion_column: str,
+                         names: tuple[str, str] = ("prompt column", "completion column")) -> Any:
+    """A ``datasets.Dataset`` with its prompt and completion columns renamed to :data:`PROMPT` / :data:`COMPLETION`
+    (other columns kept; a column already named so is replaced): how any row source becomes the rows a teacher
+    scores and a student trains on. ``names`` are what the error calls the two columns (a command's flags)."""
+    for name, column in zip(names, (prompt_column, completion_column)):
+        if column not in dataset.column_names:
+            raise SchemaError(f"{name} {column}: no such column (columns: {', '.join(dataset.column_names)}).")
+    renames = {old: new for old, new in ((prompt_column, PROMPT), (completion_column, COMPLETION)) if old != new}
+    return dataset.remove_columns([new for new in renames.values() if new in dataset.column_names]).rename_columns(renames)
+
+
+def _where(index: int | None) -> str:
+    return f"row {index}" if index is not None else "row"
+
+
+def split_prompt_completion(row: Mapping[str, Any], index: int | None = None) -> tuple[Any, str]:
+    """Return ``(prompt, completion_text)`` from a prompt/completion row or a chat ``messages`` row.
+
+    ``prompt`` is a string or a list of chat messages; for ``messages`` rows the last message must be
+    the assistant's and is the completion.
+    """
+    if MESSAGES in row and row[MESSAGES] is not None and PROMPT not in row:
+        messages = row[MESSAGES]
+        if not messages or messages[-1].get("role") != "assistant":
+            raise SchemaError(f"{_where(index)}: field '{MESSAGES}' must end with an assistant message.")
+        prompt, completion = list(messages[:-1]), messages[-1].get("content")
+    else:
+        for field in (PROMPT, COMPLETION):
+            if field not in row or row[field] is None:
+                raise SchemaError(f"{_where(index)}: field '{field}' is missing or null.")
+        prompt, completion = row[PROMPT], row[COMPLETION]
+        if isinstance(completion, list):  # conversational completion: one assistant message
+            if len(completion) != 1 or completion[0].get("role") != "assistant":
+                raise SchemaError(f"{_where(index)}: field '{COMPLETION}' must be a string or one assistant message.")
+            completion = completion[0].get("content")
+    if not isinstance(completion, str) or not completion.strip():
+        raise SchemaError(f"{_where(index)}: field '{COMPLETION}' is empty.")
+    return prompt, completion
+
+
+def validate_teacher_scores(row: Mapping[str, Any], completion: str, index: int | None = None,
+                            required: Sequence[str] = (TEACHER_START, TEACHER_END, TEACHER_NLL)) -> None:
+    """Check the per-teacher-token lists of scored data (ours, or made elsewhere): present, equal length, scores
+    finite and >= 0 (an NLL or an entropy), bucket ids that fit the stored form, spans inside the text and in order.
+
+    ``teacher_bucket`` is checked as a bucket id, not against a run's K: students recompute their buckets from the
+    spans and scores, so a set scored with K = 8 trains with ``num_buckets`` 4 too.
+    """
+    missing = [field for field in required if row.get(field) is None]
+    if missing:
+        raise SchemaError(f"{_where(index)}: missing field(s) {missing}.")
+    present = [field for field in TEACHER_LIST_COLUMNS if row.get(field) is not None]
+    lengths = {field: len(row[field]) for field in present}
+    if len(set(lengths.values())) > 1:
+        raise SchemaError(f"{_where(index)}: per-token fields have different lengths {lengths}.")
+    if not lengths or next(iter(lengths.values())) == 0:
+        raise SchemaError(f"{_where(index)}: the completion has no scored teacher tokens.")
+    for field in (TEACHER_NLL, TEACHER_ENTROPY):
+        for position, value in enumerate(row.get(field) or ()):
+            if value is None or not 0 <= value < math.inf:  # NaN fails too
+                raise SchemaError(f"{_where(index)}: field '{field}' has {value!r} at token {position}; a teacher score "
+                                  "is a finite number >= 0.")
+    for position, value in enumerate(row.get(TEACHER_BUCKET) or ()):
+        if value is None or not 0 <= value < MAX_BUCKETS or value != int(value):  # NaN fails the range
+            raise SchemaError(f"{_where(index)}: field '{TEACHER_BUCKET}' has {value!r} at token {position}; a bucket id "
+                              f"is a whole number in [0, {MAX_BUCKETS}).")
+    previous_start = 0
+    for position, (start, end) in enumerate(zip(row[TEACHER_START], row[TEACHER_END])):
+        # Byte-level tokenizers may split one character over several tokens, so spans can share characters;
+        # they must lie inside the text and start in order.
+        if not (0 <= start <= end <= len(completion)) or start < previous_start:
+            raise SchemaError(
+                f"{_where(index)}: fields '{TEACHER_START}' / '{TEACHER_END}': teacher span {position} = [{start}, {end}) "
+                f"does not match the completion text (length {len(completion)}, previous span started at {previous_start})."
+            )
+        previous_start = start
+
+
+def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buckets: int | None = None) -> None:
+    """Check a prepared (already tokenised) row: ids, prompt length and, given K, bucket ids aligned and in range."""
+    if row.get(INPUT_IDS) is None:
+        raise SchemaError(f"{_where(index)}: missing field '{INPUT_IDS}'.")
+    if row.get(PROMPT_LENGTH) is None:
+        raise SchemaError(f"{_where(index)}: missing field '{PROMPT_LENGTH}'.")
+    n_ids, prompt_length = len(row[INPUT_IDS]), int(row[PROMPT_LENGTH])
+    if prompt_length < 1:
+        # Shifted students (Dream) predict token i from position i - 1: position 0 must be a visible prompt token.
+        raise SchemaError(f"{_where(index)}: the prompt has no tokens ('{PROMPT_LENGTH}'={prompt_length}); "
+                          "a row needs at least one (e.g. BOS).")
+    if prompt_length >= n_ids:
+        raise SchemaError(f"{_where(index)}: '{PROMPT_LENGTH}'={prompt_length} leaves no completion tokens in {n_ids} ids.")
+    if num_buckets is not None:
+        buckets = row.get(BUCKET_IDS)
+        if buckets is None:
+            raise SchemaError(f"{_where(index)}: missing field '{BUCKET_IDS}' (needed for trajectory masking).")
+        if len(buckets) != n_ids - prompt_length:
+            raise SchemaError(
+                f"{_where(index)}: '{BUCKET_IDS}' has {len(buckets)} entries but there are "
+                f"{n_ids - prompt_length} completion tokens; bucket ids are not aligned with the tokens."
+            )
+        values = np.asarray(buckets)
+        if values.size and (values.min() < 0 or values.max() >= num_buckets):
+            raise SchemaError(
+                f"{_where(index)}: '{BUCKET_IDS}' must lie in [0, {num_buckets}), got {sorted(set(values.tolist()))}.")

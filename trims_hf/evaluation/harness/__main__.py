@@ -1,0 +1,99 @@
+"""``python -m trims_hf.evaluation.harness <lm_eval flags>``: lm-evaluation-harness with the ``trims`` model.
+
+Every flag is the harness's own (its ``run`` parser reads them); this entry only registers the model,
+puts the ``*_local`` task folder on ``--include_path`` when the user gave none, checks local data
+before any model loads, and after the run writes ``trims_<stamp>.json`` next to each new
+``results_<stamp>.json``: the tokens-per-step figures and decoding settings of ``config.trims`` (under
+``accelerate launch``, once, by the main process, with every process's counts).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import TASKS_DIR, data_file
+
+LOCAL_DATA = {"gsm8k": "gsm8k/test.jsonl", "minerva_math500": "math500/test.jsonl", "mbpp": "mbpp/mbpp.jsonl"}
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv`` (the last one), else None."""
+    value = None
+    for index, arg in enumerate(argv):
+        if arg == name and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _check_local_data(argv: Sequence[str]) -> None:
+    """Fail in one line, before the model loads, when a ``*_local`` task has no data folder."""
+    metadata = json.loads(_flag(argv, "--metadata") or "{}")
+    data_dir = metadata.get("data_dir") if isinstance(metadata, dict) else None
+    for task in (_flag(argv, "--tasks") or "").split(","):
+        if task.endswith("_local"):
+            prefix = next((p for p in LOCAL_DATA if task.startswith(p)), None)
+            if prefix is not None:
+                data_file(LOCAL_DATA[prefix], data_dir)
+
+
+def _results_files(output_path: str | None) -> set[Path]:
+    if output_path is None:
+        return set()
+    root = Path(output_path)
+    folder = root.parent if root.suffix == ".json" else root
+    return set(folder.rglob("*.json")) if folder.is_dir() else set()
+
+
+def write_trims_files(results_files: Sequence[Path]) -> list[Path]:
+    """Next to each harness results file, ``trims_<stamp>.json`` with its ``config.trims`` block."""
+    written = []
+    for path in results_files:
+        results = json.loads(path.read_text())
+        trims = results.get("config", {}).get("trims")
+        if trims is None:
+            continue
+        target = path.with_name(path.name.replace("results_", "trims_", 1) if path.name.startswith("results_")
+                                else f"trims_{path.name}")
+        summary = {"results_file": path.name, "model_args": results["config"].get("model_args"), **trims}
+        target.write_text(json.dumps(summary, indent=2, default=str))
+        written.append(target)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the harness CLI on ``argv`` (default: the command line) with the trims model registered."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _check_local_data(argv)
+    if _flag(argv, "--include_path") is None:
+        argv += ["--include_path", str(TASKS_DIR)]
+    from lm_eval.__main__ import cli_evaluate
+
+    if not {"-h", "--help"} & set(argv):  # help needs no model class: keep it as fast as the harness's own
+        from . import model  # noqa: F401  (registers "trims")
+
+    output_path = _flag(argv, "--output_path")
+    before = _results_files(output_path)
+    saved_argv, sys.argv = sys.argv, ["lm-eval", *argv]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved_argv
+    from ...distributed import process_state
+
+    if not process_state().is_main_process:  # the main process writes the harness's results file, and ours
+        return
+    new = sorted(p for p in _results_files(output_path) - before if not p.name.startswith("trims_"))
+    for path in write_trims_files(new):
+        print(f"trims tokens per step and decoding settings: {path}")
+
+
+if __name__ == "__main__":
+    from ...cli import leave_process_group
+
+    main()
+    leave_process_group()

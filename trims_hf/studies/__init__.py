@@ -1,0 +1,11 @@
+"""The studies' wing: the experiments that test TRIMS, built on the plugin and never imported by it.
+
+- :mod:`.protocol`: a study's pre-registered protocol, its fingerprint and ``FIELD=VALUE`` overrides;
+- :mod:`.study`: the resumable study runner ``Study`` (data, pretrained, score, base, models, report);
+- :mod:`.regime`: the chain-task regime study (curve, seed study, its statistics);
+- :mod:`.demo`: ``trims demo``, the whole chain offline on a CPU;
+- :mod:`.tiny`, :mod:`.arith`: the studies' own tiny pretrained models and generated arithmetic word problems;
+- :mod:`.annealing`, :mod:`.analysis`, :mod:`.accelerators`: DiffuLLaMA's attention annealing, run analyses, and
+  the accelerator peaks the benchmarks compare with.
+
+``tests/test_wings.py`` checks that no plugin module imports this package."""

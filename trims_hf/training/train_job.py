@@ -1,0 +1,385 @@
+"""``trims train`` logic: the parsed recipe (:mod:`trims_hf.commands.recipe`) -> student, LoRA, data, MDLMTrainer, run.
+
+A recipe is one flat YAML mapping whose keys are the fields of :class:`ModelArguments`,
+:class:`DataArguments` and :class:`trims_hf.MDLMConfig` (every ``TrainingArguments`` field plus the
+TRIMS knobs). Command-line overrides use the same names. Unknown keys are errors, so a typo never
+silently trains with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from datasets import Dataset
+from peft import get_peft_model
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    PreTrainedConfig,
+    TrainerCallback,
+    set_seed,
+)
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..data.hub import check_push_access, load_source_dataset
+from ..data.preparation import is_prepared
+from ..data.schema import COMPLETION, MESSAGES, PROMPT, SchemaError, has_teacher_scores
+from ..distributed import announce, name_cpu_accelerator
+from ..errors import InputError, check_output_path, one_line
+from ..evaluation.evaluate import check_task_inputs
+from ..evaluation.tasks import CodeExecutionDisabled, get_task
+from ..settings import DecodingConfig
+from ..sources import SourceError, check_dataset_source
+from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
+from ..students.model_config import (
+    ModelConfig,
+    ResolvedStudent,
+    check_model_sources,
+    load_model,
+    resolve_student,
+)
+from .callbacks import DecodeEvalCallback
+from .config import MDLMConfig
+from .lora import lora_config
+from .model_card import trims_model_card
+from .trainer import MDLMTrainer
+
+
+@dataclass
+class ModelArguments(ModelConfig):
+    """Which student to train (:class:`~trims_hf.students.model_config.ModelConfig`) and how to wrap it (paper: LoRA r = 32,
+    alpha = 32)."""
+
+    init_from_config: bool = field(
+        default=False,
+        metadata={"help": "Build the student with random weights from the transformers config at model_name_or_path "
+                  "(toy runs and smoke tests; no weights are read)."},
+    )
+    use_lora: bool = field(
+        default=True,
+        metadata={"help": "Train a LoRA adapter (paper; with adapter set, that adapter) instead of all weights."},
+    )
+    lora_r: int = field(default=32, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout (the paper does not state one)."})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "Module names LoRA wraps; default: every attention and MLP projection."}
+    )
+
+
+@dataclass
+class DataArguments:
+    """Which scored data set to train on and how to turn it into student tokens."""
+
+    dataset_name: str = field(metadata={"help": "Scored data set: Hub id, local folder, or .jsonl/.json/.parquet file."})
+    train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    eval_split: str | None = field(default=None, metadata={"help": "Split for the loss evaluation (none by default)."})
+
+    decode_eval_task: str | None = field(
+        default=None,
+        metadata={"help": "Also decode and grade this task (e.g. gsm8k) at every evaluation, logging eval_<task>_accuracy "
+                  "and eval_<task>_tokens_per_step (DecodeEvalCallback); needs eval_split and an eval_strategy."},
+    )
+    decode_eval_limit: int = field(default=8, metadata={"help": "Number of task examples decoded at each evaluation."})
+    decode_eval_data_file: str | None = field(default=None, metadata={"help": "Local file of the task's examples (offline)."})
+    decode_eval_decoding: dict | str | None = field(
+        default=None,
+        metadata={"help": "Decoder of decode_eval_task: a mapping of DecodingConfig fields, e.g. "
+                  "{strategy: threshold, threshold: 0.9, cache: dual} (YAML/JSON text on the command line)."},
+    )
+
+    def decoding_config(self) -> DecodingConfig:
+        """The decode-eval decoder these arguments describe (the paper's defaults for unset fields)."""
+        try:
+            values = (yaml.safe_load(self.decode_eval_decoding) if isinstance(self.decode_eval_decoding, str)
+                      else self.decode_eval_decoding)
+        except yaml.YAMLError:
+            raise InputError(f"decode_eval_decoding {self.decode_eval_decoding}: not a YAML/JSON mapping.") from None
+        if values is not None and not isinstance(values, dict):
+            raise InputError(f"decode_eval_decoding must be a mapping of decoder settings, got {values!r}.")
+        known = {f.name for f in dataclasses.fields(DecodingConfig)}
+        unknown = sorted(set(values or {}) - known)
+        if unknown:
+            raise InputError(f"decode_eval_decoding: unknown decoder setting(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}.")
+        try:
+            return DecodingConfig(**(values or {}))
+        except (TypeError, ValueError) as error:
+            raise InputError(f"decode_eval_decoding: {one_line(error)}") from None
+
+
+def check_student_length(student: ResolvedStudent, model_args: ModelArguments, args: MDLMConfig) -> None:
+    """``max_length`` fits the student's position embeddings (its config alone, no weights)."""
+    try:
+        check_sequence_length(student.config, student.kind, args.max_length)
+    except ValueError as error:
+        raise InputError(f"{error} (model_name_or_path {model_args.model_name_or_path}).") from None
+
+
+def build_student(model_args: ModelArguments, student: ResolvedStudent) -> nn.Module:
+    """Load (or, with ``init_from_config``, randomly initialise) the student, marked and bidirectional; a given
+    adapter stays trainable when LoRA is trained, else it is merged."""
+    if not model_args.init_from_config:
+        return load_model(model_args, student, train_adapter=model_args.use_lora)
+    kwargs = model_args.from_pretrained_kwargs()
+    if kwargs["dtype"] == "auto":  # random weights have no checkpoint dtype to follow
+        del kwargs["dtype"]
+    config = student_config(student.config, student.kind)  # an original LLaDA/Dream config translated: no remote code
+    if type(config) is PreTrainedConfig:  # a transformers config.json: its own class
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                            trust_remote_code=False)
+    spec = STUDENTS[student.kind]
+    if spec.model_class is not None:  # a family with its own class (LLaDA 2.x's fused QKV), not the auto class's
+        model = spec.model_class._from_config(config, **kwargs)
+    else:
+        model = (AutoModelForCausalLM if spec.decoder else AutoModelForMaskedLM).from_config(config, **kwargs)
+    return prepare_student(model, student.kind, student.mask_token_id)
+
+
+def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointing: bool) -> nn.Module:
+    if not model_args.use_lora:
+        return model
+    if gradient_checkpointing:
+        model.enable_input_require_grads()  # frozen embeddings would otherwise cut the checkpointed graph
+    if model_args.adapter:  # build_student loaded it trainable
+        return model
+    config = lora_config(model, r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
+                         lora_dropout=model_args.lora_dropout, target_modules=model_args.lora_target_modules)
+    return get_peft_model(model, config)
+
+
+def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> dict[str, dict[str, Any]]:
+    """Every setting that defines a TRIMS run, grouped for the model card."""
+    world = args.world_size
+    optimisation = {
+        "learning_rate": args.learning_rate, "lr_scheduler_type": args.lr_scheduler_type,
+        "warmup_steps": args.warmup_steps, "weight_decay": args.weight_decay, "num_train_epochs": args.num_train_epochs,
+        "max_steps": args.max_steps, "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps, "num_devices": world,
+        "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
+        "bf16": args.bf16, "seed": args.seed,
+    }
+    lora = {"use_lora": model_args.use_lora, **({"adapter": model_args.adapter} if model_args.adapter else {})}
+    if model_args.use_lora and not model_args.adapter:
+        lora |= {"r": model_args.lora_r, "alpha": model_args.lora_alpha, "dropout": model_args.lora_dropout,
+                 "target_modules": model_args.lora_target_modules or "attention + MLP projections"}
+    return {
+        "TRIMS": dataclasses.asdict(args.masking()) | {"loss_normalization": args.loss_normalization,
+                                                        "max_length": args.max_length},
+        "optimisation": optimisation,
+        "LoRA": lora,
+    }
+
+
+def resume_checkpoint(args: MDLMConfig) -> str | None:
+    """The checkpoint to resume from: ``resume_from_checkpoint``'s folder, or with ``true`` the last one in ``output_dir``."""
+    value = args.resume_from_checkpoint
+    if value is None or value.lower() == "false":
+        return None
+    if value.lower() == "true":
+        last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+        if last is None:
+            raise InputError(f"resume_from_checkpoint true: output_dir {args.output_dir} holds no checkpoint-N folder.")
+        return last
+    if not (Path(value) / TRAINER_STATE_NAME).is_file():
+        raise InputError(f"resume_from_checkpoint {value}: not a checkpoint folder (no {TRAINER_STATE_NAME}).")
+    return value
+
+
+def check_decode_eval(data_args: DataArguments, args: MDLMConfig) -> None:
+    """The decode-and-grade evaluation can run: a known, non-code task, its data at hand, evaluations scheduled."""
+    data_args.decoding_config()
+    name = data_args.decode_eval_task
+    if not name:
+        return
+    if not data_args.eval_split or args.eval_strategy == "no":
+        raise InputError("decode_eval_task runs at each evaluation: set eval_split and eval_strategy (e.g. epoch).")
+    try:
+        task = get_task(name)
+        check_task_inputs(task, data_args.decode_eval_data_file, execute_code=False)
+    except KeyError as error:
+        raise InputError(f"decode_eval_task {name}: {error.args[0]}.") from None
+    except FileNotFoundError:
+        raise InputError(f"decode_eval_data_file {data_args.decode_eval_data_file}: no such file.") from None
+    except CodeExecutionDisabled:
+        raise InputError(f"decode_eval_task {name}: its grading runs model-written code, which trims train does not do; "
+                          "evaluate code tasks with `trims eval --allow-code-execution`.") from None
+    if data_args.decode_eval_data_file is None:
+        check_dataset_source("decode_eval_data_file", task.hub_id)
+
+
+def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> str | None:
+    """Every mistake found without loading a model or a data set, in seconds; returns the checkpoint to resume from.
+
+    Local checks come first; the Hub is only probed (write access, the student's and the data set's ids).
+    """
+    resume = resume_checkpoint(args)
+    # A new run never writes into an earlier one: its checkpoints, adapter and card would mix with the old files.
+    check_output_path(args.output_dir, f"output_dir {args.output_dir}", existing="reuse" if resume else "empty",
+                      advice=", or continue its run with --resume_from_checkpoint true")
+    if args.push_to_hub:  # so a long run never ends in an auth error
+        check_push_access(args.hub_model_id or Path(args.output_dir).absolute().name, args.hub_token)
+    if model_args.adapter and model_args.init_from_config:
+        raise InputError("adapter: an adapter goes on trained weights; init_from_config builds random ones.")
+    check_model_sources(model_args)
+    check_dataset_source("dataset_name", data_args.dataset_name)
+    check_decode_eval(data_args, args)
+    return resume
+
+
+def check_columns(dataset: Dataset, source: str, args: MDLMConfig) -> None:
+    """The rows hold what the run trains on: text (or prepared student ids), and teacher scores for TRIMS masking."""
+    columns = dataset.column_names
+    if is_prepared(dataset):
+        return
+    if not ({PROMPT, COMPLETION} <= set(columns) or MESSAGES in columns):
+        raise InputError(f"dataset_name {source}: no '{PROMPT}' and '{COMPLETION}' (or '{MESSAGES}') columns, only "
+                          f"{', '.join(columns)}; score it with `trims score --prompt-column ... --completion-column ...`.")
+    if args.trajectory_ratio > 0 and not has_teacher_scores(columns, args.metric):
+        raise InputError(f"dataset_name {source}: no teacher scores for metric {args.metric} (columns {', '.join(columns)}), "
+                          "which trajectory masking needs; score it with `trims score`, or set trajectory_ratio 0 (MDLM).")
+
+
+def load_data(data_args: DataArguments, args: MDLMConfig) -> tuple[Dataset, Dataset | None]:
+    """The train (and eval) split, with the columns the run needs, before any model loads."""
+    source = data_args.dataset_name
+    loaded: list[Dataset | None] = []
+    for key, split in (("train_split", data_args.train_split), ("eval_split", data_args.eval_split)):
+        try:
+            loaded.append(split and load_source_dataset(source, split, flag="dataset_name"))
+        except SourceError:
+            raise
+        except (FileNotFoundError, ValueError) as error:  # a folder without data files, data files without rows
+            raise InputError(f"{key} {split}: cannot load it from dataset_name {source} ({one_line(error)}).") from None
+    for dataset in filter(None, loaded):
+        check_columns(dataset, source, args)
+    return loaded[0], loaded[1]
+
+
+def prepare_rows(dataset: Dataset | None, key: str, split: str | None, source: str, tokenizer: Any,
+                 args: MDLMConfig) -> Dataset | None:
+    """A split prepared for the student with its tokenizer alone, so every row check (columns, teacher scores and
+    spans, prompt length within max_length) runs before any model loads; MDLMTrainer then finds it prepared."""
+    if dataset is None:
+        return None
+    try:
+        return MDLMTrainer.prepare_rows(dataset, tokenizer, args.student_format(), args.masking(), args)
+    except SchemaError as error:
+        raise InputError(f"dataset_name {source}, {key} {split}: {error}") from None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``trims train``: the message says which checkpoint holds the work and how to continue."""
+
+    def __init__(self, output_dir: str, step: int, max_steps: int) -> None:
+        folder = Path(output_dir)
+        last = get_last_checkpoint(output_dir) if folder.is_dir() else None
+        where = f"interrupted at step {step} of {max_steps}"
+        if last is not None:
+            message = (f"{where}; {last} holds step {last.rsplit('-', 1)[1]}: continue from it with the same command and "
+                       "--resume_from_checkpoint true.")
+        elif folder.is_dir() and any(folder.iterdir()):
+            message = f"{where}; no checkpoint was saved: delete output_dir {output_dir} (or choose another) and rerun."
+        else:
+            message = f"{where}; no checkpoint was saved: rerun the same command."
+        super().__init__(message)
+
+
+class _CheckpointOnInterrupt(TrainerCallback):
+    """After a first Ctrl-C, end the optimizer step under way, save a checkpoint through the Trainer (weights, optimizer,
+    scheduler, RNG and data position, so a resumed run continues exactly) and stop. Every process stops at the
+    same step: the request is reduced over them."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        requested = self.requested
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor(float(requested), device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            requested = bool(flag.item())
+        if requested:
+            self.requested = control.should_save = control.should_training_stop = True
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        """Route the first Ctrl-C to :meth:`on_step_end`; a second one interrupts at once (nothing more is saved)."""
+        if threading.current_thread() is not threading.main_thread():  # only the main thread may handle signals
+            yield
+            return
+
+        def request(signum: int, frame: Any) -> None:
+            self.requested = True
+            signal.signal(signal.SIGINT, previous)
+            print("interrupt: saving a checkpoint after this step (Ctrl-C again to stop at once)", file=sys.stderr)
+
+        previous = signal.signal(signal.SIGINT, request)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> MDLMTrainer:
+    """Check everything, load data and tokenizer, then the student; train (resuming if asked), save, push if asked.
+
+    Ctrl-C raises :class:`TrainingInterrupted` (the first one after saving a checkpoint at the end of the step)."""
+    resume = check_run(model_args, data_args, args)
+    student = resolve_student(model_args)
+    check_student_length(student, model_args, args)
+    train_dataset, eval_dataset = load_data(data_args, args)
+    tokenizer = student.tokenizer
+    train_dataset = prepare_rows(train_dataset, "train_split", data_args.train_split, data_args.dataset_name, tokenizer, args)
+    eval_dataset = prepare_rows(eval_dataset, "eval_split", data_args.eval_split, data_args.dataset_name, tokenizer, args)
+    set_seed(args.seed)
+    if args.device.type == "cpu":  # also sets up (once, cached) the processes that distributed_state describes
+        name_cpu_accelerator()
+    announce("trims train", args.distributed_state)
+    model = wrap_lora(build_student(model_args, student), model_args, args.gradient_checkpointing)
+    trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
+    if data_args.decode_eval_task:
+        DecodeEvalCallback(data_args.decode_eval_task, tokenizer, data_args.decoding_config(), limit=data_args.decode_eval_limit,
+                           data_file=data_args.decode_eval_data_file, trainer=trainer)
+    stop = _CheckpointOnInterrupt()
+    trainer.add_callback(stop)
+    try:
+        with stop.listening():
+            result = trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(args.output_dir, trainer.state.global_step, trainer.state.max_steps) from None
+    if stop.requested:
+        raise TrainingInterrupted(args.output_dir, trainer.state.global_step, trainer.state.max_steps)
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_model()  # with push_to_hub, this also uploads the adapter
+    trainer.save_state()
+    if trainer.is_world_process_zero():
+        card = trims_model_card(
+            base_model=model_args.model_name_or_path, base_model_revision=model_args.model_revision,
+            dataset=data_args.dataset_name, hyperparameters=hyperparameters(model_args, data_args, args),
+            log_history=trainer.state.log_history, model_kind=model_args.model_kind,
+            mask_token_id=model_args.mask_token_id, model_name=trainer.hub_model_id or args.output_dir,
+            decoding=data_args.decoding_config() if data_args.decode_eval_task else None,
+            eval_data_file=data_args.decode_eval_data_file,
+        )
+        card.save(Path(args.output_dir) / "README.md")
+        if args.push_to_hub:
+            card.push_to_hub(trainer.hub_model_id, token=args.hub_token)  # replaces the Trainer's generic card
+    return trainer
+
+
+__all__ = ["DataArguments", "ModelArguments", "TrainingInterrupted", "check_run", "load_data", "train"]

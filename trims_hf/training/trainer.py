@@ -1,0 +1,262 @@
+"""MDLMTrainer: the masked-diffusion ELBO loss (standard MDLM or TRIMS) on top of transformers' Trainer.
+
+It knows the loss (:mod:`trims_hf.students.loss`, shared with the plain ``Trainer`` path) and the student spec, nothing
+of how buckets were made. The normaliser covers every micro-batch of an optimizer step (and every device
+when ``average_tokens_across_devices``, the default; otherwise per-device losses are averaged), and a row's
+masks do not depend on its batch-mates, so per-device batch 8 x GA 4 trains the same objective as batch
+32 x GA 1 whenever the EOS padding does not depend on the split either (``padding="max_length"``, or
+``train_on_padding=False``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from ..data import schema
+from ..data.preparation import is_prepared, prepare_dataset
+from ..settings import MaskingConfig, StudentFormat
+from ..students import mask_token_id, student_spec
+from ..students.block_diffusion import training_inputs
+from ..students.loss import NORMALIZATIONS, masked_token_loss, normaliser, per_unit_loss
+from .collator import INPUT_COLUMNS, TrimsDataCollator
+from .config import MDLMConfig
+
+logger = logging.getLogger(__name__)
+
+_METRIC_SUMS = ("mask_ratio", "samples", "trajectory", "loss_traj", "tokens_traj", "loss_std", "tokens_std")
+
+
+class CollatorEpochCallback(TrainerCallback):
+    """Tell a :class:`TrimsDataCollator` the epoch before each epoch's batches are drawn, so every epoch draws fresh
+    masks (and a resumed run the same ones). MDLMTrainer adds it; a plain ``Trainer`` takes it in ``callbacks``."""
+
+    def __init__(self, collator: TrimsDataCollator) -> None:
+        self.collator = collator
+        collator.follow_epochs()
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.collator.epoch = int(math.floor(state.epoch + 1e-6)) if state.epoch else 0
+
+
+@contextmanager
+def _head_at(head: nn.Module | None, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[list[bool]]:
+    """Run the output head on the hidden states at (``rows``, ``positions``) only, so the forward returns [1, M, vocab]
+    logits instead of [B, L, vocab]: mixed precision (accelerate's autocast wrapper upcasts every output to fp32)
+    then copies M rows, not the whole tensor, and the head skips the unmasked positions. Yields ``[did it]``."""
+    gathered = [False]
+
+    def gather(module: nn.Module, args: tuple) -> tuple:
+        hidden = args[0]
+        if hidden.dim() != 3:  # a head called on anything but [B, L, hidden] keeps its input
+            return None
+        gathered[0] = True
+        return (hidden[rows, positions][None], *args[1:])
+
+    handle = head.register_forward_pre_hook(gather) if head is not None else None
+    try:
+        yield gathered
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def compile_blocks(model: nn.Module) -> int:
+    """Compile every decoder block of ``model`` (a student, PEFT-wrapped or not) in place with ``nn.Module.compile``;
+    returns how many. In place, so the model keeps its modules, hooks, adapters and state dict: only the blocks' calls
+    run compiled, and every block shares one compiled graph (same code, parameters as inputs). The blocks are the
+    classes transformers never splits across devices (``_no_split_modules``)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    blocks = [module for module in model.modules() if type(module).__name__ in names]
+    if not blocks:
+        raise ValueError(f"compile_blocks: {type(base).__name__} names no decoder block (_no_split_modules={names or None}).")
+    for block in blocks:
+        block.compile()
+    return len(blocks)
+
+
+class MDLMTrainer(Trainer):
+    """Trainer for masked diffusion LMs with TRIMS trajectory masking.
+
+    Like TRL's SFTTrainer, it prepares scored (or plain prompt/completion) data sets once for the student
+    (:func:`trims_hf.prepare_dataset` with ``args``' prompt format, max length and bucket settings) unless
+    they are prepared already, and builds a :class:`TrimsDataCollator` from ``args`` when none is given.
+    Works with plain ``TrainingArguments`` too (the paper's defaults, token normalisation).
+    """
+
+    loss_is_scaled_for_ga = True
+    _tag_names = ["trims", "mdlm", "masked-diffusion"]
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: TrainingArguments | None = None,
+        data_collator: Any = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        args = args if args is not None else MDLMConfig(output_dir="trims-output")
+        self.student = student_spec(model)
+        masking = args.masking() if isinstance(args, MDLMConfig) else MaskingConfig()
+        fmt = args.student_format() if isinstance(args, MDLMConfig) else StudentFormat()
+        if data_collator is None:
+            if processing_class is None:
+                raise ValueError("MDLMTrainer needs a data_collator or a processing_class (the student tokenizer).")
+            data_collator = TrimsDataCollator(processing_class, mask_token_id=mask_token_id(model), masking=masking,
+                                              max_length=fmt.max_length, seed=args.seed)
+        train_dataset = self.prepare_rows(train_dataset, processing_class, fmt, masking, args)
+        eval_dataset = (
+            {name: self.prepare_rows(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
+            if isinstance(eval_dataset, dict) else self.prepare_rows(eval_dataset, processing_class, fmt, masking, args)
+        )
+        self.loss_normalization = getattr(args, "loss_normalization", "token")
+        if self.loss_normalization not in NORMALIZATIONS:
+            raise ValueError(f"loss_normalization must be 'token' or 'sequence', got {self.loss_normalization!r}.")
+        if getattr(args, "compile_blocks", False):
+            compile_blocks(model)
+        super().__init__(
+            model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, **kwargs,
+        )
+        # Summed locally at every micro-step; reduced over processes only when logged (one collective per log).
+        self._metric_sums: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
+        collator_masking = getattr(data_collator, "masking", None)
+        if (isinstance(collator_masking, MaskingConfig) and collator_masking.train_on_padding
+                and collator_masking.padding == "longest" and args.per_device_train_batch_size > 1
+                and (args.gradient_accumulation_steps > 1 or args.world_size > 1)):
+            logger.warning("padding='longest' with trained EOS padding: each micro-batch is padded to its own longest "
+                           "row, so the loss depends on how the global batch is split; padding='max_length' does not.")
+        if isinstance(data_collator, TrimsDataCollator) and not any(
+                isinstance(callback, CollatorEpochCallback) for callback in self.callback_handler.callbacks):
+            self.add_callback(CollatorEpochCallback(data_collator))
+
+    @staticmethod
+    def prepare_rows(dataset: Any, tokenizer: Any, fmt: StudentFormat, masking: MaskingConfig, args: TrainingArguments) -> Any:
+        """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator.
+        Needs the tokenizer only, so a caller (``trims train``) runs it, and so every row check, before the model loads."""
+        if is_prepared(dataset) or not set(getattr(dataset, "column_names", None) or ()) & {schema.PROMPT, schema.MESSAGES}:
+            return dataset
+        if tokenizer is None:
+            raise ValueError("MDLMTrainer prepares scored rows for the student: pass processing_class=<student tokenizer>.")
+        scored = schema.has_teacher_scores(dataset.column_names, masking.metric)
+        if masking.trajectory_ratio > 0 and not scored:
+            raise schema.SchemaError(f"The data set has no teacher scores (columns {dataset.column_names}), which trajectory "
+                              "masking needs; score it with `trims score`, or set trajectory_ratio=0 for plain MDLM.")
+        with args.main_process_first(desc="preparing the data set for the student"):
+            return prepare_dataset(dataset, tokenizer, fmt, masking)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """Evaluate with the collator's epoch-0 masks, so eval losses of different epochs are comparable."""
+        training_collator = self.data_collator
+        if isinstance(training_collator, TrimsDataCollator):
+            self.data_collator = dataclasses.replace(training_collator, epoch=0)
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.data_collator = training_collator
+
+    def _set_signature_columns_if_needed(self) -> None:
+        # The collator, not the model, reads the data set's columns: keep them all.
+        super()._set_signature_columns_if_needed()
+        self._signature_columns = list(dict.fromkeys([*self._signature_columns, *INPUT_COLUMNS]))
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
+        """Count the normaliser over all micro-batches of one optimizer step (and all devices)."""
+        if not batch_samples or "masked" not in batch_samples[0]:
+            return None
+        count = sum(normaliser(batch["labels"], self.loss_normalization) for batch in batch_samples).to(device)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            count = self.accelerator.gather(count).sum()
+        return count
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        batch = {key: inputs[key] for key in schema.LOSS_KEYS}
+        rows, cols = batch["masked"].nonzero(as_tuple=True)
+        sources = self.student.source_positions(cols)
+        head = None if return_outputs else self.accelerator.unwrap_model(model).get_output_embeddings()
+        with _head_at(head, rows, sources) as gathered:
+            outputs = model(**training_inputs(inputs["input_ids"], inputs.get("attention_mask"), batch["masked"],
+                                              batch["labels"], self.student.block_size))
+        token_logits = outputs.logits[0] if gathered[0] else outputs.logits[rows, sources]
+        per_unit = per_unit_loss(self.masked_token_loss(token_logits, batch), batch["labels"], self.loss_normalization)
+        scaled_across_devices = num_items_in_batch is not None and self.args.average_tokens_across_devices
+        if num_items_in_batch is None:
+            num_items_in_batch = normaliser(batch["labels"], self.loss_normalization)
+        loss = per_unit.sum() / num_items_in_batch
+        if scaled_across_devices and self.args.world_size > 1:
+            loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
+        self._record_metrics(per_unit.detach(), batch)
+        return (loss, outputs) if return_outputs else loss
+
+    def masked_token_loss(self, token_logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Weighted cross-entropy summed over the masked tokens of each sample ([B]) from those tokens' logits
+        ([M, vocab], ``batch["masked"].nonzero()`` order, read at the student's source positions): in training the
+        head runs on those positions only. Override to change the objective."""
+        return masked_token_loss(token_logits, batch["labels"], batch["masked"], batch["loss_weights"])
+
+    @torch.no_grad()
+    def _record_metrics(self, per_unit: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        response = (batch["labels"] != schema.IGNORE_INDEX).sum(1).float()
+        masked = batch["masked"].sum(1).float()
+        trajectory = batch["is_trajectory"].float()
+        # The per-kind losses use the same normaliser as the loss: tokens, or sequences (already length-divided).
+        units = response if self.loss_normalization == "token" else torch.ones_like(response)
+        stats = torch.stack([
+            (masked / response.clamp(min=1)).sum(),
+            torch.tensor(float(len(response)), device=response.device),
+            trajectory.sum(),
+            (per_unit * trajectory).sum(),
+            (units * trajectory).sum(),
+            (per_unit * (1 - trajectory)).sum(),
+            (units * (1 - trajectory)).sum(),
+        ])
+        mode = "train" if self.model.training else "eval"
+        previous = self._metric_sums[mode]
+        self._metric_sums[mode] = stats if previous is None else previous + stats
+
+    def _pop_metrics(self, mode: str) -> dict[str, float]:
+        """Reduce the statistics summed since the last log over processes (all of them log together) and reset."""
+        stats, self._metric_sums[mode] = self._metric_sums[mode], None
+        if stats is None:
+            return {}
+        if self.accelerator.num_processes > 1:
+            stats = self.accelerator.reduce(stats, reduction="sum")
+        sums = dict(zip(_METRIC_SUMS, stats.tolist()))
+        metrics = {
+            "mask_ratio": sums["mask_ratio"] / sums["samples"],
+            "trajectory_share": sums["trajectory"] / sums["samples"],
+        }
+        if sums["tokens_traj"]:
+            metrics["loss_trajectory"] = sums["loss_traj"] / sums["tokens_traj"]
+        if sums["tokens_std"]:
+            metrics["loss_standard"] = sums["loss_std"] / sums["tokens_std"]
+        return metrics
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add the training statistics (mask ratio, trajectory share, per-kind losses) to the Trainer's logs."""
+        metrics = self._pop_metrics("train") if self.model.training else {}
+        super().log({**logs, **metrics}, start_time)
+
+    def evaluation_loop(self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> Any:
+        """Evaluate as the Trainer does and add the same statistics, prefixed, to the returned metrics."""
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        output.metrics.update({f"{metric_key_prefix}_{name}": value for name, value in self._pop_metrics("eval").items()})
+        return output
