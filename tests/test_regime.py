@@ -17,6 +17,7 @@ from trims_hf.evaluation.evaluate import EvalResult, SampleRecord
 from trims_hf.studies import regime
 from trims_hf.studies.arith import ArithTask, draw_unique, make_problem
 from trims_hf.studies.protocol import BASE, with_overrides
+from trims_hf.studies.regime import study as regime_study
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "regime" / "regime.py"
 _spec = importlib.util.spec_from_file_location("regime_recipe", RECIPE)
@@ -370,7 +371,7 @@ def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings
         (old / "seed-0" / stage / KEY_FILE).write_text(json.dumps(Units(made, "cpu").key(stage, stage), indent=2))
     (tmp_path / "ratio" / "seed-0" / "base").mkdir(parents=True)  # a base cut short in an earlier run: replaced
     ran = []
-    monkeypatch.setattr(regime, "make_regime_study", lambda folder, p, deadline: type(
+    monkeypatch.setattr(regime_study, "RegimeStudy", lambda folder, p, deadline: type(
         "Stub", (), {"run": lambda self: ran.append(folder) or True})())
     for name, settings, expected in (("ratio", ["masking.trajectory_ratio=0.5"], list(regime.REUSABLE_STAGES)),
                                      ("lr", ["base_lr=0.002"], list(regime.SHARED_STAGES))):
@@ -390,7 +391,7 @@ def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings
     assert f"seed 0: from {old}, took no stage; had {', '.join(regime.REUSABLE_STAGES)} already" in capsys.readouterr().out
     for command in (["curve", "--output", str(tmp_path / "x")], ["copies", "--model", str(old), "--rows", str(old)]):
         assert recipe.main([*command, "--reuse", str(tmp_path / "ratio")]) == 2
-        assert f"--reuse {tmp_path / 'ratio'}: only the study takes another study's stages." in capsys.readouterr().err
+        assert f"unrecognized arguments: --reuse {tmp_path / 'ratio'}" in capsys.readouterr().err  # the study's flag
     assert not (tmp_path / "x").exists()
 
 
@@ -399,7 +400,7 @@ def test_a_stage_copy_is_whole_or_absent(tmp_path, monkeypatch):
     source.mkdir()
     for name in ("cache-key.json", "model.safetensors"):
         (source / name).write_text(name)
-    real_copytree = regime.shutil.copytree
+    real_copytree = regime.seeds.shutil.copytree
 
     def key_file_then_fail(src, dst, **kwargs):  # a copy cut short after the key file, before the weights
         Path(dst).mkdir()
@@ -408,10 +409,10 @@ def test_a_stage_copy_is_whole_or_absent(tmp_path, monkeypatch):
 
     target.parent.mkdir()
     with monkeypatch.context() as patch:
-        patch.setattr(regime.shutil, "copytree", key_file_then_fail)
+        patch.setattr(regime.seeds.shutil, "copytree", key_file_then_fail)
         with pytest.raises(OSError):
             regime.copy_stage(source, target)
-    assert regime.shutil.copytree is real_copytree
+    assert regime.seeds.shutil.copytree is real_copytree
     assert not target.exists()  # no key file without its weights
     regime.copy_stage(source, target)  # again: the partial copy is cleared first
     assert sorted(p.name for p in target.iterdir()) == ["cache-key.json", "model.safetensors"]

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from trims_hf.determinism import sleep_while_waiting
 
@@ -29,50 +30,78 @@ SMOKE = ("levels=1", "train_per_level=48", "selection_per_level=6", "test_proble
 """``--smoke``: every stage on tiny sizes in seconds (nothing is learned)."""
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage mistake as one ``error:`` line and exit code 2, as every other input error here."""
+
+    def error(self, message: str) -> NoReturn:
+        from trims_hf.errors import InputError
+
+        raise InputError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> Parser:
+    """One subcommand per job, each with its own flags (``regime.py curve --help`` lists the curve's alone)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="A protocol setting (trims_hf.studies.regime.RegimeProtocol), e.g. hidden_size=128 or "
+                        "test_level=2.")
+    common.add_argument("--smoke", action="store_true", help="Tiny sizes: every stage runs in seconds.")
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    summary: dict[str, str] = {}  # each command's paragraph of the module docstring
+    for line in __doc__.split("\n\n")[1].splitlines():
+        if line[2] != " ":
+            command, text = line.split(None, 1)
+            summary[command] = text
+        else:
+            summary[command] += " " + line.strip()
+
+    curve = commands.add_parser("curve", parents=[common], help=summary["curve"], description=summary["curve"])
+    curve.add_argument("--output", type=Path, help="Folder (reruns resume here).")
+    curve.add_argument("--budget-minutes", type=float, help="Start no point after this.")
+    curve.add_argument("--sizes", nargs="+", default=["64x4x4", "128x4x4"], help="HIDDENxLAYERSxHEADS each.")
+    curve.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 32], help="Base batch sizes.")
+    curve.add_argument("--base-steps", nargs="+", type=int, default=[500, 1000, 2000], help="Base MDLM steps.")
+    curve.add_argument("--pretrain-steps", nargs="+", type=int, default=[],
+                       help="Autoregressive steps of the pretrained model (the student's start, the teacher; default: "
+                       "the protocol's, 400).")
+    curve.add_argument("--base-lrs", nargs="+", type=float, default=[],
+                       help="The base's learning rates (default: the protocol's, 1e-3).")
+    curve.add_argument("--anneal-fractions", nargs="+", type=float, default=[],
+                       help="Shares of the base's steps over which its attention anneals from causal to bidirectional "
+                       "(DiffuLLaMA; 0: at once; default: the protocol's anneal_steps, 0).")
+
+    study = commands.add_parser("study", parents=[common], help=summary["study"], description=summary["study"])
+    study.add_argument("--output", type=Path, help="Folder (reruns resume here).")
+    study.add_argument("--budget-minutes", type=float,
+                       help="Start no unit expected to end after this (exit 3, rerun to continue).")
+    study.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="One base per seed.")
+    study.add_argument("--from-curve", type=Path, help="Run in the point a curve folder's rule chose (the settings the "
+                       "curve ran with, then its size, pretrained model, batch, steps and level); --set then changes "
+                       "the rest.")
+    study.add_argument("--reuse", type=Path, help="Another study's folder whose finished stages up to each seed's base "
+                       "and probe are taken wherever they were made under this study's settings for them (e.g. a study "
+                       "at another trajectory ratio trains no base again).")
+
+    copies = commands.add_parser("copies", parents=[common], help=summary["copies"], description=summary["copies"])
+    copies.add_argument("--model", type=Path, help="A base's folder (a point's <size>/base).")
+    copies.add_argument("--rows", type=Path, help="Question/answer rows (a point's <size>/data/selection-L1.jsonl) or "
+                        "prompt/completion rows (its data/train.jsonl).")
+    copies.add_argument("--limit", type=int, default=100, help="The first N rows (default 100).")
+    return parser
+
+
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("curve", "study", "copies"))
-    parser.add_argument("--output", type=Path, help="curve, study: folder (reruns resume here).")
-    parser.add_argument("--model", type=Path, help="copies: a base's folder (a point's <size>/base).")
-    parser.add_argument("--rows", type=Path, help="copies: question/answer rows (a point's <size>/data/selection-L1.jsonl) "
-                        "or prompt/completion rows (its data/train.jsonl).")
-    parser.add_argument("--limit", type=int, default=100, help="copies: the first N rows (default 100).")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="A protocol setting (trims_hf.studies.regime.RegimeProtocol), e.g. hidden_size=128 or test_level=2.")
-    parser.add_argument("--smoke", action="store_true", help="Tiny sizes: every stage runs in seconds.")
-    parser.add_argument("--budget-minutes", type=float, help="curve: start no point after this; study: no unit "
-                        "expected to end after it (exit 3, rerun to continue).")
-    parser.add_argument("--sizes", nargs="+", default=["64x4x4", "128x4x4"], help="curve: HIDDENxLAYERSxHEADS each.")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 32], help="curve: base batch sizes.")
-    parser.add_argument("--base-steps", nargs="+", type=int, default=[500, 1000, 2000], help="curve: base MDLM steps.")
-    parser.add_argument("--pretrain-steps", nargs="+", type=int, default=[],
-                        help="curve: autoregressive steps of the pretrained model (the student's start, the teacher; "
-                        "default: the protocol's, 400).")
-    parser.add_argument("--base-lrs", nargs="+", type=float, default=[], help="curve: the base's learning rates "
-                        "(default: the protocol's, 1e-3).")
-    parser.add_argument("--anneal-fractions", nargs="+", type=float, default=[],
-                        help="curve: shares of the base's steps over which its attention anneals from causal to "
-                        "bidirectional (DiffuLLaMA; 0: at once; default: the protocol's anneal_steps, 0).")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="study: one base per seed.")
-    parser.add_argument("--from-curve", type=Path, help="study: run in the point a curve folder's rule chose (the "
-                        "settings the curve ran with, then its size, pretrained model, batch, steps and level); --set then "
-                        "changes the rest.")
-    parser.add_argument("--reuse", type=Path, help="study: another study's folder whose finished stages up to each "
-                        "seed's base and probe are taken wherever they were made under this study's settings for them "
-                        "(e.g. a study at another trajectory ratio trains no base again).")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     from trims_hf.errors import InputError, check_output_path
     from trims_hf.studies.protocol import with_overrides
     from trims_hf.studies.regime import RegimeProtocol
-
-    if args.reuse is not None and args.command != "study":
-        raise InputError(f"--reuse {args.reuse}: only the study takes another study's stages.")
 
     try:
         protocol = with_overrides(RegimeProtocol(), [*(SMOKE if args.smoke else ()), *args.set])
     except ValueError as error:
         raise InputError(f"--set {error}") from None
-    if args.from_curve is not None:
+    if getattr(args, "from_curve", None) is not None:
         from trims_hf.studies.regime import check_shared, chosen_protocol, pretrained_tag, read_curve
 
         curve = args.from_curve / "curve.jsonl"
@@ -105,6 +134,21 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
         return args, protocol
     if args.output is None:
         raise InputError(f"{args.command} needs --output FOLDER.")
+    if args.command == "curve":
+        check_grid(args)
+    if args.budget_minutes is not None and args.budget_minutes <= 0:
+        raise InputError(f"--budget-minutes {args.budget_minutes}: must be positive.")
+    check_output_path(args.output, f"--output {args.output}")
+    if args.command == "study" and args.reuse is not None and not any((args.reuse / f"seed-{s}").is_dir()
+                                                                      for s in args.seeds):
+        raise InputError(f"--reuse {args.reuse}: no seed-<s> folder of seeds {' '.join(map(str, args.seeds))} there.")
+    return args, protocol
+
+
+def check_grid(args: argparse.Namespace) -> None:
+    """The curve's grid flags, each a one-line InputError; ``--sizes`` parsed into (hidden, layers, heads) triples."""
+    from trims_hf.errors import InputError
+
     sizes = [tuple(int(v) for v in size.split("x") if v.isdigit()) for size in args.sizes]
     if any(len(size) != 3 or min(size) < 1 or len(text.split("x")) != 3 for size, text in zip(sizes, args.sizes)):
         raise InputError(f"--sizes {' '.join(args.sizes)}: expected HIDDENxLAYERSxHEADS, e.g. 64x4x4.")
@@ -116,12 +160,6 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     for flag, values, low in (("--base-lrs", args.base_lrs, 0.0), ("--anneal-fractions", args.anneal_fractions, -1e-12)):
         if values and not all(low < v <= 1 for v in values):
             raise InputError(f"{flag} {' '.join(map(str, values))}: each must lie in {'(0' if low == 0 else '[0'}, 1].")
-    if args.budget_minutes is not None and args.budget_minutes <= 0:
-        raise InputError(f"--budget-minutes {args.budget_minutes}: must be positive.")
-    check_output_path(args.output, f"--output {args.output}")
-    if args.reuse is not None and not any((args.reuse / f"seed-{seed}").is_dir() for seed in args.seeds):
-        raise InputError(f"--reuse {args.reuse}: no seed-<s> folder of seeds {' '.join(map(str, args.seeds))} there.")
-    return args, protocol
 
 
 def main(argv: Sequence[str] | None = None) -> int:

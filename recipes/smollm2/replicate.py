@@ -55,7 +55,8 @@ from trims_hf.studies.protocol import (
     record_protocol,
     with_overrides,
 )
-from trims_hf.studies.regime import RECALL_VIEWS, probe_levels
+from trims_hf.studies.regime import RECALL_VIEWS
+from trims_hf.studies.regime.study import probe_levels
 from trims_hf.studies.study import Study, file_sha256, models_plan
 from trims_hf.studies.tiny import build_tokenizer, pretrain_tiny_llama
 

@@ -1,0 +1,168 @@
+"""The seed study's statistics and its pre-registered reading: Wilson and paired intervals, the claim rows (tokens
+per step above MDLM in at least 4 of 5 seeds, the accuracy difference's interval including 0 or favouring TRIMS),
+and the report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...reports import write_atomic
+from ..protocol import BASE, VARIANTS
+from .protocol import RegimeProtocol
+from .records import answer_tokens, unit_record
+from .seeds import seed_results
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's 95% interval of a proportion (stays inside [0, 1] near 0 and 1, unlike the normal one)."""
+    if n == 0:
+        return (math.nan, math.nan)
+    phat, denominator = correct / n, 1 + z * z / n
+    centre = (phat + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denominator
+    return centre - half, centre + half
+
+
+def paired_difference(a: Sequence[bool], b: Sequence[bool], z: float = 1.96) -> tuple[float, float, float]:
+    """Mean of ``a - b`` over paired problems and its 95% normal interval: (mean, low, high)."""
+    diffs = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+    return mean, mean - z * se, mean + z * se
+
+
+MIN_SEEDS_ABOVE = 4
+"""The reading: tokens per step above MDLM's in at least this many of the 5 seeds (scaled for other seed counts)."""
+
+
+def claim_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> list[dict[str, Any]]:
+    """The pre-registered reading per TRIMS variant and threshold: its tokens per step over MDLM's per seed, the
+    seeds above 1, the accuracy difference to MDLM over the paired (seed, problem) records with its 95% interval,
+    and ``holds``: above 1 in at least 4 of 5 seeds and an interval that includes 0 or favours TRIMS."""
+    by_key = {(result.model, result.decoding["threshold"], seed): result for seed, result in results}
+    pairs = sorted({(model, tau) for model, tau, _ in by_key if model != baseline and VARIANTS.get(model, (False,))[0]},
+                   key=lambda pair: (pair[1], list(VARIANTS).index(pair[0])))
+    rows = []
+    for model, tau in pairs:
+        seeds = sorted(s for m, t, s in by_key if (m, t) == (model, tau) and (baseline, tau, s) in by_key)
+        ratios = {s: by_key[model, tau, s].tokens_per_step / by_key[baseline, tau, s].tokens_per_step for s in seeds}
+        ours, theirs = [], []
+        for s in seeds:
+            mine = {sample.prompt_id: sample.correct for sample in by_key[model, tau, s].samples}
+            base = {sample.prompt_id: sample.correct for sample in by_key[baseline, tau, s].samples}
+            shared = sorted(set(mine) & set(base))
+            ours += [mine[i] for i in shared]
+            theirs += [base[i] for i in shared]
+        mean, low, high = paired_difference(ours, theirs) if ours else (math.nan,) * 3
+        above = sum(r > 1 for r in ratios.values())
+        rows.append({"model": model, "threshold": tau, "seeds": seeds, "ratio_per_seed": ratios,
+                     "mean_ratio": statistics.fmean(ratios.values()) if ratios else math.nan,
+                     "seeds_above": above, "accuracy_difference": mean, "difference_interval": [low, high],
+                     "paired_problems": len(ours),
+                     "holds": bool(seeds) and above >= math.ceil(MIN_SEEDS_ABOVE / 5 * len(seeds)) and high >= 0})
+    return rows
+
+
+def format_claim(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The reading as a Markdown table."""
+    lines = ["| threshold | model | tokens/step ratio to MDLM per seed | above 1 | accuracy difference (95% interval) | "
+             "holds |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        ratios = ", ".join(f"{r:.3f}" for r in row["ratio_per_seed"].values())
+        low, high = row["difference_interval"]
+        lines.append(f"| {row['threshold']} | {row['model']} | {ratios} (mean {row['mean_ratio']:.3f}) | "
+                     f"{row['seeds_above']} of {len(row['seeds'])} | {100 * row['accuracy_difference']:+.1f} points "
+                     f"({100 * low:+.1f}, {100 * high:+.1f}) | {'**yes**' if row['holds'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def accuracy_rows(results: Sequence[tuple[int, Any]]) -> list[dict[str, Any]]:
+    """Per model and threshold, pooled over seeds: accuracy with Wilson's 95% interval, tokens per step (mean over
+    seeds), AUP per seed over the model's thresholds (mean), the seeds."""
+    from ...evaluation.aup import accuracy_under_parallelism
+
+    groups: dict[tuple[str, float], list[tuple[int, Any]]] = {}
+    for seed, result in results:
+        groups.setdefault((result.model, result.decoding["threshold"]), []).append((seed, result))
+    y_max = {seed: max(100 * r.accuracy for s, r in results if s == seed) for seed, _ in results}
+    aup: dict[str, list[float]] = {}
+    for model in dict.fromkeys(r.model for _, r in results):
+        for seed in sorted({s for s, r in results if r.model == model}):
+            points = [(r.tokens_per_step, 100 * r.accuracy) for s, r in results if s == seed and r.model == model]
+            aup.setdefault(model, []).append(accuracy_under_parallelism(points, y_max=y_max[seed]))
+    rows = []
+    for (model, tau), runs in groups.items():
+        correct = sum(sample.correct for _, r in runs for sample in r.samples)
+        n = sum(len(r.samples) for _, r in runs)
+        rows.append({"model": model, "threshold": tau, "seeds": [s for s, _ in runs], "problems": n,
+                     "accuracy": correct / n if n else math.nan, "interval": list(wilson(correct, n)),
+                     "tokens_per_step": statistics.fmean(r.tokens_per_step for _, r in runs),
+                     "answer_tokens": statistics.fmean(answer_tokens(r) for _, r in runs),
+                     "aup": statistics.fmean(aup[model]) if aup.get(model) else math.nan})
+    return sorted(rows, key=lambda r: (r["threshold"], [BASE, *VARIANTS].index(r["model"])))
+
+
+def format_accuracy(rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| threshold | model | seeds | problems | accuracy % (95% interval) | tokens/step | tokens/answer | "
+             "AUP (mean over seeds) |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        low, high = row["interval"]
+        lines.append(f"| {row['threshold']} | {row['model']} | {len(row['seeds'])} | {row['problems']} | "
+                     f"{100 * row['accuracy']:.1f} ({100 * low:.1f}-{100 * high:.1f}) | {row['tokens_per_step']:.2f} | "
+                     f"{row['answer_tokens']:.1f} | {row['aup']:.1f} |")
+    return "\n".join(lines)
+
+
+def write_seed_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[int]) -> Path:
+    """``output/report``: ``study.md`` (accuracy with intervals, the reading, the probes and decode-order Spearman per
+    seed) and ``study.json`` from every finished evaluation of every seed; partial while some are missing."""
+    from ..study import models_plan
+
+    results = seed_results(output, protocol, seeds)
+    planned = sum(unit.threshold is not None for unit in models_plan(protocol)) * len(seeds)
+    claims, accuracy = claim_rows(results), accuracy_rows(results)
+    probes, spearman = {}, {}
+    for seed in seeds:
+        folder = output / f"seed-{seed}"
+        if (folder / "probe" / "unit.json").is_file():
+            probes[seed] = unit_record(folder, "probe")["levels"]
+        for trace in sorted(folder.glob("eval/*/tau*/trace.json")):
+            name = next(m for m in [BASE, *VARIANTS] if trace.parent.parent.name in ("base", f"{slug_of(m)}-seed{seed}"))
+            spearman.setdefault(name, {})[seed] = json.loads(trace.read_text())["nll_vs_decode_step_spearman"]
+    report = output / "report"
+    report.mkdir(parents=True, exist_ok=True)
+    head = (f"PARTIAL: {len(results)} of {planned} evaluations finished.\n\n" if len(results) < planned else "")
+    level = protocol.test_level
+    probe_lines = "\n".join(f"- seed {seed}: " + ", ".join(f"level {lv} {100 * v['accuracy']:.1f}% "
+                                                           f"({v['answer_tokens']:.1f} tokens/answer)"
+                                                           for lv, v in levels.items())
+                            for seed, levels in probes.items())
+    order = "\n".join(f"- {name}: " + ", ".join(f"seed {s} {'-' if v is None else f'{v:+.2f}'}" for s, v in by_seed.items())
+                      for name, by_seed in spearman.items())
+    text = (f"{head}Seeds {list(seeds)}, one base per seed; level {level}, {protocol.test_problems} test problems per "
+            f"cell and seed.\n\nBase alone on the selection problems (tau {protocol.selection_threshold}):\n\n"
+            f"{probe_lines}\n\nAccuracy (pooled over seeds, Wilson 95% interval), tokens per step (mean over seeds), "
+            f"AUP:\n\n{format_accuracy(accuracy)}\n\nThe pre-registered reading (\"TRIMS raises tokens per step at "
+            f"equal accuracy\" holds at a threshold when the ratio to MDLM is above 1 in at least 4 of 5 seeds and the "
+            f"accuracy difference's 95% interval includes 0 or favours TRIMS):\n\n{format_claim(claims)}\n\n"
+            f"Spearman(teacher NLL of an answer token, steps into its block before it was committed) at tau "
+            f"{protocol.trace_threshold()}, mean over {protocol.trace_samples} problems (negative: hard tokens first):"
+            f"\n\n{order}\n")
+    write_atomic(report / "study.md", text)
+    write_atomic(report / "study.json", json.dumps({"protocol": dataclasses.asdict(protocol), "seeds": list(seeds),
+                                                    "evaluations": len(results), "planned": planned,
+                                                    "accuracy": accuracy, "claim": claims, "probes": probes,
+                                                    "spearman": spearman}, indent=1, default=str))
+    return report / "study.md"
+
+
+def slug_of(name: str) -> str:
+    from ..study import slug
+
+    return slug(name)
