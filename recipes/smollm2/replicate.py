@@ -57,7 +57,8 @@ from trims_hf.studies.protocol import (
 )
 from trims_hf.studies.regime import RECALL_VIEWS
 from trims_hf.studies.regime.study import probe_levels
-from trims_hf.studies.study import Study, file_sha256, models_plan
+from trims_hf.studies.stages import file_sha256
+from trims_hf.studies.study import Study, models_plan
 from trims_hf.studies.tiny import build_tokenizer, pretrain_tiny_llama
 
 STAGES = ("data", "pretrained", "score", "base", "select", "models", "report")

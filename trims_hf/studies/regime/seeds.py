@@ -90,7 +90,8 @@ def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], dead
 
 def seed_results(output: Path, protocol: RegimeProtocol, seeds: Sequence[int]) -> list[tuple[int, Any]]:
     """(seed, result) of every finished evaluation of every seed's study; the per-seed base is tagged with its seed."""
-    from ..study import load_result, models_plan
+    from ..stages import load_result
+    from ..study import models_plan
     from .study import RegimeStudy
 
     results = []
