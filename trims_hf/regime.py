@@ -653,6 +653,76 @@ def claim_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> li
     return rows
 
 
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Student's t 97.5% quantiles by degrees of freedom (any statistics table): a 95% interval over a few seeds; past
+10 degrees of freedom the normal 1.96 is within 14% and is used."""
+
+
+def seed_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of per-seed values and its 95% t-interval over the seeds: (mean, low, high); NaN ends for one seed."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def frontier_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> list[dict[str, Any]]:
+    """The frontier reading per TRIMS variant (docs/regime.md, studies 10-12): per seed the AUP of the variant's and of
+    MDLM's (tokens per step, accuracy) points, both against the better of the two's best accuracy in that seed; the
+    difference's mean over seeds with its 95% t-interval (``above`` / ``below`` when it excludes 0); and, per
+    threshold, the MDLM thresholds whose point (tokens per step mean over seeds, accuracy pooled) dominates the
+    variant's: at least its tokens per step and accuracy, one of them strictly."""
+    from .aup import accuracy_under_parallelism
+
+    points: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    pooled: dict[tuple[str, float], list[Any]] = {}
+    for seed, result in results:
+        points.setdefault((result.model, seed), []).append((result.tokens_per_step, 100 * result.accuracy))
+        pooled.setdefault((result.model, result.decoding["threshold"]), []).append(result)
+
+    def point(model: str, tau: float) -> tuple[float, float]:
+        runs = pooled[model, tau]
+        correct = sum(sample.correct for r in runs for sample in r.samples)
+        return statistics.fmean(r.tokens_per_step for r in runs), correct / max(1, sum(len(r.samples) for r in runs))
+
+    rows = []
+    for model in dict.fromkeys(r.model for _, r in results):
+        if model == baseline or not VARIANTS.get(model, (False,))[0]:
+            continue
+        seeds = sorted(s for m, s in points if m == model and (baseline, s) in points)
+        differences = {}
+        for seed in seeds:
+            ours, theirs = points[model, seed], points[baseline, seed]
+            y_max = max(accuracy for _, accuracy in ours + theirs)
+            differences[seed] = (accuracy_under_parallelism(ours, y_max=y_max)
+                                 - accuracy_under_parallelism(theirs, y_max=y_max))
+        mean, low, high = seed_interval(list(differences.values())) if differences else (math.nan,) * 3
+        dominated = {}
+        for tau in sorted(t for m, t in pooled if m == model):
+            speed, accuracy = point(model, tau)
+            dominated[tau] = [t for m, t in sorted(pooled) if m == baseline
+                              and (other := point(baseline, t))[0] >= speed and other[1] >= accuracy
+                              and other != (speed, accuracy)]
+        rows.append({"model": model, "seeds": seeds, "aup_difference_per_seed": differences, "aup_difference": mean,
+                     "interval": [low, high], "frontier": "above" if low > 0 else "below" if high < 0 else "not apart",
+                     "dominated_by_mdlm": dominated})
+    return rows
+
+
+def format_frontier(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The frontier reading as a Markdown table."""
+    lines = ["| model | AUP minus MDLM's per seed | mean (95% interval) | frontier | thresholds where an MDLM point "
+             "dominates |", "|---|---|---|---|---|"]
+    for row in rows:
+        low, high = row["interval"]
+        dominated = "; ".join(f"{tau} (by MDLM at {', '.join(map(str, by))})" for tau, by in
+                              row["dominated_by_mdlm"].items() if by) or "none"
+        lines.append(f"| {row['model']} | {', '.join(f'{d:+.1f}' for d in row['aup_difference_per_seed'].values())} | "
+                     f"{row['aup_difference']:+.1f} ({low:+.1f}, {high:+.1f}) | {row['frontier']} | {dominated} |")
+    return "\n".join(lines)
+
+
 def format_claim(rows: Sequence[Mapping[str, Any]]) -> str:
     """The reading as a Markdown table."""
     lines = ["| threshold | model | tokens/step ratio to MDLM per seed | above 1 | accuracy difference (95% interval) | "
@@ -710,7 +780,7 @@ def write_seed_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[in
 
     results = seed_results(output, protocol, seeds)
     planned = sum(unit.threshold is not None for unit in models_plan(protocol)) * len(seeds)
-    claims, accuracy = claim_rows(results), accuracy_rows(results)
+    claims, accuracy, frontier = claim_rows(results), accuracy_rows(results), frontier_rows(results)
     probes, spearman = {}, {}
     for seed in seeds:
         folder = output / f"seed-{seed}"
@@ -735,15 +805,130 @@ def write_seed_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[in
             f"AUP:\n\n{format_accuracy(accuracy)}\n\nThe pre-registered reading (\"TRIMS raises tokens per step at "
             f"equal accuracy\" holds at a threshold when the ratio to MDLM is above 1 in at least 4 of 5 seeds and the "
             f"accuracy difference's 95% interval includes 0 or favours TRIMS):\n\n{format_claim(claims)}\n\n"
+            f"The frontier (AUP of the variant minus MDLM's per seed, both against the pair's best accuracy; 95% "
+            f"t-interval over seeds; MDLM points at least as fast and as accurate):\n\n{format_frontier(frontier)}\n\n"
             f"Spearman(teacher NLL of an answer token, steps into its block before it was committed) at tau "
             f"{protocol.trace_threshold()}, mean over {protocol.trace_samples} problems (negative: hard tokens first):"
             f"\n\n{order}\n")
     write_atomic(report / "study.md", text)
     write_atomic(report / "study.json", json.dumps({"protocol": dataclasses.asdict(protocol), "seeds": list(seeds),
                                                     "evaluations": len(results), "planned": planned,
-                                                    "accuracy": accuracy, "claim": claims, "probes": probes,
+                                                    "accuracy": accuracy, "claim": claims, "frontier": frontier,
+                                                    "probes": probes,
                                                     "spearman": spearman}, indent=1, default=str))
     return report / "study.md"
+
+
+# -- the mechanism: what the trajectory rows taught (trims_hf.mechanism) ------------------------------------------------
+MECHANISM_ROWS = 200
+"""Held-out test problems (the first of the test level's) the mechanism reads every model on: one forward of K reads a
+problem and model."""
+
+
+def seed_mechanism(folder: Path, protocol: RegimeProtocol, rows: int = MECHANISM_ROWS) -> dict[str, Any]:
+    """The mechanism's readings of one seed's study (``folder/mechanism``, a unit kept under the protocol's
+    fingerprint): the first ``rows`` test problems scored by the study's teacher, cut into K equal-mass buckets in each
+    TRIMS variant's ordering, and :func:`trims_hf.mechanism.measure_future_gain` of the variant and of MDLM in that
+    ordering. Returns ``{ordering: {model: FutureGain.as_dict()}}``."""
+    from datasets import Dataset, load_dataset
+
+    from .mechanism import measure_future_gain
+    from .schema import as_prompt_completion
+    from .study import prepared_rows, score_rows, slug
+    from .tasks.base import read_json_rows
+
+    study, target = make_regime_study(folder, protocol), folder / "mechanism"
+    if study.units.finished(target, "mechanism") and unit_record(folder, "mechanism")["requested_rows"] == rows:
+        return unit_record(folder, "mechanism")["readings"]
+    trained = [name for name in ("MDLM", *protocol.variants) if name in VARIANTS]
+    missing = [name for name in trained if not (folder / "variants" / f"{slug(name)}-seed{protocol.seed}").is_dir()]
+    if missing or "MDLM" not in trained:
+        raise ValueError(f"{folder}: no trained {', '.join(missing) or 'MDLM'} yet (run the study first).")
+    shutil.rmtree(target, ignore_errors=True)  # measured under another row count: read again
+    study.units.unit(target, "mechanism", timed=False)
+    started = time.perf_counter()
+    test = read_json_rows(folder / "data" / f"test-L{protocol.test_level}.jsonl")[:rows]
+    score_rows(protocol, as_prompt_completion(Dataset.from_list(test), "question", "answer"), target / "scored",
+               study.load_teacher(), study.teacher_name, study.source)
+    scored, tokenizer = load_dataset(str(target / "scored"), split="train"), study.tokenizer()
+    models = {name: study.load_student(folder / "variants" / f"{slug(name)}-seed{protocol.seed}").eval()
+              for name in trained}
+    readings: dict[str, dict[str, Any]] = {}
+    for name in trained:
+        trajectory, ordering = VARIANTS[name]
+        if trajectory:
+            prepared = list(prepared_rows(protocol, scored, tokenizer, ordering))
+            readings[ordering] = {model: measure_future_gain(models[model], prepared, protocol.masking.num_buckets)
+                                  .as_dict() for model in ("MDLM", name)}
+    study.units.done(target, "mechanism", started, {"requested_rows": rows, "rows": len(test), "readings": readings})
+    return readings
+
+
+def mechanism_rows(readings: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Per TRIMS variant, from each seed's :func:`seed_mechanism`: the gains (revealed minus all masked) of the
+    variant and of MDLM read in the variant's ordering, means over seeds, and the variant minus MDLM per seed with its
+    95% t-interval; ``raised``: the log-probability gain's interval above 0 (the registered reading)."""
+    rows = []
+    for name, (trajectory, ordering) in VARIANTS.items():
+        seeds = sorted(seed for seed, by_ordering in readings.items() if name in by_ordering.get(ordering, {}))
+        if not trajectory or not seeds:
+            continue
+        row: dict[str, Any] = {"model": name, "ordering": ordering, "seeds": seeds}
+        for score in ("logprob", "confidence"):
+            pooled = {model: [readings[s][ordering][model]["pooled"] for s in seeds] for model in ("MDLM", name)}
+            for model, key in (("MDLM", "mdlm"), (name, "variant")):
+                for reading in ("revealed", "masked", "gain"):
+                    row[f"{key}_{reading}_{score}"] = statistics.fmean(r[f"{reading}_{score}"] for r in pooled[model])
+            differences = [v[f"gain_{score}"] - m[f"gain_{score}"] for v, m in zip(pooled[name], pooled["MDLM"])]
+            mean, low, high = seed_interval(differences)
+            row[f"difference_{score}"] = {"per_seed": dict(zip(seeds, differences)), "mean": mean,
+                                          "interval": [low, high]}
+        row["raised"] = bool(row["difference_logprob"]["interval"][0] > 0)
+        rows.append(row)
+    return rows
+
+
+def format_mechanism(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The mechanism table: per variant, the future tokens' log-probability (and confidence) with the context revealed
+    and with everything masked, the gain, for MDLM and the variant, and the variant's gain over MDLM's."""
+    lines = ["| model (ordering) | seeds | MDLM log-prob revealed / masked / gain | variant's | gain over MDLM's per seed "
+             "| mean (95% interval) | confidence gain over MDLM's, mean (95% interval) | raised |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        log, conf = row["difference_logprob"], row["difference_confidence"]
+        lines.append(
+            f"| {row['model']} ({row['ordering']}) | {len(row['seeds'])} | "
+            + " / ".join(f"{row[f'mdlm_{r}_logprob']:+.3f}" for r in ("revealed", "masked", "gain")) + " | "
+            + " / ".join(f"{row[f'variant_{r}_logprob']:+.3f}" for r in ("revealed", "masked", "gain")) + " | "
+            + ", ".join(f"{d:+.3f}" for d in log["per_seed"].values())
+            + f" | {log['mean']:+.3f} ({log['interval'][0]:+.3f}, {log['interval'][1]:+.3f}) | "
+            f"{conf['mean']:+.3f} ({conf['interval'][0]:+.3f}, {conf['interval'][1]:+.3f}) | "
+            f"{'**yes**' if row['raised'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def write_mechanism_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[int],
+                           rows: int = MECHANISM_ROWS) -> Path:
+    """``output/report/mechanism.md`` and ``mechanism.json``: :func:`seed_mechanism` of every seed whose models are
+    trained (measured now where not yet), then :func:`mechanism_rows`."""
+    readings = {}
+    for seed in seeds:
+        folder, p = output / f"seed-{seed}", dataclasses.replace(protocol, seed=seed)
+        check_protocol(folder, p)
+        readings[seed] = seed_mechanism(folder, p, rows)
+    table = mechanism_rows(readings)
+    report = output / "report"
+    report.mkdir(parents=True, exist_ok=True)
+    text = (f"Seeds {list(seeds)}; the first {rows} test problems of level {protocol.test_level}, scored by the "
+            f"study's teacher, in {protocol.masking.num_buckets} buckets of each variant's ordering. Per threshold k, "
+            f"the future tokens (bucket > k) read with the context (bucket <= k) revealed and with every answer token "
+            f"masked; log-probability of the right token, pooled over rows, thresholds and tokens; gain = revealed "
+            f"minus masked. Raised: the variant's gain minus MDLM's has a 95% t-interval over seeds above 0.\n\n"
+            f"{format_mechanism(table)}\n")
+    write_atomic(report / "mechanism.md", text)
+    write_atomic(report / "mechanism.json", json.dumps({"seeds": list(seeds), "rows": rows, "table": table,
+                                                        "readings": readings}, indent=1, default=str))
+    return report / "mechanism.md"
 
 
 def slug_of(name: str) -> str:

@@ -7,6 +7,8 @@
          pre-registered reading (writes report/study.md, report/study.json)
   copies whether a base computes its solution lines' results or copies them from where the answer repeats them
          (one JSON line: each result read with the rest visible, with the later numbers masked, left to right)
+  mechanism  what a study's trajectory rows taught: every model's confidence on the future buckets with the context
+         buckets revealed and with everything masked, each variant against MDLM per seed (report/mechanism.md)
 
 Both resume: a rerun skips finished points and units. The library does the work (trims_hf.regime).
 """
@@ -31,12 +33,14 @@ SMOKE = ("levels=1", "train_per_level=48", "selection_per_level=6", "test_proble
 
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("curve", "study", "copies"))
-    parser.add_argument("--output", type=Path, help="curve, study: folder (reruns resume here).")
+    parser.add_argument("command", choices=("curve", "study", "copies", "mechanism"))
+    parser.add_argument("--output", type=Path, help="curve, study: folder (reruns resume here); mechanism: a study's "
+                        "folder, its --set settings repeated.")
     parser.add_argument("--model", type=Path, help="copies: a base's folder (a point's <size>/base).")
     parser.add_argument("--rows", type=Path, help="copies: question/answer rows (a point's <size>/data/selection-L1.jsonl) "
                         "or prompt/completion rows (its data/train.jsonl).")
     parser.add_argument("--limit", type=int, default=100, help="copies: the first N rows (default 100).")
+    parser.add_argument("--problems", type=int, default=200, help="mechanism: the first N test problems (default 200).")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="A protocol setting (trims_hf.regime.RegimeProtocol), e.g. hidden_size=128 or test_level=2.")
     parser.add_argument("--smoke", action="store_true", help="Tiny sizes: every stage runs in seconds.")
@@ -105,6 +109,13 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
         return args, protocol
     if args.output is None:
         raise InputError(f"{args.command} needs --output FOLDER.")
+    if args.command == "mechanism":
+        if args.problems < 1:
+            raise InputError(f"--problems {args.problems}: must be at least 1.")
+        if missing := [seed for seed in args.seeds if not (args.output / f"seed-{seed}" / "variants").is_dir()]:
+            raise InputError(f"--output {args.output}: no trained models of seed {missing[0]} there (seed-{missing[0]}"
+                             f"/variants); run the study first, or name its --seeds.")
+        return args, protocol
     sizes = [tuple(int(v) for v in size.split("x") if v.isdigit()) for size in args.sizes]
     if any(len(size) != 3 or min(size) < 1 or len(text.split("x")) != 3 for size, text in zip(sizes, args.sizes)):
         raise InputError(f"--sizes {' '.join(args.sizes)}: expected HIDDENxLAYERSxHEADS, e.g. 64x4x4.")
@@ -152,6 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         recall = regime.result_recall(model, tokenizer, args.rows_read, protocol.student_format)
         print(json.dumps({"model": str(args.model), **recall}))
+        return 0
+    if args.command == "mechanism":
+        try:
+            print(regime.write_mechanism_report(args.output, protocol, args.seeds, args.problems).read_text())
+        except ValueError as error:
+            print(f"error: --output {args.output}: {error}", file=sys.stderr)
+            return 2
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
