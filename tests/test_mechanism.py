@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import synthetic_scored_rows, tiny_student
 from datasets import Dataset
 
 from trims_hf import prepare_dataset
-from trims_hf.mechanism import measure_future_gain, token_scores, trajectory_views
+from trims_hf.mechanism import commit_profile, measure_future_gain, token_scores, trajectory_views
 from trims_hf.schema import SchemaError
 
 MASK, VOCAB = 99, 100
@@ -117,3 +118,16 @@ def test_rows_without_buckets_are_refused_naming_the_row():
     del rows[1]["bucket_ids"]
     with pytest.raises(SchemaError, match="row 1: no 'bucket_ids'"):
         measure_future_gain(model, rows, 4)
+
+
+def test_commits_are_grouped_by_their_teacher_bucket_with_lateness_and_confidence():
+    thresholds = np.array([3.0, 1.0])  # hard-to-easy, 3 buckets: NLL above 3, in (1, 3], at most 1
+    nll = np.array([5.0, 0.2, 2.0, 4.0, 0.5, 1.5])
+    lateness = np.array([0.0, 4.0, 2.0, 1.0, 6.0, 3.0])
+    confidence = np.array([0.6, 0.99, 0.8, np.nan, 0.97, 0.9])  # the NaN: an EOS fill
+    profile = commit_profile(nll, lateness, confidence, thresholds, 3)
+    assert [p["tokens"] for p in profile] == [2, 2, 2]
+    assert [p["lateness"] for p in profile] == [0.5, 2.5, 5.0]  # hard first: lateness rising with the bucket
+    assert [p["confidence"] for p in profile] == pytest.approx([0.6, 0.85, 0.98])  # bucket 0's NaN left out
+    empty = commit_profile(np.zeros(0), np.zeros(0), np.zeros(0), thresholds, 3)
+    assert [p["tokens"] for p in empty] == [0, 0, 0] and all(math.isnan(p["lateness"]) for p in empty)

@@ -333,9 +333,13 @@ def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     assert [row["model"] for row in report["table"]] == ["TRIMS hard-to-easy", "TRIMS easy-to-hard", "TRIMS random"]
     assert all(row["seeds"] == [0, 1] for row in report["table"])
     for seed in ("0", "1"):
-        for ordering, models in report["readings"][seed].items():
+        for ordering, models in report["readings"][seed]["gain"].items():
             assert set(models) == {"MDLM", next(n for n, (t, o) in VARIANTS.items() if t and o == ordering)}
             assert all(m["pooled"]["tokens"] > 0 and len(m["per_row"]) == 4 for m in models.values())
+        commits = report["readings"][seed]["commits"]
+        assert set(commits) == {"MDLM", "TRIMS hard-to-easy", "TRIMS easy-to-hard", "TRIMS random"}
+        assert all(len(profile) == 4 for profile in commits.values())  # the smoke run's 4 buckets
+    assert {row["model"] for row in report["commits"]} == set(commits)
     measured = (again / "seed-0" / "mechanism" / "unit.json").read_text()
     assert recipe.main(argv) == 0 and (again / "seed-0" / "mechanism" / "unit.json").read_text() == measured
 

@@ -14,6 +14,10 @@ For every row and every k = 0..K-2 the student reads the row twice:
 On the future tokens of k it reports the log-probability of the right token and the confidence (the top
 probability) in each reading, and the gain, revealed minus all masked. :func:`trajectory_views` and
 :func:`token_scores` are pure tensor functions; :func:`measure_future_gain` runs a student over prepared rows.
+
+What the decoder then does with it: :func:`commit_profile` groups the tokens a threshold decoder committed by their
+teacher bucket, with how many steps into its block each was committed and the model's confidence at that moment;
+:func:`decode_commit_profile` decodes problems to get them.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import schema
+from .analysis import steps_into_block
+from .buckets import threshold_buckets
 
 READINGS = ("revealed", "masked")
 """The two reads of a row: the context buckets visible, or every completion token masked."""
@@ -126,4 +133,49 @@ def measure_future_gain(model: Any, rows: Sequence[Mapping[str, Any]], num_bucke
                       [summarise(sums, n) for sums, n in zip(per_k, per_k_tokens)], per_row)
 
 
-__all__ = ["FutureGain", "READINGS", "SCORES", "measure_future_gain", "token_scores", "trajectory_views"]
+def commit_profile(nll: np.ndarray, lateness: np.ndarray, confidence: np.ndarray, thresholds: np.ndarray,
+                   num_buckets: int) -> list[dict[str, float]]:
+    """Per hard-to-easy bucket (bucket 0 the hardest, by ``thresholds`` from :func:`trims_hf.buckets.bucket_rows`) of
+    committed tokens with teacher NLL ``nll``: how many, their mean ``lateness`` (steps into their block) and mean
+    ``confidence`` at commit (NaN ones, EOS fills, left out). A decoder that commits hard tokens first shows lateness
+    rising with the bucket."""
+    buckets = threshold_buckets(nll, thresholds, "hard_to_easy")
+    profile = []
+    for k in range(num_buckets):
+        here = buckets == k
+        known = here & ~np.isnan(confidence)
+        profile.append({"bucket": k, "tokens": int(here.sum()),
+                        "lateness": float(lateness[here].mean()) if here.any() else float("nan"),
+                        "confidence": float(confidence[known].mean()) if known.any() else float("nan")})
+    return profile
+
+
+def decode_commit_profile(model: Any, tokenizer: Any, task: Any, decoding: Any, teacher: tuple[Any, Any],
+                          max_length: int, thresholds: np.ndarray, num_buckets: int) -> list[dict[str, float]]:
+    """:func:`commit_profile` of the tokens ``model`` commits on every problem of ``task`` with ``decoding`` (a
+    :class:`~trims_hf.settings.DecodingConfig`), each answer token's NLL from ``teacher`` (model, tokenizer) as
+    ``trims score`` computes it. Answers the teacher cuts into other tokens than the student's are left out."""
+    from .analysis import TeacherNLL
+    from .evaluation import evaluate_task
+    from .generation import TrajectoryRecorder
+
+    recorder = TrajectoryRecorder()
+    evaluate_task(model, tokenizer, task, decoding, batch_size=len(task.load()), hooks=[recorder])
+    prompts = {example.id: task.plain_text(task.messages(example)) for example in task.load()}
+    scores = TeacherNLL(*teacher, tokenizer, max_length)
+    nll, lateness, confidence = [], [], []
+    for trajectory in recorder.trajectories:
+        answer = trajectory.partial_response(int(trajectory.commit_step.max()))
+        teacher_nll = scores.scorer(prompts[trajectory.sample_id])(answer).double().numpy()
+        if len(answer) == 0 or len(teacher_nll) != len(answer):
+            continue
+        nll.append(teacher_nll)
+        lateness.append(steps_into_block(trajectory.commit_step.double().numpy(), decoding.block_length)[: len(answer)])
+        confidence.append(trajectory.commit_confidence[: len(answer)].numpy())
+    if not nll:
+        return commit_profile(np.zeros(0), np.zeros(0), np.zeros(0), thresholds, num_buckets)
+    return commit_profile(*(np.concatenate(part) for part in (nll, lateness, confidence)), thresholds, num_buckets)
+
+
+__all__ = ["FutureGain", "READINGS", "SCORES", "commit_profile", "decode_commit_profile", "measure_future_gain",
+           "token_scores", "trajectory_views"]

@@ -829,17 +829,21 @@ def seed_mechanism(folder: Path, protocol: RegimeProtocol, rows: int = MECHANISM
     """The mechanism's readings of one seed's study (``folder/mechanism``, a unit kept under the protocol's
     fingerprint): the first ``rows`` test problems scored by the study's teacher, cut into K equal-mass buckets in each
     TRIMS variant's ordering, and :func:`trims_hf.mechanism.measure_future_gain` of the variant and of MDLM in that
-    ordering. Returns ``{ordering: {model: FutureGain.as_dict()}}``."""
+    ordering (``gain``: ``{ordering: {model: FutureGain.as_dict()}}``); and every model's
+    :func:`trims_hf.mechanism.decode_commit_profile` on the first ``trace_samples`` of them at the trace threshold, in
+    hard-to-easy buckets cut over the ``rows`` problems (``commits``: ``{model: profile}``)."""
     from datasets import Dataset, load_dataset
 
-    from .mechanism import measure_future_gain
+    from .buckets import bucket_rows
+    from .mechanism import decode_commit_profile, measure_future_gain
     from .schema import as_prompt_completion
     from .study import prepared_rows, score_rows, slug
+    from .tasks.arith import ArithTask
     from .tasks.base import read_json_rows
 
     study, target = make_regime_study(folder, protocol), folder / "mechanism"
     if study.units.finished(target, "mechanism") and unit_record(folder, "mechanism")["requested_rows"] == rows:
-        return unit_record(folder, "mechanism")["readings"]
+        return {key: unit_record(folder, "mechanism")[key] for key in ("gain", "commits")}
     trained = [name for name in ("MDLM", *protocol.variants) if name in VARIANTS]
     missing = [name for name in trained if not (folder / "variants" / f"{slug(name)}-seed{protocol.seed}").is_dir()]
     if missing or "MDLM" not in trained:
@@ -848,20 +852,28 @@ def seed_mechanism(folder: Path, protocol: RegimeProtocol, rows: int = MECHANISM
     study.units.unit(target, "mechanism", timed=False)
     started = time.perf_counter()
     test = read_json_rows(folder / "data" / f"test-L{protocol.test_level}.jsonl")[:rows]
+    teacher = study.load_teacher()
     score_rows(protocol, as_prompt_completion(Dataset.from_list(test), "question", "answer"), target / "scored",
-               study.load_teacher(), study.teacher_name, study.source)
+               teacher, study.teacher_name, study.source)
     scored, tokenizer = load_dataset(str(target / "scored"), split="train"), study.tokenizer()
     models = {name: study.load_student(folder / "variants" / f"{slug(name)}-seed{protocol.seed}").eval()
               for name in trained}
-    readings: dict[str, dict[str, Any]] = {}
+    gain: dict[str, dict[str, Any]] = {}
     for name in trained:
         trajectory, ordering = VARIANTS[name]
         if trajectory:
             prepared = list(prepared_rows(protocol, scored, tokenizer, ordering))
-            readings[ordering] = {model: measure_future_gain(models[model], prepared, protocol.masking.num_buckets)
-                                  .as_dict() for model in ("MDLM", name)}
-    study.units.done(target, "mechanism", started, {"requested_rows": rows, "rows": len(test), "readings": readings})
-    return readings
+            gain[ordering] = {model: measure_future_gain(models[model], prepared, protocol.masking.num_buckets)
+                              .as_dict() for model in ("MDLM", name)}
+    hard_first = prepared_rows(protocol, scored, tokenizer, "hard_to_easy")
+    _, thresholds = bucket_rows(hard_first["student_score"], protocol.bucket_config("hard_to_easy"))
+    traced = ArithTask(test[: protocol.trace_samples], name=f"chain-L{protocol.test_level}")
+    decoding = protocol.decoding_at(protocol.trace_threshold())
+    commits = {name: decode_commit_profile(model, tokenizer, traced, decoding, teacher, protocol.teacher_context,
+                                           thresholds, protocol.masking.num_buckets) for name, model in models.items()}
+    study.units.done(target, "mechanism", started, {"requested_rows": rows, "rows": len(test), "gain": gain,
+                                                    "commits": commits, "thresholds": thresholds.tolist()})
+    return {"gain": gain, "commits": commits}
 
 
 def mechanism_rows(readings: Mapping[int, Mapping[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
@@ -907,16 +919,42 @@ def format_mechanism(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def commit_rows(commits: Mapping[int, Mapping[str, Sequence[Mapping[str, float]]]]) -> list[dict[str, Any]]:
+    """Per model and hard-to-easy bucket, from each seed's ``commits``: tokens (summed), and the mean over seeds of the
+    mean steps into the block at commit and of the confidence at commit."""
+    rows = []
+    for name in dict.fromkeys(name for by_model in commits.values() for name in by_model):
+        seeds = [seed for seed, by_model in commits.items() if name in by_model]
+        for k, _ in enumerate(commits[seeds[0]][name]):
+            parts = [commits[seed][name][k] for seed in seeds]
+            rows.append({"model": name, "bucket": k, "seeds": seeds, "tokens": sum(p["tokens"] for p in parts),
+                         **{key: statistics.fmean(v) if (v := [p[key] for p in parts if not math.isnan(p[key])])
+                            else math.nan for key in ("lateness", "confidence")}})
+    return rows
+
+
+def format_commits(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Steps into the block at commit per bucket, one line per model (bucket 0 the hardest), confidence beside."""
+    buckets = sorted({row["bucket"] for row in rows})
+    lines = ["| model | " + " | ".join(f"bucket {k}" for k in buckets) + " |", "|---|" + "---|" * len(buckets)]
+    for name in dict.fromkeys(row["model"] for row in rows):
+        cells = {row["bucket"]: row for row in rows if row["model"] == name}
+        lines.append(f"| {name} | " + " | ".join(f"{cells[k]['lateness']:.2f} ({cells[k]['confidence']:.2f})"
+                                                 for k in buckets) + " |")
+    return "\n".join(lines)
+
+
 def write_mechanism_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[int],
                            rows: int = MECHANISM_ROWS) -> Path:
     """``output/report/mechanism.md`` and ``mechanism.json``: :func:`seed_mechanism` of every seed whose models are
-    trained (measured now where not yet), then :func:`mechanism_rows`."""
+    trained (measured now where not yet), then :func:`mechanism_rows` and :func:`commit_rows`."""
     readings = {}
     for seed in seeds:
         folder, p = output / f"seed-{seed}", dataclasses.replace(protocol, seed=seed)
         check_protocol(folder, p)
         readings[seed] = seed_mechanism(folder, p, rows)
-    table = mechanism_rows(readings)
+    table = mechanism_rows({seed: reading["gain"] for seed, reading in readings.items()})
+    commits = commit_rows({seed: reading["commits"] for seed, reading in readings.items()})
     report = output / "report"
     report.mkdir(parents=True, exist_ok=True)
     text = (f"Seeds {list(seeds)}; the first {rows} test problems of level {protocol.test_level}, scored by the "
@@ -924,10 +962,14 @@ def write_mechanism_report(output: Path, protocol: RegimeProtocol, seeds: Sequen
             f"the future tokens (bucket > k) read with the context (bucket <= k) revealed and with every answer token "
             f"masked; log-probability of the right token, pooled over rows, thresholds and tokens; gain = revealed "
             f"minus masked. Raised: the variant's gain minus MDLM's has a 95% t-interval over seeds above 0.\n\n"
-            f"{format_mechanism(table)}\n")
+            f"{format_mechanism(table)}\n\nThe decoder's commits at tau {protocol.trace_threshold()} on the first "
+            f"{protocol.trace_samples} of those problems, by hard-to-easy teacher bucket (0 the hardest): steps into "
+            f"the block at commit (confidence at commit), mean over seeds. Hard-first decoding: lateness falling "
+            f"towards bucket 0.\n\n{format_commits(commits)}\n")
     write_atomic(report / "mechanism.md", text)
     write_atomic(report / "mechanism.json", json.dumps({"seeds": list(seeds), "rows": rows, "table": table,
-                                                        "readings": readings}, indent=1, default=str))
+                                                        "commits": commits, "readings": readings}, indent=1,
+                                                       default=str))
     return report / "mechanism.md"
 
 
