@@ -437,6 +437,8 @@ def test_trajectory_decode_order_and_teacher_nll(tmp_path):
     trajectory = recorder.trajectories[0]
     assert trajectory.commit_step.tolist() == [0, 1, 0, 2, 2, 2, 2, 2]
     assert (trajectory.fill_step >= 0).tolist() == [False] * 4 + [True] * 4
+    assert trajectory.commit_confidence[:4].tolist() == pytest.approx(confidences[:4], abs=1e-4)
+    assert trajectory.commit_confidence[4:].isnan().all()  # set by early stop, not by the model
     assert trajectory.partial_response(0).tolist() == [3, 5]
     assert trajectory.partial_response(2).tolist() == [3, 4, 5]
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
+from conftest import synthetic_scored_rows
+from datasets import Dataset
 
+from trims_hf import TrimsDataCollator, prepare_dataset
 from trims_hf.settings import BucketConfig, MaskingConfig
 from trims_hf.studies.demo.presets import FAST
-from trims_hf.studies.protocol import BASE, VARIANTS, fingerprint, with_overrides
+from trims_hf.studies.protocol import BASE, TRAJECTORY_ONLY, VARIANTS, fingerprint, with_overrides
 from trims_hf.studies.regime import RegimeProtocol
 
 OTHER_VALUE = {"num_buckets": "3", "bucket_ordering": "random", "metric": "entropy", "bucket_seed": "7",
@@ -26,13 +30,13 @@ def test_every_masking_field_has_another_value_to_try():
 
 @pytest.mark.parametrize("kind", PROTOCOLS)
 @pytest.mark.parametrize("name", OTHER_VALUE)
-def test_the_teachers_buckets_depend_on_the_bucket_settings_and_the_base_on_all_but_the_trajectory_ratio(kind, name):
+def test_the_teachers_buckets_depend_on_the_bucket_settings_and_the_base_on_what_a_ratio_0_model_reads(kind, name):
     protocol = PROTOCOLS[kind]
     changed = with_overrides(protocol, [f"masking.{name}={OTHER_VALUE[name]}"])
     assert getattr(changed.masking, name) != getattr(protocol.masking, name)
     same = {stage: changed.fingerprint(stage) == protocol.fingerprint(stage) for stage in ("data", "score", "base")}
     bucket_setting = name in {f.name for f in dataclasses.fields(BucketConfig)}
-    assert same == {"data": True, "score": not bucket_setting, "base": name == "trajectory_ratio"}
+    assert same == {"data": True, "score": not bucket_setting, "base": name in ("trajectory_ratio", *TRAJECTORY_ONLY)}
     assert changed.fingerprint() != protocol.fingerprint()
 
 
@@ -55,3 +59,42 @@ def test_a_dotted_field_fingerprints_that_setting_alone():
         assert (fingerprint(changed, ["masking.p_future"]) == fingerprint(protocol, ["masking.p_future"])) \
             == (name != "masking.p_future")
     assert fingerprint(protocol, ["masking"]) != fingerprint(with_overrides(protocol, ["masking.p_future=0.9"]), ["masking"])
+
+
+@pytest.mark.parametrize("kind", PROTOCOLS)
+@pytest.mark.parametrize("name", TRAJECTORY_ONLY)
+def test_a_base_trains_with_the_trajectory_only_settings_at_their_defaults(kind, name, tmp_path):
+    protocol = PROTOCOLS[kind]
+    changed = with_overrides(protocol, [f"masking.{name}={OTHER_VALUE[name]}"])
+    args = [p.student_args(tmp_path, BASE, 0).to_dict() for p in (protocol, changed)]
+    assert args[0] == args[1]
+    assert changed.student_args(tmp_path, "TRIMS hard-to-easy", 0).to_dict()[name] != args[0][name] \
+        or name == "bucket_ordering"  # a variant's ordering is its own (VARIANTS)
+
+
+@pytest.fixture(scope="module")
+def prepared(gsm8k_rows, tokenizer):
+    return list(prepare_dataset(Dataset.from_list(synthetic_scored_rows(gsm8k_rows[:12], tokenizer)), tokenizer))
+
+
+def ratio_0_batches(tokenizer, prepared, **setting):
+    masking = MaskingConfig(trajectory_ratio=0.0, **setting)
+    collator = TrimsDataCollator(tokenizer, masking=masking, seed=5)
+    batches = []
+    for epoch in range(3):
+        collator.epoch = epoch
+        batches += [collator(prepared[start:start + 4]) for start in range(0, len(prepared), 4)]
+    return batches
+
+
+@pytest.mark.parametrize("name", [*TRAJECTORY_ONLY, "noise_schedule", "min_t"])
+def test_at_ratio_0_the_trajectory_only_settings_change_no_batch(name, tokenizer, prepared):
+    """Why the base's key may leave TRAJECTORY_ONLY out: at ratio 0 the collator draws the same masks, times and
+    weights whatever they are, so the base would train the same even with them set (the schedule's settings, which
+    the base does read, show that the comparison can fail)."""
+    value = with_overrides(MaskingConfig(), [f"{name}={OTHER_VALUE[name]}"])
+    reference = ratio_0_batches(tokenizer, prepared)
+    changed = ratio_0_batches(tokenizer, prepared, **{name: getattr(value, name)})
+    same = all(torch.equal(a[key], b[key]) for a, b in zip(reference, changed) for key in a if torch.is_tensor(a[key]))
+    assert same == (name in TRAJECTORY_ONLY)
+    assert not any(batch["is_trajectory"].any() for batch in reference + changed)

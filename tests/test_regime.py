@@ -8,6 +8,7 @@ import json
 import math
 import random
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from trims_hf.evaluation.evaluate import EvalResult, SampleRecord
 from trims_hf.studies import regime
 from trims_hf.studies.arith import ArithTask, draw_unique, make_problem
-from trims_hf.studies.protocol import BASE, with_overrides
+from trims_hf.studies.protocol import BASE, VARIANTS, with_overrides
 from trims_hf.studies.regime import study as regime_study
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "regime" / "regime.py"
@@ -273,6 +274,11 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
         assert f"--model {tmp_path}: not a student folder" in capsys.readouterr().err
     assert recipe.main(["curve", "--sizes", "64x4x4"]) == 2
     assert "curve needs --output" in capsys.readouterr().err
+    (tmp_path / "seed-0" / "base").mkdir(parents=True)
+    assert recipe.main(["mechanism", "--output", str(tmp_path), "--seeds", "0"]) == 2
+    assert f"--output {tmp_path}: no trained models of seed 0 there" in capsys.readouterr().err
+    assert recipe.main(["mechanism", "--output", str(tmp_path), "--problems", "0"]) == 2
+    assert "--problems 0: must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -320,6 +326,23 @@ def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
         variant = json.loads((again / f"seed-{s}" / "variants" / f"trims_hard_to_easy-seed{s}" / "unit.json").read_text())
         assert variant["protocol"] == json.loads((again / f"seed-{s}" / "protocol.json").read_text())["fingerprint"]
     assert json.loads((again / "seed-0" / "protocol.json").read_text())["protocol"]["masking.trajectory_ratio"] == 0.5
+    # What its trajectory rows taught: every variant read against MDLM in its ordering, each seed measured once.
+    argv = ["mechanism", "--smoke", "--output", str(again), "--seeds", "0", "1", "--from-curve", str(curve), *rule,
+            "--set", "masking.trajectory_ratio=0.5", "--problems", "4"]
+    assert recipe.main(argv) == 0
+    report = json.loads((again / "report" / "mechanism.json").read_text())
+    assert [row["model"] for row in report["table"]] == ["TRIMS hard-to-easy", "TRIMS easy-to-hard", "TRIMS random"]
+    assert all(row["seeds"] == [0, 1] for row in report["table"])
+    for seed in ("0", "1"):
+        for ordering, models in report["readings"][seed]["gain"].items():
+            assert set(models) == {"MDLM", next(n for n, (t, o) in VARIANTS.items() if t and o == ordering)}
+            assert all(m["pooled"]["tokens"] > 0 and len(m["per_row"]) == 4 for m in models.values())
+        commits = report["readings"][seed]["commits"]
+        assert set(commits) == {"MDLM", "TRIMS hard-to-easy", "TRIMS easy-to-hard", "TRIMS random"}
+        assert all(len(profile) == 4 for profile in commits.values())  # the smoke run's 4 buckets
+    assert {row["model"] for row in report["commits"]} == set(commits)
+    measured = (again / "seed-0" / "mechanism" / "unit.json").read_text()
+    assert recipe.main(argv) == 0 and (again / "seed-0" / "mechanism" / "unit.json").read_text() == measured
 
 
 def test_the_study_takes_the_chosen_point_and_refuses_a_curve_that_missed(tmp_path, capsys):
@@ -432,3 +455,61 @@ def test_grid_crosses_learning_rates_and_annealing_at_equal_cost():
                                          "num_layers": 4, "base_steps": 1000, "pretrain_steps": 1600, "base_lr": 3e-4,
                                          "anneal_steps": 250}])
     assert (chosen.base_lr, chosen.anneal_steps, chosen.variant_steps) == (3e-4, 250, 250)
+
+
+# -- the frontier reading ---------------------------------------------------------------------------------------------
+def curves(seeds: int, mdlm: list[tuple[float, float, float]], trims: list[tuple[float, float, float]]) -> list:
+    """(tau, tokens per step, accuracy share) points of MDLM and TRIMS hard-to-easy, the same in every seed; accuracy
+    shares in hundredths (100 problems)."""
+    def graded(share: float) -> list[bool]:
+        return [i < round(100 * share) for i in range(100)]
+
+    return [(seed, evaluation(name, tau, speed, graded(share))) for seed in range(seeds)
+            for name, points in (("MDLM", mdlm), ("TRIMS hard-to-easy", trims)) for tau, speed, share in points]
+
+
+def test_the_frontier_difference_is_each_seeds_aup_against_the_pairs_best_accuracy():
+    mdlm = [(0.5, 4.0, 0.78), (0.9, 2.0, 0.80)]  # within 5 points of the slowest point: AUP keeps both
+    faster = [(0.5, 5.0, 0.78), (0.9, 2.5, 0.80)]
+    (row,) = regime.frontier_rows(curves(5, mdlm, faster))
+    weighted_78 = 78 * math.exp(-3 * (1 - 78 / 80))
+    aup = {"MDLM": 2.0 * 80 + 0.5 * 2.0 * (weighted_78 + 80), "TRIMS": 2.5 * 80 + 0.5 * 2.5 * (weighted_78 + 80)}
+    assert row["aup_difference_per_seed"] == pytest.approx(dict.fromkeys(range(5), aup["TRIMS"] - aup["MDLM"]))
+    assert row["frontier"] == "above" and row["interval"][0] == pytest.approx(aup["TRIMS"] - aup["MDLM"])
+    assert row["dominated_by_mdlm"] == {0.5: [], 0.9: []}
+
+
+def test_a_slower_and_less_accurate_point_is_dominated_and_a_curve_below_reads_below():
+    mdlm = [(0.5, 4.0, 0.70), (0.9, 2.0, 0.80)]
+    worse = [(0.5, 3.5, 0.68), (0.9, 1.9, 0.80)]
+    (row,) = regime.frontier_rows(curves(3, mdlm, worse))
+    assert row["frontier"] == "below" and row["interval"][1] < 0
+    assert row["dominated_by_mdlm"] == {0.5: [0.5], 0.9: [0.9]}
+    (same,) = regime.frontier_rows(curves(3, mdlm, mdlm))
+    assert same["frontier"] == "not apart" and same["dominated_by_mdlm"] == {0.5: [], 0.9: []}
+
+
+def test_a_seed_interval_is_students_t_over_the_seeds():
+    mean, low, high = regime.seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    half = 2.776 * statistics.stdev([1, 2, 3, 4, 5]) / math.sqrt(5)
+    assert (mean, low, high) == pytest.approx((3.0, 3.0 - half, 3.0 + half))
+    assert math.isnan(regime.seed_interval([2.0])[1])
+
+
+def test_the_mechanism_reads_each_variant_against_mdlm_in_its_ordering_per_seed():
+    def gain(logprob: float, confidence: float) -> dict:
+        pooled = {"revealed_logprob": logprob - 1, "masked_logprob": -1.0, "gain_logprob": logprob,
+                  "revealed_confidence": confidence + 0.2, "masked_confidence": 0.2, "gain_confidence": confidence}
+        return {"pooled": pooled}
+
+    readings = {seed: {"hard_to_easy": {"MDLM": gain(0.2, 0.05), "TRIMS hard-to-easy": gain(0.2 + lift, 0.05)},
+                       "random": {"MDLM": gain(0.3, 0.1), "TRIMS random": gain(0.3 - 0.1, 0.1)}}
+                for seed, lift in enumerate([0.10, 0.12, 0.08, 0.11, 0.09])}
+    rows = {row["model"]: row for row in regime.mechanism_rows(readings)}
+    assert set(rows) == {"TRIMS hard-to-easy", "TRIMS random"}  # easy-to-hard was not read
+    hard = rows["TRIMS hard-to-easy"]
+    assert hard["difference_logprob"]["per_seed"] == pytest.approx(dict(enumerate([0.10, 0.12, 0.08, 0.11, 0.09])))
+    assert hard["difference_logprob"]["mean"] == pytest.approx(0.10) and hard["raised"]
+    assert hard["mdlm_gain_logprob"] == pytest.approx(0.2) and hard["variant_revealed_logprob"] == pytest.approx(-0.7)
+    assert rows["TRIMS random"]["difference_logprob"]["mean"] == pytest.approx(-0.1) and not rows["TRIMS random"]["raised"]
+    assert rows["TRIMS random"]["difference_confidence"]["mean"] == pytest.approx(0.0)

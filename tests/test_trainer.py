@@ -386,3 +386,30 @@ def test_compile_blocks_names_a_model_without_blocks():
 
     with pytest.raises(ValueError, match="compile_blocks: Linear names no decoder block"):
         compile_blocks(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.slow
+def test_compiled_blocks_train_as_eager_under_gradient_checkpointing(tmp_path, tokenizer, prepared):
+    """Two optimizer steps of a LoRA student with gradient checkpointing: compiled blocks end at the eager run's
+    weights (to float rounding), so the recipes may combine the two."""
+    from peft import get_peft_model
+
+    from trims_hf import lora_config
+
+    trained = {}
+    for compiled in (False, True):
+        model = tiny_student(tokenizer, "llada")
+        model = get_peft_model(model, lora_config(model, lora_dropout=0.0))
+        args = make_args(tmp_path / str(compiled), compile_blocks=compiled, gradient_checkpointing=True, max_steps=2,
+                         per_device_train_batch_size=4)
+        MDLMTrainer(model, args, train_dataset=Dataset.from_list(prepared[:8]), processing_class=tokenizer).train()
+        blocks = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+        assert blocks and all((m._compiled_call_impl is not None) == compiled for m in blocks)
+        assert all(m.gradient_checkpointing for m in blocks)
+        trained[compiled] = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    assert trained[True].keys() == trained[False].keys()
+    moved = 0
+    for name, weight in trained[False].items():
+        torch.testing.assert_close(trained[True][name], weight, rtol=1e-4, atol=1e-6, msg=name)
+        moved += "lora_B" in name and bool(weight.abs().sum() > 0)  # B starts at 0: the steps trained it
+    assert moved

@@ -7,6 +7,8 @@
          pre-registered reading (writes report/study.md, report/study.json)
   copies whether a base computes its solution lines' results or copies them from where the answer repeats them
          (one JSON line: each result read with the rest visible, with the later numbers masked, left to right)
+  mechanism  what a study's trajectory rows taught: every model's confidence on the future buckets with the context
+         buckets revealed and with everything masked, each variant against MDLM per seed (report/mechanism.md)
 
 Both resume: a rerun skips finished points and units. The library does the work (trims_hf.studies.regime).
 """
@@ -88,6 +90,12 @@ def build_parser() -> Parser:
     copies.add_argument("--rows", type=Path, help="Question/answer rows (a point's <size>/data/selection-L1.jsonl) or "
                         "prompt/completion rows (its data/train.jsonl).")
     copies.add_argument("--limit", type=int, default=100, help="The first N rows (default 100).")
+
+    mechanism = commands.add_parser("mechanism", parents=[common], help=summary["mechanism"],
+                                    description=summary["mechanism"])
+    mechanism.add_argument("--output", type=Path, help="A study's folder, its --set settings repeated.")
+    mechanism.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="The study's seeds.")
+    mechanism.add_argument("--problems", type=int, default=200, help="The first N test problems (default 200).")
     return parser
 
 
@@ -134,6 +142,13 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
         return args, protocol
     if args.output is None:
         raise InputError(f"{args.command} needs --output FOLDER.")
+    if args.command == "mechanism":
+        if args.problems < 1:
+            raise InputError(f"--problems {args.problems}: must be at least 1.")
+        if missing := [seed for seed in args.seeds if not (args.output / f"seed-{seed}" / "variants").is_dir()]:
+            raise InputError(f"--output {args.output}: no trained models of seed {missing[0]} there (seed-{missing[0]}"
+                             f"/variants); run the study first, or name its --seeds.")
+        return args, protocol
     if args.command == "curve":
         check_grid(args)
     if args.budget_minutes is not None and args.budget_minutes <= 0:
@@ -190,6 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         recall = regime.result_recall(model, tokenizer, args.rows_read, protocol.student_format)
         print(json.dumps({"model": str(args.model), **recall}))
+        return 0
+    if args.command == "mechanism":
+        try:
+            print(regime.write_mechanism_report(args.output, protocol, args.seeds, args.problems).read_text())
+        except ValueError as error:
+            print(f"error: --output {args.output}: {error}", file=sys.stderr)
+            return 2
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes

@@ -206,6 +206,8 @@ class Trajectory:
     fill_step: torch.Tensor
     """long ``[G]``: step at which early stop set the position to EOS, -1 if never."""
     stop_token_ids: tuple[int, ...]
+    commit_confidence: torch.Tensor | None = None
+    """float64 ``[G]``: the model's probability of the token when the strategy committed it (NaN for EOS fill)."""
 
     def partial_response(self, step: int) -> torch.Tensor:
         """Tokens visible after ``step``, in position order, masks dropped, cut before the first stop token."""
@@ -223,6 +225,7 @@ class TrajectoryRecorder(DecodeHook):
         self._step: torch.Tensor | None = None
         self._token: torch.Tensor | None = None
         self._fill: torch.Tensor | None = None
+        self._confidence: torch.Tensor | None = None
 
     def on_start(self, start: GenerationStart) -> None:
         self._start = start
@@ -230,6 +233,7 @@ class TrajectoryRecorder(DecodeHook):
         self._step = torch.full(shape, -1, dtype=torch.long)
         self._token = torch.full(shape, -1, dtype=torch.long)
         self._fill = torch.full(shape, -1, dtype=torch.long)
+        self._confidence = torch.full(shape, torch.nan, dtype=torch.float64)
 
     def on_step(self, record: StepRecord) -> None:
         step = (record.sample_steps - 1).cpu()[:, None].expand_as(self._step)
@@ -237,6 +241,7 @@ class TrajectoryRecorder(DecodeHook):
         first = (committed | filled) & (self._step < 0)
         self._step = torch.where(first, step, self._step)
         self._token = torch.where(first, record.tokens.cpu(), self._token)
+        self._confidence = torch.where(first & committed, record.confidences.cpu().double(), self._confidence)
         self._fill = torch.where(filled, step, self._fill)
 
     def on_end(self, output: GenerationOutput) -> None:
@@ -244,7 +249,8 @@ class TrajectoryRecorder(DecodeHook):
         ids = start.sample_ids or tuple(range(len(self.trajectories), len(self.trajectories) + start.batch_size))
         for row, sample_id in enumerate(ids):
             self.trajectories.append(
-                Trajectory(sample_id, self._step[row], self._token[row], self._fill[row], start.stop_token_ids)
+                Trajectory(sample_id, self._step[row], self._token[row], self._fill[row], start.stop_token_ids,
+                           self._confidence[row])
             )
 
     def decode_order(self) -> tuple[torch.Tensor, torch.Tensor]:

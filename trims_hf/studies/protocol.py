@@ -47,9 +47,15 @@ the MDLM baseline uses the same collator with ratio 0."""
 BASE = "base (before SFT)"
 BUCKET_FIELDS = tuple(f"masking.{f.name}" for f in dataclasses.fields(BucketConfig))
 """The masking fields the teacher's buckets depend on: a score stage's part of the masking."""
-MDLM_MASKING_FIELDS = tuple(f"masking.{f.name}" for f in dataclasses.fields(MaskingConfig) if f.name != "trajectory_ratio")
-"""The masking fields an MDLM-trained base depends on: all but the trajectory ratio, which it trains at 0 (see
-:meth:`StudyProtocol.student_args`), so that a study at another ratio reuses the bases."""
+TRAJECTORY_ONLY = ("p_context", "p_future", "trajectory_selection", "trajectory_loss_weight", "bucket_ordering")
+"""Masking settings that only trajectory rows read (which rows, their two mask probabilities, their loss weight) and the
+bucket ordering, which the base takes from MDLM's entry of :data:`VARIANTS`. At ratio 0 the collator draws the same
+numbers whatever they are (``fixed_subset`` keeps ``per_draw``'s streams aligned), and a base trains with them at their
+defaults (:meth:`StudyProtocol.student_args`)."""
+MDLM_MASKING_FIELDS = tuple(f"masking.{f.name}" for f in dataclasses.fields(MaskingConfig)
+                            if f.name not in ("trajectory_ratio", *TRAJECTORY_ONLY))
+"""The masking fields an MDLM-trained base depends on: all but the trajectory ratio, which it trains at 0, and the
+:data:`TRAJECTORY_ONLY` settings, so that a study that changes only those reuses the bases."""
 
 
 Protocol = TypeVar("Protocol")
@@ -362,12 +368,14 @@ class StudyProtocol:
         return (self.masking.trajectory_ratio if trajectory else 0.0), ordering
 
     def student_args(self, folder: Path, name: str, seed: int, device: str = "cpu") -> MDLMConfig:
-        """The MDLMConfig of the base (``name`` :data:`BASE`: MDLM masking, the base's steps) or of a variant."""
+        """The MDLMConfig of the base (``name`` :data:`BASE`: MDLM masking, the base's steps, the
+        :data:`TRAJECTORY_ONLY` settings it never reads at their defaults) or of a variant."""
         from ..training.config import MDLMConfig
 
         steps, lr = (self.base_steps, self.base_lr) if name == BASE else (self.variant_steps, self.variant_lr)
         ratio, ordering = self.variant("MDLM" if name == BASE else name)
-        masking = dataclasses.replace(self.masking, trajectory_ratio=ratio, bucket_ordering=ordering)
+        unread = {f: getattr(MaskingConfig(), f) for f in TRAJECTORY_ONLY} if name == BASE else {}
+        masking = dataclasses.replace(self.masking, **{**unread, "trajectory_ratio": ratio, "bucket_ordering": ordering})
         return training_arguments(MDLMConfig, folder, steps, lr, self.batch_size, seed, device,
                                   **dataclasses.asdict(masking), **dataclasses.asdict(self.student_format))
 

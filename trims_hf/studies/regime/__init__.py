@@ -31,11 +31,23 @@ from .curve import (
     run_curve,
     size_folder,
 )
+from .mechanism import MECHANISM_ROWS, commit_rows, mechanism_rows, seed_mechanism, write_mechanism_report
 from .protocol import RegimeProtocol
-from .reading import accuracy_rows, claim_rows, paired_difference, wilson, write_seed_report
+from .reading import (
+    accuracy_rows,
+    claim_rows,
+    format_frontier,
+    frontier_rows,
+    paired_difference,
+    seed_interval,
+    wilson,
+    write_seed_report,
+)
 from .seeds import REUSABLE_STAGES, SHARED_STAGES, check_shared, copy_stage, run_seeds
 
-__all__ = ["RECALL_VIEWS", "RESULT", "REUSABLE_STAGES", "SHARED_STAGES", "CurveGrid", "RegimeProtocol", "accuracy_rows",
-           "check_shared", "choose", "chosen_protocol", "claim_rows", "copy_stage", "format_curve", "meets",
-           "paired_difference", "plot_curve", "point_name", "pretrained_tag", "read_curve", "result_masks",
-           "result_recall", "run_curve", "run_seeds", "size_folder", "wilson", "write_seed_report"]
+__all__ = ["MECHANISM_ROWS", "RECALL_VIEWS", "RESULT", "REUSABLE_STAGES", "SHARED_STAGES", "CurveGrid",
+           "RegimeProtocol", "accuracy_rows", "check_shared", "choose", "chosen_protocol", "claim_rows",
+           "commit_rows", "copy_stage", "format_curve", "format_frontier", "frontier_rows", "mechanism_rows",
+           "meets", "paired_difference", "plot_curve", "point_name", "pretrained_tag", "read_curve", "result_masks",
+           "result_recall", "run_curve", "run_seeds", "seed_interval", "seed_mechanism", "size_folder", "wilson",
+           "write_mechanism_report", "write_seed_report"]

@@ -69,6 +69,76 @@ def claim_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> li
     return rows
 
 
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Student's t 97.5% quantiles by degrees of freedom (any statistics table): a 95% interval over a few seeds; past
+10 degrees of freedom the normal 1.96 is within 14% and is used."""
+
+
+def seed_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of per-seed values and its 95% t-interval over the seeds: (mean, low, high); NaN ends for one seed."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def frontier_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> list[dict[str, Any]]:
+    """The frontier reading per TRIMS variant (docs/regime.md, studies 10-12): per seed the AUP of the variant's and of
+    MDLM's (tokens per step, accuracy) points, both against the better of the two's best accuracy in that seed; the
+    difference's mean over seeds with its 95% t-interval (``above`` / ``below`` when it excludes 0); and, per
+    threshold, the MDLM thresholds whose point (tokens per step mean over seeds, accuracy pooled) dominates the
+    variant's: at least its tokens per step and accuracy, one of them strictly."""
+    from ...evaluation.aup import accuracy_under_parallelism
+
+    points: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    pooled: dict[tuple[str, float], list[Any]] = {}
+    for seed, result in results:
+        points.setdefault((result.model, seed), []).append((result.tokens_per_step, 100 * result.accuracy))
+        pooled.setdefault((result.model, result.decoding["threshold"]), []).append(result)
+
+    def point(model: str, tau: float) -> tuple[float, float]:
+        runs = pooled[model, tau]
+        correct = sum(sample.correct for r in runs for sample in r.samples)
+        return statistics.fmean(r.tokens_per_step for r in runs), correct / max(1, sum(len(r.samples) for r in runs))
+
+    rows = []
+    for model in dict.fromkeys(r.model for _, r in results):
+        if model == baseline or not VARIANTS.get(model, (False,))[0]:
+            continue
+        seeds = sorted(s for m, s in points if m == model and (baseline, s) in points)
+        differences = {}
+        for seed in seeds:
+            ours, theirs = points[model, seed], points[baseline, seed]
+            y_max = max(accuracy for _, accuracy in ours + theirs)
+            differences[seed] = (accuracy_under_parallelism(ours, y_max=y_max)
+                                 - accuracy_under_parallelism(theirs, y_max=y_max))
+        mean, low, high = seed_interval(list(differences.values())) if differences else (math.nan,) * 3
+        dominated = {}
+        for tau in sorted(t for m, t in pooled if m == model):
+            speed, accuracy = point(model, tau)
+            dominated[tau] = [t for m, t in sorted(pooled) if m == baseline
+                              and (other := point(baseline, t))[0] >= speed and other[1] >= accuracy
+                              and other != (speed, accuracy)]
+        rows.append({"model": model, "seeds": seeds, "aup_difference_per_seed": differences, "aup_difference": mean,
+                     "interval": [low, high], "frontier": "above" if low > 0 else "below" if high < 0 else "not apart",
+                     "dominated_by_mdlm": dominated})
+    return rows
+
+
+def format_frontier(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The frontier reading as a Markdown table."""
+    lines = ["| model | AUP minus MDLM's per seed | mean (95% interval) | frontier | thresholds where an MDLM point "
+             "dominates |", "|---|---|---|---|---|"]
+    for row in rows:
+        low, high = row["interval"]
+        dominated = "; ".join(f"{tau} (by MDLM at {', '.join(map(str, by))})" for tau, by in
+                              row["dominated_by_mdlm"].items() if by) or "none"
+        lines.append(f"| {row['model']} | {', '.join(f'{d:+.1f}' for d in row['aup_difference_per_seed'].values())} | "
+                     f"{row['aup_difference']:+.1f} ({low:+.1f}, {high:+.1f}) | {row['frontier']} | {dominated} |")
+    return "\n".join(lines)
+
+
 def format_claim(rows: Sequence[Mapping[str, Any]]) -> str:
     """The reading as a Markdown table."""
     lines = ["| threshold | model | tokens/step ratio to MDLM per seed | above 1 | accuracy difference (95% interval) | "
@@ -126,7 +196,7 @@ def write_seed_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[in
 
     results = seed_results(output, protocol, seeds)
     planned = sum(unit.threshold is not None for unit in models_plan(protocol)) * len(seeds)
-    claims, accuracy = claim_rows(results), accuracy_rows(results)
+    claims, accuracy, frontier = claim_rows(results), accuracy_rows(results), frontier_rows(results)
     probes, spearman = {}, {}
     for seed in seeds:
         folder = output / f"seed-{seed}"
@@ -151,13 +221,16 @@ def write_seed_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[in
             f"AUP:\n\n{format_accuracy(accuracy)}\n\nThe pre-registered reading (\"TRIMS raises tokens per step at "
             f"equal accuracy\" holds at a threshold when the ratio to MDLM is above 1 in at least 4 of 5 seeds and the "
             f"accuracy difference's 95% interval includes 0 or favours TRIMS):\n\n{format_claim(claims)}\n\n"
+            f"The frontier (AUP of the variant minus MDLM's per seed, both against the pair's best accuracy; 95% "
+            f"t-interval over seeds; MDLM points at least as fast and as accurate):\n\n{format_frontier(frontier)}\n\n"
             f"Spearman(teacher NLL of an answer token, steps into its block before it was committed) at tau "
             f"{protocol.trace_threshold()}, mean over {protocol.trace_samples} problems (negative: hard tokens first):"
             f"\n\n{order}\n")
     write_atomic(report / "study.md", text)
     write_atomic(report / "study.json", json.dumps({"protocol": dataclasses.asdict(protocol), "seeds": list(seeds),
                                                     "evaluations": len(results), "planned": planned,
-                                                    "accuracy": accuracy, "claim": claims, "probes": probes,
+                                                    "accuracy": accuracy, "claim": claims, "frontier": frontier,
+                                                    "probes": probes,
                                                     "spearman": spearman}, indent=1, default=str))
     return report / "study.md"
 
