@@ -17,7 +17,7 @@ import trims_hf.students as students
 from trims_hf import lora_config
 from trims_hf.cli import main
 from trims_hf.evaluation.tasks.sandbox import resolve_isolation
-from trims_hf.students.model_config import StudentKind
+from trims_hf.model_config import StudentKind
 
 GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
 MBPP = str(SHARED / "data" / "mbpp" / "mbpp.jsonl")

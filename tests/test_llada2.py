@@ -194,7 +194,7 @@ def test_padding_is_invisible_to_the_real_tokens_of_a_row(llada2, trims_collator
 
 
 def test_initialised_from_its_config_it_is_the_fused_qkv_class(llada2):
-    from trims_hf.students.model_config import resolve_student
+    from trims_hf.model_config import resolve_student
     from trims_hf.training.train_job import ModelArguments, build_student
 
     scratch = ModelArguments(str(llada2), init_from_config=True)

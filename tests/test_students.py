@@ -113,7 +113,7 @@ def test_mask_token_id_comes_from_the_caller_then_config_then_tokenizer(tokenize
 
 def test_recipes_take_the_mask_token_id(plain_llama_folder, tokenizer, tmp_path):
     from trims_hf.commands.recipe import parse_recipe
-    from trims_hf.students.model_config import resolve_student
+    from trims_hf.model_config import resolve_student
     from trims_hf.training.train_job import ModelArguments, build_student
 
     recipe = tmp_path / "recipe.yaml"

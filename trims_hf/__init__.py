@@ -33,7 +33,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                  "student_spec"),
     "students.block_diffusion": ("block_diffusion_inputs", "block_diffusion_mask"),
     "students.loss": ("mdlm_loss", "per_sample_loss"),
-    "students.model_config": ("ModelConfig", "ResolvedStudent", "load_model", "resolve_student"),
+    "model_config": ("ModelConfig", "ResolvedStudent", "load_model", "resolve_student"),
     "training.collator": ("TrimsDataCollator",),
     "training.config": ("MDLMConfig",),
     "training.masking": ("noise_batch",),

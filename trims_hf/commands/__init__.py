@@ -17,7 +17,7 @@ from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 from ..errors import did_you_mean
-from ..students.model_config import flag_name
+from ..model_config import flag_name
 
 INTERRUPTED = 130
 """The exit status of a command ended by Ctrl-C (the shell's 128 + SIGINT)."""

@@ -1,6 +1,6 @@
 """``trims eval``: decode a benchmark with a student and report accuracy, tokens per step and AUP (JSON, table, plot).
 
-Flags come from :class:`~trims_hf.students.model_config.ModelConfig` (the student, as ``trims train`` and the harness
+Flags come from :class:`~trims_hf.model_config.ModelConfig` (the student, as ``trims train`` and the harness
 describe it), :class:`EvalArguments`, :class:`~trims_hf.settings.DecodingConfig` and
 :class:`~trims_hf.settings.ResponseFormat` (where a response ends: as the student was trained). Every input (paths,
 Hub ids, the student's kind and mask id, the task's data and columns, the sweep, the output) is checked before the
@@ -20,21 +20,21 @@ from typing import Any, Literal
 
 from ..errors import InputError, check_output_path
 from ..evaluation.published import PublishedResult, published_results
-from ..settings import DecodingConfig, ResponseFormat
-from ..students.model_config import (
+from ..model_config import (
     ModelConfig,
     ResolvedStudent,
     check_model_sources,
     flag_name,
     resolve_student,
 )
+from ..settings import DecodingConfig, ResponseFormat
 from . import INTERRUPTED, CommandParser, fail
 
 
 @dataclass
 class EvalArguments:
     """On which benchmark, how, and where the results go (the student is a
-    :class:`~trims_hf.students.model_config.ModelConfig`)."""
+    :class:`~trims_hf.model_config.ModelConfig`)."""
 
     task: str = field(metadata={"help": "Benchmark: gsm8k, math500, humaneval or mbpp."})
     output: str = field(metadata={"help": "JSON file to write the result(s) to."})
@@ -194,7 +194,7 @@ def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseF
     from ..distributed import announce, process_state
     from ..evaluation.evaluate import EvaluationInterrupted, evaluate_settings, records_files
     from ..evaluation.results import format_table, plot_frontier, save_results
-    from ..students.model_config import load_model
+    from ..model_config import load_model
 
     records = args.records_file()
     state = process_state(inputs.device)

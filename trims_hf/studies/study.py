@@ -36,9 +36,9 @@ from ..evaluation.evaluate import evaluate_task
 from ..evaluation.results import save_results
 from ..evaluation.tasks.base import Task, read_json_rows
 from ..generation import TrajectoryRecorder
+from ..model_config import ModelConfig, load_model, load_tokenizer, resolve_student
 from ..reports import weights_fingerprint, write_atomic
 from ..students import add_mask_token, prepare_student
-from ..students.model_config import ModelConfig, load_model, load_tokenizer, resolve_student
 from ..training.config import MDLMConfig
 from .protocol import BASE, PROTOCOL_FILE, StudyProtocol
 from .stages import (

@@ -41,16 +41,16 @@ from ..distributed import announce, name_cpu_accelerator
 from ..errors import InputError, check_output_path, one_line
 from ..evaluation.evaluate import check_task_inputs
 from ..evaluation.tasks import CodeExecutionDisabled, get_task
-from ..settings import DecodingConfig
-from ..sources import SourceError, check_dataset_source
-from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
-from ..students.model_config import (
+from ..model_config import (
     ModelConfig,
     ResolvedStudent,
     check_model_sources,
     load_model,
     resolve_student,
 )
+from ..settings import DecodingConfig
+from ..sources import SourceError, check_dataset_source
+from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
 from .callbacks import DecodeEvalCallback
 from .config import MDLMConfig
 from .lora import lora_config
@@ -60,7 +60,7 @@ from .trainer import MDLMTrainer
 
 @dataclass
 class ModelArguments(ModelConfig):
-    """Which student to train (:class:`~trims_hf.students.model_config.ModelConfig`) and how to wrap it (paper: LoRA r = 32,
+    """Which student to train (:class:`~trims_hf.model_config.ModelConfig`) and how to wrap it (paper: LoRA r = 32,
     alpha = 32)."""
 
     init_from_config: bool = field(

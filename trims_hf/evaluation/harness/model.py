@@ -2,7 +2,7 @@
 
 ``--model trims --model_args pretrained=PATH[,tokenizer=PATH][,<any ModelConfig field>=VALUE...]
 [,end_of_response=TOKEN[ TOKEN...]][,<any DecodingConfig field>=VALUE...]``: the student is a
-:class:`~trims_hf.students.model_config.ModelConfig` (``pretrained`` and ``tokenizer``, the harness's names, are its
+:class:`~trims_hf.model_config.ModelConfig` (``pretrained`` and ``tokenizer``, the harness's names, are its
 ``model_name_or_path`` and ``tokenizer_name_or_path``), resolved and loaded as ``trims eval`` does (an adapter is
 merged), and ``end_of_response`` is the student's training :class:`~trims_hf.settings.ResponseFormat` setting.
 Generation goes through :func:`trims_hf.generation.generate_text` (prompts verbatim: chat formatting is
@@ -33,10 +33,10 @@ from transformers import PreTrainedTokenizerBase
 
 from ...distributed import announce, gather, process_state
 from ...generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text
+from ...model_config import ModelConfig, check_model_sources, load_model, resolve_student
 from ...prompts import end_of_response_ids
 from ...settings import ResponseFormat
 from ...students import student_spec
-from ...students.model_config import ModelConfig, check_model_sources, load_model, resolve_student
 from ..evaluate import gather_recorders
 from .likelihood import masked_diffusion_loglikelihood
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import InputError
-from ..settings import check_choice
+from .errors import InputError
+from .settings import check_choice
 
 # The keys of trims_hf.students.STUDENTS (tested), torch-free here.
 StudentKind = Literal["llada", "llada_moe", "llada2", "dream", "masked_lm"]
@@ -107,7 +107,7 @@ class ResolvedStudent:
 
 def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> None:
     """Student, adapter and tokenizer exist locally or on the Hub (seconds), and none is given in another's place."""
-    from ..sources import check_model_source
+    from .sources import check_model_source
 
     folder = Path(model.model_name_or_path).expanduser()
     if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
@@ -122,7 +122,7 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
                                  f"model goes to {name('model_name_or_path')}).")
         else:
             check_model_source(name("adapter"), model.adapter)
-        from .adapters import AdapterError, adapter_folder, check_adapter_base, read_adapter
+        from .students.adapters import AdapterError, adapter_folder, check_adapter_base, read_adapter
 
         try:
             check_adapter_base(read_adapter(adapter_folder(model.adapter))[0], model.model_name_or_path, model.adapter,
@@ -153,7 +153,7 @@ def load_tokenizer(model: ModelConfig, name: FieldName = field_name) -> Any:
 def resolve_student(model: ModelConfig, name: FieldName = field_name, tokenizer: Any = None) -> ResolvedStudent:
     """The student's kind (``model_kind`` or detected), tokenizer (``tokenizer`` if given, else :func:`load_tokenizer`)
     and mask id (``mask_token_id``, its config's or its tokenizer's, within the vocabulary), from its config alone."""
-    from . import (
+    from .students import (
         MaskTokenError,
         StudentKindError,
         detect_student_kind,
@@ -181,13 +181,13 @@ def resolve_student(model: ModelConfig, name: FieldName = field_name, tokenizer:
 def load_model(model: ModelConfig, student: ResolvedStudent, *, train_adapter: bool = False) -> Any:
     """The student's weights as :func:`resolve_student` found it, with its adapter: merged (the decoder then runs the
     plain student, as fast as without one), or kept trainable with ``train_adapter``."""
-    from . import load_student
+    from .students import load_student
 
     loaded = load_student(model.model_name_or_path, student.kind, revision=model.model_revision,
                           mask_token_id=student.mask_token_id, **model.from_pretrained_kwargs())
     if model.adapter is None:
         return loaded
-    from . import AdapterError, load_adapter
+    from .students import AdapterError, load_adapter
 
     try:  # every tensor loaded, with the original or the native module names, or an error naming the keys
         with_adapter = load_adapter(loaded, model.adapter, revision=None, allow_base_mismatch=model.allow_base_mismatch)
