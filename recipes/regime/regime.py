@@ -93,7 +93,8 @@ def build_parser() -> Parser:
 
     mechanism = commands.add_parser("mechanism", parents=[common], help=summary["mechanism"],
                                     description=summary["mechanism"])
-    mechanism.add_argument("--output", type=Path, help="A study's folder, its --set settings repeated.")
+    mechanism.add_argument("--output", type=Path, help="A study's folder, its --set and --from-curve repeated.")
+    mechanism.add_argument("--from-curve", type=Path, help="The curve folder the study ran in (as its --from-curve).")
     mechanism.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="The study's seeds.")
     mechanism.add_argument("--problems", type=int, default=200, help="The first N test problems (default 200).")
     return parser
