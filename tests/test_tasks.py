@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SHARED
+from conftest import DATA
 
 from trims_hf.tasks import (
     BOXED_INSTRUCTION,
@@ -23,7 +23,6 @@ from trims_hf.tasks import (
 )
 from trims_hf.tasks.extraction import code_block, last_boxed
 
-DATA = SHARED / "data"
 GSM8K_FILE = str(DATA / "gsm8k" / "test.jsonl")
 MATH_FILE = str(DATA / "math500" / "test.jsonl")
 MBPP_FILE = str(DATA / "mbpp" / "mbpp.jsonl")
