@@ -282,3 +282,15 @@ def test_the_toy_recipes_two_documented_commands_run_in_order(tmp_path):
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{' '.join(command)}: {done.stderr[-2000:]}"
     assert (tmp_path / "outputs" / "toy" / "run" / "adapter_config.json").is_file()
+
+
+def test_the_libraries_bars_are_silenced_during_the_stages_and_restored_after():
+    import datasets
+    from transformers.utils import logging as transformers_logging
+
+    from trims_hf.demo.pipeline import one_bar_per_stage
+
+    assert not datasets.are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()
+    with one_bar_per_stage():  # the stages' own bars are plain tqdm, untouched
+        assert datasets.are_progress_bars_disabled() and not transformers_logging.is_progress_bar_enabled()
+    assert not datasets.are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()
