@@ -96,6 +96,13 @@ class NumericProgressCallback(ProgressCallback):
             self.training_bar.write(str(shown))
 
 
+def with_numeric_logs(trainer: Trainer) -> Trainer:
+    """``trainer`` with :class:`NumericProgressCallback` in place of transformers' progress callback (if it has one)."""
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(NumericProgressCallback)
+    return trainer
+
+
 class MDLMTrainer(Trainer):
     """Trainer for masked diffusion LMs with TRIMS trajectory masking.
 
@@ -141,8 +148,7 @@ class MDLMTrainer(Trainer):
             model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
             eval_dataset=eval_dataset, processing_class=processing_class, **kwargs,
         )
-        if self.pop_callback(ProgressCallback) is not None:
-            self.add_callback(NumericProgressCallback)
+        with_numeric_logs(self)
         # Summed locally at every micro-step; reduced over processes only when logged (one collective per log).
         self._metric_sums: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
         collator_masking = getattr(data_collator, "masking", None)
