@@ -139,9 +139,10 @@ def _device(args: EvalArguments) -> str:
 
 
 def check_sandbox(args: EvalArguments) -> None:
-    """Refuse to run model-written code with weaker isolation than the default unless the user accepted it: checked
-    on the machine first, before any input is read, since lm-eval's peers too ask for that opt-in before any unsafe
-    execution, and a plain process lets hostile code read the evaluator's secrets (docs/sandbox.md)."""
+    """Refuse to run model-written code with weaker isolation than bubblewrap's unless the user accepted it, checked on
+    the machine before any input is read: in a plain process hostile code can read the evaluator's secrets and forge
+    the verdict (docs/sandbox.md), and an evaluator asks before any unsafe execution (lm-eval:
+    ``--confirm_run_unsafe_code``), not after, in a warning."""
     from ..tasks import sandbox
 
     problem = sandbox.bubblewrap_problem() if args.allow_code_execution and args.isolation == "bubblewrap" else None
