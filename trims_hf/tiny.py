@@ -28,6 +28,7 @@ from transformers import (
 
 from .preparation import tokenize_example
 from .protocol import training_arguments
+from .trainer import with_numeric_logs
 
 SPECIAL_TOKENS = ("<eos>", "<pad>", "<mask>", "<unk>")
 CHAT_TEMPLATE = (
@@ -80,7 +81,8 @@ def train_causal_lm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     prepared = Dataset.from_list([{"input_ids": e.input_ids,
                                    "labels": [-100] * e.prompt_length + list(e.input_ids[e.prompt_length :])}
                                   for e in examples])
-    Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer)).train()
+    trainer = Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer))
+    with_numeric_logs(trainer).train()
     return model.eval()
 
 
