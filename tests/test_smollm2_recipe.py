@@ -701,3 +701,11 @@ def test_help_loads_no_torch_and_its_usage_says_output_is_required():
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: replicate.py --output DIR [flags]")
     assert done.stdout.rstrip().endswith("no torch")
+
+
+def test_the_base_is_named_without_a_seed_and_every_variant_with_its_own():
+    labels = [unit_label(u) for u in models_plan(recipe.SMOKE)]
+    assert not any("None" in label for label in labels)
+    taus = {*recipe.SMOKE.thresholds, *recipe.SMOKE.tail_thresholds}
+    assert {label for label in labels if label.startswith(BASE)} == {f"{BASE} tau {tau}" for tau in taus}
+    assert all("(seed 0)" in label for label in labels if not label.startswith(BASE))
