@@ -1,4 +1,5 @@
-"""Shared test fixtures: paths to ../shared, a tiny tokenizer, tiny students built in code."""
+"""Shared test fixtures: the repository's fixtures and data excerpts, the way to ../shared, a tiny tokenizer, tiny students
+built in code, and the guard that no test leaves global state behind."""
 
 from __future__ import annotations
 
@@ -17,16 +18,61 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from trims_hf import prepare_student  # noqa: E402
 
-SHARED = Path(os.environ.get("TRIMS_SHARED") or Path(__file__).resolve().parents[2] / "shared")
-"""The shared data and fixtures beside the repository; TRIMS_SHARED names another copy (a GPU machine gets one
-carried inside the checkout, since only the checkout travels there)."""
-GSM8K_TRAIN = SHARED / "data" / "gsm8k" / "train.jsonl"
+TESTS = Path(__file__).resolve().parent
+FIXTURES = TESTS / "fixtures"
+"""The tiny LLaDA/Dream checkpoints, their reference logits and the Fast-dLLM decode traces (README.md there)."""
+DATA = TESTS / "data"
+"""The first rows of GSM8K, MATH-500 and MBPP (README.md there: sources, licences): the tests that need real rows."""
+SHARED = Path(os.environ.get("TRIMS_SHARED") or TESTS.parents[1] / "shared")
+"""The one way to ../shared, the full data sets and the paper (CI lays it beside the clone); TRIMS_SHARED names another
+copy, e.g. a GPU machine's, carried inside the checkout. A bare clone has none: the tests that need it skip."""
+FULL_DATA = SHARED / "data"
+GSM8K_TRAIN = DATA / "gsm8k" / "train.jsonl"
+
+
+def needs_shared(path: Path) -> pytest.MarkDecorator:
+    """Skip unless ``path`` (inside SHARED) exists, naming the variable that provides it. The reason says
+    TRIMS_SHARED: CI's full-data run fails when a skip reason does, so these tests run there."""
+    return pytest.mark.skipif(not path.exists(), reason=f"needs {path}: set TRIMS_SHARED to a copy of ../shared")
+
+
+needs_full_data = needs_shared(FULL_DATA)
+"""For a test that reads whole data sets (their counts, their splits)."""
+
+
+def needs_module(module: str, install: str) -> pytest.MarkDecorator:
+    """Skip unless ``module`` imports, saying how to install it: a test of an extra (DeepSpeed, lm-eval, ...)
+    that a user's ``pip install -e ".[dev]"`` may lack; CI's install has every one."""
+    import importlib.util
+
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"needs {module}: {install}")
+
+
+needs_deepspeed = needs_module("deepspeed", 'pip install -e ".[deepspeed]"')
+
+
+@pytest.fixture(autouse=True)
+def no_global_state_left():
+    """Undo what a test leaves process-wide, so no later test depends on the order: transformers' DeepSpeed config
+    (a half-built one, kept alive by a failed test's traceback, made ``load_student`` raise ``'HfTrainerDeepSpeedConfig'
+    object has no attribute 'is_zero3'`` in later tests), environment variables, and a default process group."""
+    environment = dict(os.environ)
+    yield
+    import sys
+
+    if "transformers.integrations.deepspeed" in sys.modules:
+        sys.modules["transformers.integrations.deepspeed"].unset_hf_deepspeed_config()
+    if os.environ != environment:
+        os.environ.clear()
+        os.environ.update(environment)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture(scope="session")
 def original_checkpoint(tmp_path_factory):
     """``kind`` -> a tiny checkpoint in that family's original layout, with ``parity.safetensors``: LLaDA and Dream from
-    ../shared/fixtures (logits of the original code), LLaDA-MoE and LLaDA 2.x written by the test (logits of the reference)."""
+    tests/fixtures (logits of the original code), LLaDA-MoE and LLaDA 2.x written by the test (logits of the reference)."""
     built = {}
 
     def folder(kind: str) -> Path:
@@ -37,10 +83,7 @@ def original_checkpoint(tmp_path_factory):
             if kind not in built:
                 built[kind] = write(tmp_path_factory.mktemp(f"{kind}_tiny"))
             return built[kind]
-        path = SHARED / "fixtures" / f"{kind}_tiny"
-        if not path.is_dir():
-            pytest.skip(f"{path} is missing")
-        return path
+        return FIXTURES / f"{kind}_tiny"
 
     return folder
 

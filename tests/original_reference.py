@@ -4,7 +4,7 @@ Written for the tests from the public descriptions of the original code (GSAI-ML
 ``LLaDAModelLM.model.transformer.{wte, blocks.N.{attn_norm, q_proj, k_proj, v_proj, attn_out, ff_norm, ff_proj,
 up_proj, ff_out}, ln_f, ff_out}``; Dream-org ``modeling_dream.py``: ``DreamModel.{model.{embed_tokens, layers.N.
 {input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, norm}, lm_head}``)
-and ../shared/fixtures/README.md: pre-norm blocks, RMSNorm computed in float32, half-split RoPE with float32 angles,
+and tests/fixtures/README.md: pre-norm blocks, RMSNorm computed in float32, half-split RoPE with float32 angles,
 fully bidirectional attention, SwiGLU MLP. LLaDA-MoE follows inclusionAI's ``modeling_lladamoe.py`` as dLLM ships it
 (ZHZisZZ/dllm ``dllm/pipelines/llada/models/modeling_lladamoe.py`` at ca176752; ``LLaDAMoEModelLM.{model.{embed_tokens,
 layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm, mlp.{gate,

@@ -7,15 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHARED
+from conftest import FIXTURES
 from original_reference import load_reference
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 
 from trims_hf import AdapterError, load_student, lora_config
 from trims_hf.cli import main as cli
-
-FIXTURES = SHARED / "fixtures"
 
 
 def fixture(kind: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SHARED, synthetic_scored_rows, tiny_student
+from conftest import DATA, synthetic_scored_rows, tiny_student
 from datasets import Dataset
 from peft import get_peft_model
 from transformers import TrainerCallback
@@ -13,7 +13,7 @@ from trims_hf.evaluation.tasks import TaskDataError
 from trims_hf.generation import DecodingConfig
 from trims_hf.training.callbacks import DecodeEvalCallback
 
-GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
+GSM8K_TEST = str(DATA / "gsm8k" / "test.jsonl")
 NAMES = ("eval_gsm8k_accuracy", "eval_gsm8k_num_samples", "eval_gsm8k_tokens_per_step", "eval_gsm8k_tokens_per_second",
          "eval_gsm8k_nfe")
 

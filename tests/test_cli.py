@@ -11,6 +11,7 @@ import sys
 from importlib.metadata import version
 
 import pytest
+from conftest import needs_deepspeed
 
 from trims_hf.cli import COMMANDS, main
 
@@ -102,8 +103,8 @@ def test_commands_let_waiting_threads_sleep_unless_the_user_chose(preset, expect
 
 
 @pytest.mark.slow
+@needs_deepspeed
 def test_deepspeed_is_told_it_runs_on_the_cpu_and_says_nothing_about_it():
-    pytest.importorskip("deepspeed")
     code = "import sys; from trims_hf.distributed import name_cpu_accelerator; {} import deepspeed"
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     runs = {named: subprocess.run([sys.executable, "-c", code.format("name_cpu_accelerator();" if named else "")],

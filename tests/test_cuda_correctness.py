@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from conftest import SHARED
+from conftest import FIXTURES
 from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedConfig
 
@@ -40,10 +40,6 @@ from trims_hf.settings import MaskingConfig
 from trims_hf.students import STUDENTS, student_spec
 from trims_hf.students.loss import mdlm_loss, per_sample_loss
 
-FIXTURES = SHARED / "fixtures"
-if not (FIXTURES / "decode_traces.json").is_file():
-    raise FileNotFoundError(f"{FIXTURES / 'decode_traces.json'} is missing: the suite needs ../shared (the reference "
-                            "fixtures) next to the repository")
 TRACES = json.loads((FIXTURES / "decode_traces.json").read_text())
 DEVICES = [
     "cpu",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED
+from conftest import DATA
 from datasets import load_dataset
 from helpers_launch import launch, two_processes
 from helpers_teachers import save_teacher
@@ -26,7 +26,7 @@ from trims_hf.generation import TokensPerStepRecorder
 pytestmark = pytest.mark.slow  # two-process launches: minutes, so the inner loop (-m "not slow") skips them
 
 TESTS = Path(__file__).resolve().parent
-GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
+GSM8K_TEST = str(DATA / "gsm8k" / "test.jsonl")
 EVAL = ["--task", "gsm8k", "--data-file", GSM8K_TEST, "--gen-length", "32", "--block-length", "16", "--limit", "5",
         "--batch-size", "2", "--no-progress"]
 CLI = ["-m", "trims_hf.cli"]
@@ -154,7 +154,7 @@ def test_two_process_harness_matches_one_process(saved_student, tmp_path):
     arguments = ["--model", "trims", "--model_args",
                  f"pretrained={model_dir},dtype=float32,strategy=threshold,gen_length=16,block_length=16",
                  "--tasks", "gsm8k_cot_local", "--limit", "5", "--batch_size", "1", "--device", "cpu",
-                 "--metadata", json.dumps({"data_dir": str(SHARED / "data")}), "--log_samples"]
+                 "--metadata", json.dumps({"data_dir": str(DATA)}), "--log_samples"]
     outputs = {}
     for name, prefix in (("one", [sys.executable]), ("two", two_processes())):
         launch([*prefix, "-m", "trims_hf.evaluation.harness", *arguments, "--output_path", str(tmp_path / name)])

@@ -6,12 +6,11 @@ import json
 
 import pytest
 import torch
-from conftest import SHARED
+from conftest import FIXTURES
 
 from trims_hf import load_student
 from trims_hf.generation import DecodeHook, DecodingConfig, StepRecord, generate
 
-FIXTURES = SHARED / "fixtures"
 TRACES = json.loads((FIXTURES / "decode_traces.json").read_text())
 
 

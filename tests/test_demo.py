@@ -233,7 +233,9 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--set", "variant_steps=0"], r"variant_steps=0: must be at least 1"),
     (["--set", "thresholds=0.5,1.5"], r"threshold=1\.5: must be in \[0, 1\]"),
     (["--set", "teacher=qwen"], r"teacher=qwen: choose embedded or smollm2\."),
-    (["--set", "variant_step=3"], r"variant_step=3: expected FIELD=VALUE with FIELD one of .*variant_steps"),
+    (["--set", "variant_step=3"], r"variant_step=3: no field variant_step \(did you mean variant_steps\?\); `trims demo "
+                                  r"--fields` lists them\.$"),
+    (["--set", "variant_steps"], r"variant_steps: expected FIELD=VALUE with FIELD one of .*variant_steps"),
     (["--set", "seeds=a"], r"seeds=a: 'a' is not a valid int\.$"),
     (["--data-file", "{w}/missing.jsonl"], r"--data-file .*missing\.jsonl: no such file\.$"),
     (["--data-file", "{w}/prompts.jsonl"], r"--data-file .*prompts\.jsonl: row 0 has no field 'question'"),
@@ -262,3 +264,33 @@ def test_importing_the_pipeline_leaves_matplotlib_alone():
     env = {**os.environ, "MPLBACKEND": "svg"}
     completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert completed.returncode == 0, completed.stderr
+
+
+@pytest.mark.slow
+def test_the_toy_recipes_two_documented_commands_run_in_order(tmp_path):
+    """recipes/README.md's toy run, its commands as written, from a folder holding the recipes: the demo writes what
+    the recipe reads (the scored data's folder among it)."""
+    repo = Path(__file__).resolve().parents[1]
+    section = (repo / "recipes" / "README.md").read_text().split("## Toy run on a CPU", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].split() for line in block.splitlines() if line.strip()]
+    assert [command[:2] for command in commands] == [["trims", "demo"], ["trims", "train"]]
+    (tmp_path / "recipes").symlink_to(repo / "recipes")
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    for command in commands:
+        done = subprocess.run([sys.executable, "-m", "trims_hf.cli", *command[1:]], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"{' '.join(command)}: {done.stderr[-2000:]}"
+    assert (tmp_path / "outputs" / "toy" / "run" / "adapter_config.json").is_file()
+
+
+def test_the_libraries_bars_are_silenced_during_the_stages_and_restored_after():
+    import datasets
+    from transformers.utils import logging as transformers_logging
+
+    from trims_hf.studies.demo.pipeline import one_bar_per_stage
+
+    assert not datasets.are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()
+    with one_bar_per_stage():  # the stages' own bars are plain tqdm, untouched
+        assert datasets.are_progress_bars_disabled() and not transformers_logging.is_progress_bar_enabled()
+    assert not datasets.are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import needs_deepspeed
 from helpers_launch import free_port, launch, two_processes
 
 from trims_hf.commands.recipe import parse_recipe
@@ -63,6 +64,7 @@ JSON_OWNED = {"mixed_precision", "gradient_accumulation_steps", "gradient_clippi
               "offload_optimizer_device", "offload_param_device"}
 
 
+@needs_deepspeed
 def test_zero2_configuration():
     from accelerate.commands.config.config_args import load_config_from_file
     from accelerate.utils import DeepSpeedPlugin, DistributedType
@@ -84,6 +86,7 @@ def test_zero2_configuration():
     assert filled.config["train_micro_batch_size_per_gpu"] == 1 and filled.config["gradient_clipping"] == 1.0
 
 
+@needs_deepspeed
 def test_zero2_steps_on_cpu_match_one_process(tmp_path, single_process):
     """The shipped zero2.yaml/zero2.json, launched as users do (only --num_processes 2), on DeepSpeed's CPU
     accelerator (gloo + its shared-memory allreduce): ZeRO-2 trains, and its steps equal one process's."""

@@ -8,7 +8,7 @@ import time
 from typing import get_args
 
 import pytest
-from conftest import SHARED, tiny_student
+from conftest import DATA, tiny_student
 from peft import get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -16,13 +16,16 @@ import trims_hf.evaluation.evaluate as evaluation
 import trims_hf.students as students
 from trims_hf import lora_config
 from trims_hf.cli import main
-from trims_hf.evaluation.tasks.sandbox import resolve_isolation
+from trims_hf.evaluation.tasks import sandbox
+from trims_hf.evaluation.tasks.sandbox import bubblewrap_problem, resolve_isolation
 from trims_hf.model_config import StudentKind
 
-GSM8K_TEST = str(SHARED / "data" / "gsm8k" / "test.jsonl")
-MBPP = str(SHARED / "data" / "mbpp" / "mbpp.jsonl")
+GSM8K_TEST = str(DATA / "gsm8k" / "test.jsonl")
+MBPP = str(DATA / "mbpp" / "mbpp.jsonl")
 SMALL = ["--gen-length", "32", "--block-length", "16", "--limit", "3", "--no-progress"]
 TIMINGS = {"decode_time_s", "wall_time_s", "tokens_per_second"}
+RUN_CODE = ["--allow-code-execution", *([] if bubblewrap_problem() is None else ["--isolation", "process"])]
+"""The opt-in a code task needs here: the default isolation where bubblewrap runs, the accepted weaker one elsewhere."""
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +303,7 @@ def test_input_errors_are_one_line_before_any_model_loads(case, saved_student, p
 def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
     """HumanEval end to end with the explicit opt-in: the random model's completions are executed and fail."""
     output = tmp_path / "humaneval.json"
-    code = main(["eval", "--model", saved_student, "--task", "humaneval", "--allow-code-execution", "--output",
+    code = main(["eval", "--model", saved_student, "--task", "humaneval", *RUN_CODE, "--output",
                  str(output), "--gen-length", "16", "--block-length", "16", "--limit", "2", "--no-progress"])
     assert code == 0
     (result,) = read(output)
@@ -313,10 +316,39 @@ def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
 
 def test_mbpp_three_shot_style_reaches_the_prompt(saved_student, tmp_path):
     output = tmp_path / "mbpp.json"
-    code = main(["eval", "--model", saved_student, "--task", "mbpp", "--mbpp-style", "3shot", "--allow-code-execution",
+    code = main(["eval", "--model", saved_student, "--task", "mbpp", "--mbpp-style", "3shot", *RUN_CODE,
                  "--data-file", MBPP, "--output", str(output),
                  "--gen-length", "16", "--block-length", "16", "--limit", "1", "--no-progress"])
     assert code == 0
     (result,) = read(output)
     assert result["prompt_format"]["shots"] == 3 and result["num_samples"] == 1
     assert result["samples"][0]["prompt"].count("[BEGIN]") == 3  # the three shots' answers, as the model saw them
+
+
+@pytest.fixture
+def no_bubblewrap(monkeypatch):
+    """A machine where bwrap cannot run (the check the command makes first)."""
+    monkeypatch.setattr(sandbox, "bubblewrap_problem", lambda: "bwrap is not installed")
+
+
+def test_code_execution_without_bubblewrap_is_refused_before_any_input_is_read(no_bubblewrap, tmp_path, capsys):
+    output = tmp_path / "out" / "mbpp.json"
+    code = main(["eval", "--model", "./no-such-model", "--task", "mbpp", "--data-file", "/no/such.jsonl",
+                 "--allow-code-execution", "--output", str(output)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1  # one line, before the missing model and data are even looked at
+    assert err == ("error: --allow-code-execution needs bubblewrap to isolate model-written code, and bwrap is not "
+                   "installed: install it (sudo apt-get install bubblewrap), or add --isolation process to accept "
+                   "weaker isolation (plain resource-limited processes, docs/sandbox.md).\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_accepted_process_isolation_runs_and_the_results_record_it(no_bubblewrap, saved_student, tmp_path):
+    output = tmp_path / "mbpp.json"
+    code = main(["eval", "--model", saved_student, "--task", "mbpp", "--data-file", MBPP, "--allow-code-execution",
+                 "--isolation", "process", "--output", str(output), "--gen-length", "16", "--block-length", "16",
+                 "--limit", "2", "--no-progress"])
+    assert code == 0
+    (result,) = read(output)
+    assert result["num_samples"] == 2 and all(sample["error"] for sample in result["samples"])  # graded, not skipped
+    assert [sample["isolation"] for sample in result["samples"]] == ["process", "process"]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import SHARED, read_jsonl, tiny_student
+from conftest import DATA, read_jsonl, tiny_student
 from matplotlib.text import Text
 from torch import nn
 from transformers import PreTrainedConfig
@@ -22,7 +22,7 @@ from trims_hf.evaluation.tasks import CodeExecutionDisabled, GSM8KTask
 from trims_hf.generation import DecodingConfig, TrajectoryRecorder, cut_at_stop_strings
 from trims_hf.reports import library_versions
 
-GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TEST = DATA / "gsm8k" / "test.jsonl"
 STOP = "\n\nQuestion:"
 GEN, BLOCK, CONFIDENCE = 256, 32, 0.95
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import SHARED
+from conftest import TESTS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "gpu")]
@@ -86,7 +86,7 @@ def run_all(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     (["--profile-worst", "/no/such.jsonl"], "--profile-worst: /no/such.jsonl does not exist"),
     (["--colour"], "unknown argument --colour")])
 def test_usage_errors_are_one_line_and_write_nothing(args, message, tmp_path):
-    result = run_all(str(tmp_path / "out"), *args, "--shared", str(SHARED), tmp_path=tmp_path) if "--shared" not in args \
+    result = run_all(str(tmp_path / "out"), *args, "--shared", str(TESTS), tmp_path=tmp_path) if "--shared" not in args \
         else run_all(str(tmp_path / "out"), *args, tmp_path=tmp_path)
     assert result.returncode == 2 and result.stderr.startswith(f"error: {message}")
     assert not (tmp_path / "out").exists()
@@ -96,7 +96,7 @@ def test_usage_errors_are_one_line_and_write_nothing(args, message, tmp_path):
 def test_parts_that_would_cross_the_deadline_are_skipped_with_a_line(tmp_path):
     out = tmp_path / "out"
     result = run_all(str(out), "--scale", "tiny", "--deadline", "30", "--parts", "train,score",
-                     "--shared", str(SHARED), tmp_path=tmp_path)
+                     "--shared", str(TESTS), tmp_path=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     records = [json.loads(line) for line in (out / "parts.jsonl").read_text().splitlines()]
     assert records[0]["budgets_s"]["train"] == budgets.TINY_BUDGET_S  # the arithmetic first
@@ -109,5 +109,5 @@ def test_parts_that_would_cross_the_deadline_are_skipped_with_a_line(tmp_path):
 def test_profile_worst_does_nothing_when_every_goal_was_met(tmp_path):
     met = tmp_path / "met.jsonl"
     met.write_text(json.dumps({"part": "decode", "goal_shortfall": 0.9}) + "\n")
-    result = run_all(str(tmp_path / "out"), "--profile-worst", str(met), "--shared", str(SHARED), tmp_path=tmp_path)
+    result = run_all(str(tmp_path / "out"), "--profile-worst", str(met), "--shared", str(TESTS), tmp_path=tmp_path)
     assert result.returncode == 0 and "nothing to profile" in result.stdout

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import SHARED, read_jsonl, tiny_student
+from conftest import DATA, FULL_DATA, needs_full_data, read_jsonl, tiny_student
 from torch import nn
 from transformers import PreTrainedConfig
 
@@ -24,7 +24,6 @@ from trims_hf.evaluation.harness import TASKS_DIR
 from trims_hf.evaluation.harness.likelihood import masked_diffusion_loglikelihood, masked_elbo_terms
 from trims_hf.evaluation.tasks import GSM8KTask
 
-DATA = SHARED / "data"
 REPO = Path(__file__).resolve().parents[1]
 GEN, BLOCK, CONFIDENCE = 128, 32, 0.95
 
@@ -167,14 +166,15 @@ def test_harness_and_trims_extraction_agree_on_hidden_answers(gsm8k_cot_run):
 
 # --- the command, local data and early errors ---------------------------------------------------------------
 
+@needs_full_data
 def test_local_data_loaders_match_hub_splits():
     from trims_hf.evaluation.harness.tasks import local_data
 
-    gsm8k = local_data.gsm8k(data_dir=str(DATA), pretrained="ignored")
+    gsm8k = local_data.gsm8k(data_dir=str(FULL_DATA), pretrained="ignored")
     assert {k: len(v) for k, v in gsm8k.items()} == {"train": 7473, "test": 1319}
-    assert {k: len(v) for k, v in local_data.mbpp(data_dir=str(DATA)).items()} == {
+    assert {k: len(v) for k, v in local_data.mbpp(data_dir=str(FULL_DATA)).items()} == {
         "prompt": 10, "test": 500, "validation": 90, "train": 374}
-    assert len(local_data.math500(data_dir=str(DATA))["test"]) == 500
+    assert len(local_data.math500(data_dir=str(FULL_DATA))["test"]) == 500
     with pytest.raises(FileNotFoundError, match="TRIMS_HARNESS_DATA"):
         local_data.gsm8k()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SHARED, synthetic_scored_rows, tiny_student
+from conftest import FIXTURES, synthetic_scored_rows, tiny_student
 from datasets import Dataset
 from peft import PeftModel, get_peft_model
 
@@ -23,7 +23,7 @@ from trims_hf import (
 
 
 def test_lora_targets_projections_not_head():
-    model = load_student(str(SHARED / "fixtures" / "llada_tiny"))
+    model = load_student(str(FIXTURES / "llada_tiny"))
     config = lora_config(model)
     assert config.r == 32 and config.lora_alpha == 32
     peft_model = get_peft_model(model, config)

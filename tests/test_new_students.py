@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHARED, synthetic_scored_rows
+from conftest import DATA, synthetic_scored_rows
 from helpers_students import write_llada2_checkpoint, write_llada_moe_checkpoint
 from original_reference import load_reference
 from peft import PeftModel
@@ -99,7 +99,7 @@ def test_moe_student_trains_exports_and_evaluates_from_its_recipe(kind, moe_hub_
 
     output = tmp_path / "eval.json"
     assert main(["eval", "--model", str(folder), "--adapter", str(run), "--task", "gsm8k", "--data-file",
-                 str(SHARED / "data" / "gsm8k" / "test.jsonl"), "--output", str(output), "--gen-length", "16",
+                 str(DATA / "gsm8k" / "test.jsonl"), "--output", str(output), "--gen-length", "16",
                  "--block-length", "8", "--limit", "2", "--no-progress", *eval_flags]) == 0
     (result,) = json.loads(output.read_text())["results"]
     assert result["num_samples"] == 2 and result["nfe"] >= 2 and result["generated_tokens"] > 0

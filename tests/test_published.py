@@ -6,7 +6,7 @@ import math
 import re
 
 import pytest
-from conftest import SHARED
+from conftest import SHARED, needs_shared
 
 from trims_hf.evaluation.aup import accuracy_under_parallelism, accuracy_weight
 from trims_hf.evaluation.published import COMPARE_CHOICES, published_results
@@ -55,7 +55,7 @@ def tex_table(label: str) -> dict[str, list[float]]:
     return rows
 
 
-@pytest.mark.skipif(not PAPER.exists(), reason="needs the paper's source in ../shared/paper")
+@needs_shared(PAPER)
 @pytest.mark.parametrize("name, label", [("paper:llada", "tab:main-results-llada"),
                                          ("paper:dream", "tab:main-results-dream")])
 def test_published_rows_equal_the_papers_tables(name, label):

@@ -19,6 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import real_size  # noqa: E402
+from conftest import needs_deepspeed  # noqa: E402
 
 from trims_hf.studies.accelerators import Accelerator, TimeModel, accelerator  # noqa: E402
 
@@ -50,6 +51,7 @@ def student_lines(tmp_path, student: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@needs_deepspeed  # the tiny run's zero2 part
 def test_one_line_per_measurement_naming_device_and_versions(lines):
     assert Counter(line["part"] for line in lines) == {"train": 4, "zero2": 1, "score": 1, "decode": 10}
     for line in lines:
@@ -61,6 +63,7 @@ def test_one_line_per_measurement_naming_device_and_versions(lines):
 
 
 @pytest.mark.slow
+@needs_deepspeed  # the tiny run's zero2 part
 def test_training_lines_derive_their_numbers_from_the_measured_steps(lines):
     train = by_part(lines, "train")
     assert {(line["gradient_checkpointing"], line["per_device_batch"]) for line in train} == {
@@ -79,6 +82,7 @@ def test_training_lines_derive_their_numbers_from_the_measured_steps(lines):
 
 
 @pytest.mark.slow
+@needs_deepspeed  # the tiny run's zero2 part
 def test_zero2_line_comes_from_the_shipped_recipe(lines):
     (zero2,) = by_part(lines, "zero2")
     assert zero2["zero_stage"] == 2 and zero2["completed"] is True
@@ -89,6 +93,7 @@ def test_zero2_line_comes_from_the_shipped_recipe(lines):
 
 
 @pytest.mark.slow
+@needs_deepspeed  # the tiny run's zero2 part
 def test_scoring_line(lines):
     (score,) = by_part(lines, "score")
     lengths = score["lengths"]
@@ -116,6 +121,7 @@ def test_scoring_stops_at_its_budget_and_extrapolates(tmp_path):
 
 
 @pytest.mark.slow
+@needs_deepspeed  # the tiny run's zero2 part
 def test_decoding_lines_do_equal_work_per_mode(lines):
     decode = [line for line in by_part(lines, "decode") if line["measurement"] == "decode"]
     modes = ("none", "prefix", "dual")

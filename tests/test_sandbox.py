@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import DATA
 
 from trims_hf.evaluation.tasks import HumanEvalTask, MBPPTask, sandbox
 from trims_hf.evaluation.tasks.sandbox import (
@@ -27,7 +28,8 @@ from trims_hf.evaluation.tasks.sandbox import (
 
 FAST = SandboxLimits(timeout_s=3.0)
 BOTH = ["bubblewrap", "process"]
-needs_bwrap = pytest.mark.skipif(bubblewrap_problem() is not None, reason=f"bubblewrap unusable: {bubblewrap_problem()}")
+needs_bwrap = pytest.mark.skipif(bubblewrap_problem() is not None,
+                                reason=f"bubblewrap unusable: {bubblewrap_problem()} ({sandbox.INSTALL_BUBBLEWRAP})")
 ISOLATIONS = [pytest.param("bubblewrap", marks=needs_bwrap), "process"]
 
 GOOD = "def square(x):\n    return x * x\n"
@@ -157,7 +159,7 @@ def test_humaneval_and_mbpp_grades_record_the_isolation() -> None:
     wrong = humaneval.grade(example, "```python\nreturn True\n```", execute_code=True)
     assert not wrong["correct"] and wrong["isolation"] == grade["isolation"]
     mbpp = MBPPTask(limits=FAST)
-    tree_task = next(e for e in mbpp.load(str(Path(__file__).parents[2] / "shared/data/mbpp/mbpp.jsonl"))
+    tree_task = next(e for e in mbpp.load(str(DATA / "mbpp" / "mbpp.jsonl"))
                      if e.id == "367")  # test_setup_code builds trees from the solution's Node class
     assert mbpp.grade(tree_task, tree_task.fields["code"], execute_code=True)["correct"]
 

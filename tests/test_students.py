@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import SHARED, tiny_student
+from conftest import FIXTURES, tiny_student
 from helpers_students import LLADA_MOE_TINY
 from safetensors.torch import load_file
 
@@ -22,8 +22,6 @@ from trims_hf import (
 )
 from trims_hf.students import student_config
 from trims_hf.students.llada import llama_config_from_llada
-
-FIXTURES = SHARED / "fixtures"
 
 
 @pytest.mark.parametrize("name,kind", [("llada_tiny", "llada"), ("dream_tiny", "dream")])

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SHARED
+from conftest import DATA, FULL_DATA, needs_full_data
 
 from trims_hf.evaluation.tasks import (
     BOXED_INSTRUCTION,
@@ -23,10 +23,11 @@ from trims_hf.evaluation.tasks import (
 )
 from trims_hf.evaluation.tasks.extraction import code_block, last_boxed
 
-DATA = SHARED / "data"
 GSM8K_FILE = str(DATA / "gsm8k" / "test.jsonl")
 MATH_FILE = str(DATA / "math500" / "test.jsonl")
 MBPP_FILE = str(DATA / "mbpp" / "mbpp.jsonl")
+FULL_GSM8K, FULL_MATH, FULL_MBPP = (str(FULL_DATA / name) for name in ("gsm8k/test.jsonl", "math500/test.jsonl",
+                                                                         "mbpp/mbpp.jsonl"))
 LIMITS = SandboxLimits(timeout_s=5.0)
 
 
@@ -112,11 +113,12 @@ def test_code_block(text: str, expected: str) -> None:
 
 
 # -- GSM8K ----------------------------------------------------------------------------------------
+@needs_full_data
 def test_gsm8k_loads_the_test_split_and_its_references() -> None:
     task = GSM8KTask()
-    examples = task.load(GSM8K_FILE)
+    examples = task.load(FULL_GSM8K)
     assert len(examples) == 1319
-    assert [e.id for e in task.load(GSM8K_FILE, limit=3)] == ["0", "1", "2"]
+    assert [e.id for e in task.load(FULL_GSM8K, limit=3)] == ["0", "1", "2"]
     assert task.reference(examples[0]) == "18"
     assert all(task.grade(e, e.fields["answer"])["correct"] for e in examples)
 
@@ -178,9 +180,10 @@ def test_bad_rows_are_reported_with_file_row_and_field(tmp_path: Path) -> None:
 
 
 # -- MATH-500 -------------------------------------------------------------------------------------
+@needs_full_data
 def test_math500_loads_and_grades_every_reference_solution() -> None:
     task = Math500Task()
-    examples = task.load(MATH_FILE)
+    examples = task.load(FULL_MATH)
     assert len(examples) == 500 and len({e.id for e in examples}) == 500
     assert examples[0].id == "test/precalculus/807.json"
     failures = [e.id for e in examples if not task.grade(e, e.fields["solution"])["correct"]]
@@ -260,10 +263,17 @@ def test_humaneval_wrong_solution_fails_and_execution_needs_opt_in() -> None:
 
 
 # -- MBPP -----------------------------------------------------------------------------------------
+@needs_full_data
 def test_mbpp_test_split_is_task_ids_11_to_510() -> None:
-    examples = MBPPTask().load(MBPP_FILE)
+    examples = MBPPTask().load(FULL_MBPP)
     assert [int(e.id) for e in examples] == list(range(11, 511))
-    assert len(MBPPTask().load(MBPP_FILE, split="validation")) == 90
+    assert len(MBPPTask().load(FULL_MBPP, split="validation")) == 90
+
+
+def test_mbpp_splits_by_task_id_and_names_the_splits() -> None:
+    """On the excerpt (task ids 1-30, 367, 511-512, 601-602): each split takes its own ids."""
+    assert [int(e.id) for e in MBPPTask().load(MBPP_FILE)] == [*range(11, 31), 367]
+    assert [int(e.id) for e in MBPPTask().load(MBPP_FILE, split="validation")] == [511, 512]
     with pytest.raises(ValueError, match="mbpp split must be one of"):
         MBPPTask().load(MBPP_FILE, split="dev")
 

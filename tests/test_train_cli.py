@@ -87,7 +87,7 @@ def test_overrides_win_and_are_typed():
                                                      "--lora_r", "4", "--metric", "entropy"])
     assert (args.num_buckets, args.bucket_ordering, model_args.lora_r, args.metric) == (4, "easy_to_hard", 4, "entropy")
     assert args.learning_rate == pytest.approx(3e-3) and args.lr_scheduler_type == "cosine"  # from the YAML
-    assert not model_args.init_from_config and data_args.dataset_name == "outputs/toy/scored"
+    assert not model_args.init_from_config and data_args.dataset_name == "outputs/toy/score/scored"
 
 
 def test_recipe_values_are_parser_defaults_typed_as_on_the_command_line(tmp_path):

@@ -413,3 +413,18 @@ def test_compiled_blocks_train_as_eager_under_gradient_checkpointing(tmp_path, t
         torch.testing.assert_close(trained[True][name], weight, rtol=1e-4, atol=1e-6, msg=name)
         moved += "lora_B" in name and bool(weight.abs().sum() > 0)  # B starts at 0: the steps trained it
     assert moved
+
+
+def test_progress_bar_logs_numbers_as_numbers(tmp_path, tokenizer, scored):
+    from transformers.trainer_callback import ProgressCallback
+
+    from trims_hf.trainer import NumericProgressCallback
+
+    trainer = MDLMTrainer(tiny_student(tokenizer), make_args(tmp_path, disable_tqdm=False),
+                          train_dataset=Dataset.from_list(scored[:8]), processing_class=tokenizer)
+    bars = [c for c in trainer.callback_handler.callbacks if isinstance(c, ProgressCallback)]
+    assert [type(c) for c in bars] == [NumericProgressCallback]  # transformers' own one replaced, not doubled
+    written = []
+    bars[0].training_bar = type("Bar", (), {"write": lambda self, text: written.append(text)})()
+    bars[0].on_log(trainer.args, trainer.state, trainer.control, logs={"loss": 2.44712, "epoch": 0.5, "total_flos": 9.0})
+    assert written == ["{'loss': 2.447, 'epoch': 0.5}"]

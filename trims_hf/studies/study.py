@@ -153,8 +153,13 @@ def models_plan(p: StudyProtocol) -> list[PlannedUnit]:
     return main + tail + [u._replace(threshold=tau, tail=True) for u in evaluated for tau in p.tail_thresholds]
 
 
+def seed_tag(seed: int | None) -> str:
+    """`` (seed N)`` after a model's name, nothing for the base, which no seed of the variants trained."""
+    return "" if seed is None else f" (seed {seed})"
+
+
 def unit_label(unit: PlannedUnit) -> str:
-    seed = "" if unit.seed is None else f" (seed {unit.seed})"
+    seed = seed_tag(unit.seed)
     return f"train {unit.name}{seed}" if unit.threshold is None else f"{unit.name}{seed} tau {unit.threshold}"
 
 
@@ -480,8 +485,8 @@ class Study:
             metrics = trace_metrics(recorder, prompts, tokenizer, self.teacher(), p.trace_samples, p.teacher_context,
                                     p.decoding.block_length)
             plot_trace_order(recorder, p.trace_samples, folder / "decode_order.png",
-                             title=f"{name} (seed {unit.seed}): decode order at tau {tau}")
-        print(f"{name} (seed {unit.seed}) tau {tau}: accuracy {result.accuracy:.3f}, tokens/step "
+                             title=f"{name}{seed_tag(unit.seed)}: decode order at tau {tau}")
+        print(f"{name}{seed_tag(unit.seed)} tau {tau}: accuracy {result.accuracy:.3f}, tokens/step "
               f"{result.tokens_per_step:.2f}", flush=True)
         return Evaluation(result, metrics)
 

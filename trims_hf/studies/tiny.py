@@ -27,6 +27,7 @@ from transformers import (
 )
 
 from ..data.preparation import tokenize_example
+from ..training.trainer import with_numeric_logs
 from .protocol import training_arguments
 
 SPECIAL_TOKENS = ("<eos>", "<pad>", "<mask>", "<unk>")
@@ -80,7 +81,8 @@ def train_causal_lm(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     prepared = Dataset.from_list([{"input_ids": e.input_ids,
                                    "labels": [-100] * e.prompt_length + list(e.input_ids[e.prompt_length :])}
                                   for e in examples])
-    Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer)).train()
+    trainer = Trainer(model=model, args=args, train_dataset=prepared, data_collator=DataCollatorForSeq2Seq(tokenizer))
+    with_numeric_logs(trainer).train()
     return model.eval()
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ProgressCallback
 
 from ..data import schema
 from ..data.preparation import is_prepared, prepare_dataset
@@ -84,6 +85,24 @@ def compile_blocks(model: nn.Module) -> int:
     return len(blocks)
 
 
+class NumericProgressCallback(ProgressCallback):
+    """The progress bar's log lines with numbers as numbers (``'loss': 2.447``): transformers' own callback writes
+    every float as a formatted string (``'loss': '2.447'``), which reads as text in a log and parses as one."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs) -> None:
+        if state.is_world_process_zero and self.training_bar is not None:
+            shown = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in (logs or {}).items()}
+            shown.pop("total_flos", None)
+            self.training_bar.write(str(shown))
+
+
+def with_numeric_logs(trainer: Trainer) -> Trainer:
+    """``trainer`` with :class:`NumericProgressCallback` in place of transformers' progress callback (if it has one)."""
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(NumericProgressCallback)
+    return trainer
+
+
 class MDLMTrainer(Trainer):
     """Trainer for masked diffusion LMs with TRIMS trajectory masking.
 
@@ -129,6 +148,7 @@ class MDLMTrainer(Trainer):
             model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
             eval_dataset=eval_dataset, processing_class=processing_class, **kwargs,
         )
+        with_numeric_logs(self)
         # Summed locally at every micro-step; reduced over processes only when logged (one collective per log).
         self._metric_sums: dict[str, torch.Tensor | None] = {"train": None, "eval": None}
         collator_masking = getattr(data_collator, "masking", None)

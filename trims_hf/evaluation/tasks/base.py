@@ -18,7 +18,7 @@ import datasets
 from ...prompts import Prompt, join_messages, render_prompt, resolved_format, uses_chat_template
 from ...settings import PromptFormat
 from .extraction import code_block
-from .sandbox import SandboxLimits, run_tests
+from .sandbox import Isolation, SandboxLimits, run_tests
 
 Messages = list[dict[str, str]]
 
@@ -134,6 +134,10 @@ class Task(ABC):
 class CodeTask(Task):
     """A task whose answers are programs, judged by running the task's tests in the sandbox."""
 
+    isolation: Isolation = "auto"
+    """The sandbox's isolation (:func:`~trims_hf.evaluation.tasks.sandbox.resolve_isolation`); ``trims eval`` sets what the user
+    accepted, so a run never falls back to weaker isolation than that."""
+
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()
 
@@ -156,7 +160,7 @@ class CodeTask(Task):
                 f"{self.name}: grading runs model-written code; pass execute_code=True to run it in the sandbox"
             )
         solution, tests = self.solution_and_tests(example, completion_text)
-        result = run_tests(solution, tests, self.limits, entry_points=self.entry_points(example))
+        result = run_tests(solution, tests, self.limits, self.isolation, entry_points=self.entry_points(example))
         error = None if result.passed else f"{result.status}: {result.reason}"
         return Grade(correct=result.passed, extracted=self.extract(completion_text), error=error,
                      isolation=result.isolation)

@@ -56,6 +56,8 @@ _SANDBOX_DIR = "/sandbox"  # the working directory inside bubblewrap (a tmpfs)
 _BWRAP_UID = "65534"  # "nobody"
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _KILL_GRACE_S = 2.0
+INSTALL_BUBBLEWRAP = "sudo apt-get install bubblewrap"
+"""How a user gets bubblewrap (Debian/Ubuntu), said wherever its absence matters."""
 
 @functools.cache
 def _child_script(name: str) -> str:
@@ -168,7 +170,7 @@ def _child_env(home: str) -> dict[str, str]:
 def bubblewrap_problem() -> str | None:
     """Why bubblewrap cannot isolate programs here (None when it can), found by running a trivial one."""
     if shutil.which("bwrap") is None:
-        return "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        return "bwrap is not installed"
     argv = bubblewrap_command(SandboxLimits()) + [sys.executable, "-I", "-B", "-c", "print('ok')"]
     try:
         probe = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
@@ -183,8 +185,8 @@ def bubblewrap_problem() -> str | None:
 @functools.cache
 def _warn_fallback(problem: str) -> None:
     warnings.warn(
-        f"trims_hf sandbox: {problem}; model code runs WITHOUT network, pid, mount and user namespaces "
-        "(only rlimits, an audit hook and a separate judge process protect the evaluator)",
+        f"trims_hf sandbox: {problem} ({INSTALL_BUBBLEWRAP}); model code runs WITHOUT network, pid, mount and user "
+        "namespaces (only rlimits, an audit hook and a separate judge process protect the evaluator)",
         RuntimeWarning, stacklevel=4,
     )
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -101,6 +103,27 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
     output.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads)
     study = DemoStudy(output, settings, rows)
-    study.run()
+    with one_bar_per_stage():
+        study.run()
     shutil.rmtree(output / "work", ignore_errors=True)
     return study
+
+
+@contextmanager
+def one_bar_per_stage() -> Iterator[None]:
+    """Keep the stages' own progress bars (training, scoring, evaluation) and silence the libraries' bars around them
+    (loading and writing weights, parquet shards, dataset splits and maps): dozens per stage, nested, which buried
+    the stage headers in the console and the log. Restored on the way out."""
+    import datasets
+    from transformers.utils import logging as transformers_logging
+
+    datasets_had, transformers_had = not datasets.are_progress_bars_disabled(), transformers_logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if datasets_had:
+            datasets.enable_progress_bars()
+        if transformers_had:
+            transformers_logging.enable_progress_bar()

@@ -8,9 +8,10 @@ Each stage's outputs are kept in the output folder under a fingerprint of the fi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from ...determinism import DEFAULT_THREADS
+from ...errors import did_you_mean
 from ...settings import DecodingConfig, MaskingConfig, StudentFormat
 from ..protocol import BUCKET_FIELDS, MDLM_MASKING_FIELDS, StudyProtocol, with_overrides
 
@@ -90,4 +91,10 @@ def settings_for(fast: bool, study: bool, data_file: str | None = None, threads:
     if data_file is not None:
         preset = replace(preset, data_file=data_file, student_format=replace(preset.student_format, max_length=512),
                          decoding=replace(preset.decoding, gen_length=256))
+    names = [f.name for f in fields(preset)]
+    for assignment in assignments:  # a misspelt field gets its likely spelling, as `trims train`'s recipe keys do
+        name = assignment.partition("=")[0]
+        if "=" in assignment and name.partition(".")[0] not in names:
+            raise ValueError(f"{assignment}: no field {name}{did_you_mean(name, names)}; "
+                             "`trims demo --fields` lists them.")
     return with_overrides(preset, assignments)
