@@ -418,7 +418,7 @@ def test_compiled_blocks_train_as_eager_under_gradient_checkpointing(tmp_path, t
 def test_progress_bar_logs_numbers_as_numbers(tmp_path, tokenizer, scored):
     from transformers.trainer_callback import ProgressCallback
 
-    from trims_hf.trainer import NumericProgressCallback
+    from trims_hf.training.trainer import NumericProgressCallback
 
     trainer = MDLMTrainer(tiny_student(tokenizer), make_args(tmp_path, disable_tqdm=False),
                           train_dataset=Dataset.from_list(scored[:8]), processing_class=tokenizer)

@@ -144,7 +144,7 @@ def check_sandbox(args: EvalArguments) -> None:
     the machine before any input is read: in a plain process hostile code can read the evaluator's secrets and forge
     the verdict (docs/sandbox.md), and an evaluator asks before any unsafe execution (lm-eval:
     ``--confirm_run_unsafe_code``), not after, in a warning."""
-    from ..tasks import sandbox
+    from ..evaluation.tasks import sandbox
 
     problem = sandbox.bubblewrap_problem() if args.allow_code_execution and args.isolation == "bubblewrap" else None
     if problem is not None:
