@@ -6,7 +6,8 @@ new code computes for the same protocol; the stages themselves are copied unchan
 
     git worktree add /tmp/oldtree b2f0314
     PYTHONPATH=/tmp/oldtree python lend.py keys CURVE8 > old.json     # the code study 8 ran with
-    PYTHONPATH=NEWCHECKOUT python lend.py keys CURVE8 > new.json      # 5904817 or later
+    PYTHONPATH=NEWCHECKOUT python lend.py keys CURVE8 > new.json      # a2b1265, as study 9 ran (later commits
+                                                                       # moved these modules into trims_hf.studies)
     python lend.py lend STUDY8 old.json new.json OUT8LENT
 """
 
