@@ -34,7 +34,8 @@ Public configs (verified with the search tool on 2026-11-26; the Hub itself is u
   apple/DiffuCoder-7B-Instruct (huggingface.co/apple/DiffuCoder-7B-Instruct/resolve/main/config.json, also
   Qwen2.5-7B-based) and Qwen2.5-7B's config give: hidden 3584, 28 layers, 28 heads / 4 KV (head_dim 128),
   intermediate 18944, vocab 152064, max_position_embeddings 131072, rope_theta 1e6, rms_norm_eps 1e-6,
-  tie_word_embeddings false, mask 151666, bos = eos = pad 151643 (as tests/fixtures/README.md lists for 7B).
+  tie_word_embeddings false, mask 151666, bos = eos = pad 151643 (the tiny Dream fixture keeps every field of that
+  config but sizes and special ids: its provenance in tests/fixtures/README.md).
 - LLaDA-MoE-7B-A1B-Instruct (``--student llada_moe``): its Hub config.json as a third-party guide quotes it (found with
   the search tool's find_string/read_file, consistent with a vLLM plugin's docs; not byte-verified): hidden 2048,
   16 layers, 16 heads / 16 KV, 64 experts of 1,024, 8 routed per token, every layer sparse, vocab 157184, rope_theta
