@@ -19,7 +19,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import real_size  # noqa: E402
+import train_profile  # noqa: E402
 from conftest import needs_deepspeed  # noqa: E402
+from real_size_parts import common  # noqa: E402
+from real_size_parts import decode as decoding  # noqa: E402
+from real_size_parts import train as training  # noqa: E402
+from real_size_parts.zero2 import ZERO2_STEPS  # noqa: E402
 
 from trims_hf.studies.accelerators import Accelerator, TimeModel, accelerator  # noqa: E402
 
@@ -68,7 +73,7 @@ def test_training_lines_derive_their_numbers_from_the_measured_steps(lines):
     train = by_part(lines, "train")
     assert {(line["gradient_checkpointing"], line["per_device_batch"]) for line in train} == {
         (False, 1), (False, 4), (True, 1), (True, 4)}  # batch 1 and the largest fitting (the tiny limit, 4)
-    config = real_size.model_config("llada", "tiny")
+    config = common.model_config("llada", "tiny")
     for line in train:
         assert line["trims_over_mdlm"] == pytest.approx(line["trims_median_step_s"] / line["mdlm_median_step_s"], rel=2e-3)
         assert line["tokens_per_s"] == pytest.approx(line["per_device_batch"] * 256 / line["trims_median_step_s"], rel=2e-3)
@@ -86,7 +91,7 @@ def test_training_lines_derive_their_numbers_from_the_measured_steps(lines):
 def test_zero2_line_comes_from_the_shipped_recipe(lines):
     (zero2,) = by_part(lines, "zero2")
     assert zero2["zero_stage"] == 2 and zero2["completed"] is True
-    assert len(zero2["losses"]) == len(zero2["step_s"]) == real_size.ZERO2_STEPS
+    assert len(zero2["losses"]) == len(zero2["step_s"]) == ZERO2_STEPS
     after_first = zero2["step_s"][1:]
     assert zero2["tokens_per_s_after_first"] == pytest.approx(256 * len(after_first) / sum(after_first), rel=1e-2)
     assert "recipes/accelerate/zero2.yaml" in zero2["launch"]
@@ -127,7 +132,7 @@ def test_decoding_lines_do_equal_work_per_mode(lines):
     modes = ("none", "prefix", "dual")
     assert {(line["batch"], line["cache"], line["step"]) for line in decode} == {
         (b, m, s) for b in (1, 4) for m in modes for s in ("eager", "static") if s == "eager" or b == 1}
-    config = real_size.model_config("llada", "tiny")
+    config = common.model_config("llada", "tiny")
     for line in decode:
         none = next(other for other in decode if other["batch"] == line["batch"] and other["cache"] == "none"
                     and other["step"] == line["step"])
@@ -161,8 +166,8 @@ def test_training_variants_and_the_profile_summary(tmp_path):
     text = profile.read_text()
     assert text.startswith("== train (tiny, CPU: ") and "variant eager, batch 2 x 256" in text
     shares = {line.split()[0]: float(line.split()[-1].rstrip("%")) for line in text.splitlines()
-              if line.startswith("  ") and line.split()[0] in real_size.train_profile.CATEGORIES}
-    assert set(shares) == set(real_size.train_profile.CATEGORIES) and sum(shares.values()) == pytest.approx(100, abs=0.5)
+              if line.startswith("  ") and line.split()[0] in train_profile.CATEGORIES}
+    assert set(shares) == set(train_profile.CATEGORIES) and sum(shares.values()) == pytest.approx(100, abs=0.5)
     assert shares["frozen_matmul"] > 0 and shares["lora"] > 0 and shares["attention"] > 0 and shares["loss"] > 0
 
 
@@ -170,7 +175,7 @@ def test_profile_categories_read_an_operator_and_its_ancestors():
     def event(name, shapes=(), parent=None):
         return SimpleNamespace(name=name, input_shapes=[list(shape) for shape in shapes], cpu_parent=parent)
 
-    category, vocab, rank = real_size.train_profile.category, 1000, 32
+    category, vocab, rank = train_profile.category, 1000, 32
     backward = event("autograd::engine::evaluate_function: GroupedMmBackward0")
     assert category(event("aten::_grouped_mm", [(64, 128), (8, 128, 256)], backward), vocab, rank) == "frozen_matmul"
     assert category(event("aten::mm", [(64, 32), (32, 128)]), vocab, rank) == "lora"
@@ -188,7 +193,7 @@ def test_largest_batch_search(fits_up_to):
         tried.append(size)
         return size <= fits_up_to
 
-    assert real_size.largest_batch(fits, limit=8) == min(fits_up_to, 8)
+    assert common.largest_batch(fits, limit=8) == min(fits_up_to, 8)
     assert len(tried) <= 7 and max(tried) <= 8
 
 
@@ -197,7 +202,7 @@ OOM_ERRORS = [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00
               RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")]
 
 
-def failing_step(tried: list[int], fits_up_to: int, error: BaseException, real_step=real_size.step):
+def failing_step(tried: list[int], fits_up_to: int, error: BaseException, real_step=training.step):
     def step(trainer, collator, rows):
         tried.append(len(rows))
         if len(rows) > fits_up_to:
@@ -210,8 +215,8 @@ def test_train_part_steps_down_after_out_of_memory(tmp_path, monkeypatch):
     """A step that runs out of memory above batch 3 (simulated, as CUDA's RuntimeError) makes the search settle on 3,
     and training goes on; memory is released once the failed step's exception is gone."""
     tried, exceptions_alive = [], []
-    monkeypatch.setattr(real_size, "step", failing_step(tried, 3, OOM_ERRORS[1]))
-    monkeypatch.setattr(real_size, "release", lambda device: exceptions_alive.append(sys.exc_info()[0]))
+    monkeypatch.setattr(training, "step", failing_step(tried, 3, OOM_ERRORS[1]))
+    monkeypatch.setattr(training, "release", lambda device: exceptions_alive.append(sys.exc_info()[0]))
     output = tmp_path / "train.jsonl"
     real_size.main(["--part", "train", "--device", "cpu", "--max-batch", "8", "--steps", "1", "--output", str(output)])
     train = [json.loads(line) for line in output.read_text().splitlines()]
@@ -223,7 +228,7 @@ def test_train_part_steps_down_after_out_of_memory(tmp_path, monkeypatch):
 
 def test_train_part_notes_when_batch_1_does_not_fit(tmp_path, monkeypatch):
     tried = []
-    monkeypatch.setattr(real_size, "step", failing_step(tried, 0, OOM_ERRORS[0]))
+    monkeypatch.setattr(training, "step", failing_step(tried, 0, OOM_ERRORS[0]))
     output = tmp_path / "train.jsonl"
     real_size.main(["--part", "train", "--device", "cpu", "--max-batch", "8", "--steps", "1", "--output", str(output)])
     train = [json.loads(line) for line in output.read_text().splitlines()]
@@ -234,7 +239,7 @@ def test_train_part_notes_when_batch_1_does_not_fit(tmp_path, monkeypatch):
 def expected_parameters(role: str) -> int:
     """Parameters from the public config dict alone: embeddings, untied head, per layer attention (with Qwen2's
     q/k/v biases, Qwen3's q/k norms), gated MLP and two norms, and the final norm."""
-    c = real_size.PUBLIC_CONFIGS[role]
+    c = common.PUBLIC_CONFIGS[role]
     if role == "llada":
         d, layers, heads, kv, mlp, vocab = (c[k] for k in ("d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden_size",
                                                             "vocab_size"))
@@ -251,8 +256,8 @@ def expected_parameters(role: str) -> int:
                                              ("teacher", 8_190_735_360)])
 def test_real_shapes_match_the_public_configs(role, parameters):
     """The exact counts of the public models (8.02B, 7.62B, 8.19B), and the same from the config dicts by hand."""
-    model = real_size.build_model(role, "real", "meta", torch.bfloat16)
-    config, public = model.config, real_size.PUBLIC_CONFIGS[role]
+    model = common.build_model(role, "real", "meta", torch.bfloat16)
+    config, public = model.config, common.PUBLIC_CONFIGS[role]
     assert model.num_parameters() == expected_parameters(role) == parameters
     assert config.rope_parameters["rope_theta"] == public["rope_theta"] and config.tie_word_embeddings is False
     assert config.rms_norm_eps == public["rms_norm_eps"]
@@ -271,7 +276,7 @@ def test_accelerator_table():
     assert accelerator("NVIDIA GH200 144G HBM3e").bandwidth_tb_s == 4.9
     assert accelerator("NVIDIA GH200 480GB").bandwidth_tb_s == 4.0
     assert accelerator("Some other GPU") is None
-    assert real_size.accelerator is accelerator  # the benchmark reads the library's one table
+    assert training.accelerator is decoding.accelerator is accelerator  # the benchmark reads the library's one table
 
 
 def test_time_model_turns_counts_into_seconds_on_the_reference():
@@ -283,14 +288,14 @@ def test_time_model_turns_counts_into_seconds_on_the_reference():
 
 
 def test_goals_both_ways_and_unjudged_without_a_bound():
-    assert real_size.train_shortfall(1.02, 0.40) == pytest.approx(1.0)
-    assert real_size.train_shortfall(1.0, 0.2) == pytest.approx(2.0)  # half the MFU goal: twice off
-    assert real_size.train_shortfall(1.0302, 0.8) == pytest.approx(1.01)
-    assert real_size.train_shortfall(1.0, None) is None
-    assert real_size.decode_shortfall(1.5, 20.0, 10.0) == pytest.approx(1.0)
-    assert real_size.decode_shortfall(0.75, 1.0, 10.0) == pytest.approx(2.0)
-    assert real_size.decode_shortfall(2.0, 40.0, 10.0) == pytest.approx(2.0)
-    assert real_size.decode_shortfall(2.0, 1.0, None) is None
+    assert common.train_shortfall(1.02, 0.40) == pytest.approx(1.0)
+    assert common.train_shortfall(1.0, 0.2) == pytest.approx(2.0)  # half the MFU goal: twice off
+    assert common.train_shortfall(1.0302, 0.8) == pytest.approx(1.01)
+    assert common.train_shortfall(1.0, None) is None
+    assert common.decode_shortfall(1.5, 20.0, 10.0) == pytest.approx(1.0)
+    assert common.decode_shortfall(0.75, 1.0, 10.0) == pytest.approx(2.0)
+    assert common.decode_shortfall(2.0, 40.0, 10.0) == pytest.approx(2.0)
+    assert common.decode_shortfall(2.0, 1.0, None) is None
     real = real_size.parse(["--scale", "real", "--device", "cpu"])[1]
     assert real.judge(None) == {"goal_shortfall": None, "goals_met": None}
     assert real.judge(1.0) == {"goal_shortfall": 1.0, "goals_met": True}
@@ -324,8 +329,9 @@ def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
     accelerator of known peaks (a fake one) and goals judged, the lines derive MFU, bound and goals from their own
     numbers."""
     fake = Accelerator("Fake", bf16_tflops=1e-6, bandwidth_tb_s=1e-3)
-    monkeypatch.setattr(real_size, "accelerator", lambda name: fake)
-    monkeypatch.setattr(real_size.Run, "judge", lambda self, short: {"goal_shortfall": short,
+    monkeypatch.setattr(training, "accelerator", lambda name: fake)
+    monkeypatch.setattr(decoding, "accelerator", lambda name: fake)
+    monkeypatch.setattr(common.Run, "judge", lambda self, short: {"goal_shortfall": short,
                                                                       "goals_met": None if short is None else short <= 1})
     lines = student_lines(tmp_path, "dream")
     assert {line["model"] for line in lines} == {"Dream-v0-Instruct-7B"}
@@ -360,30 +366,30 @@ def test_measurement_steps_down_after_a_late_out_of_memory(error):
             raise error
         return f"measured {size}"
 
-    assert real_size.stepping_down(measure, 4, lambda: recovered.append(sys.exc_info()[0])) == (2, "measured 2")
+    assert common.stepping_down(measure, 4, lambda: recovered.append(sys.exc_info()[0])) == (2, "measured 2")
     assert recovered == [None, None]  # recovered twice, outside the except block
     with pytest.raises(type(error)):
-        real_size.stepping_down(lambda size: measure(size + 5), 3, lambda: None)
+        common.stepping_down(lambda size: measure(size + 5), 3, lambda: None)
 
 
 def test_other_runtime_errors_are_not_out_of_memory():
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        real_size.stepping_down(lambda size: (_ for _ in ()).throw(RuntimeError("shape mismatch")), 4, lambda: None)
+        common.stepping_down(lambda size: (_ for _ in ()).throw(RuntimeError("shape mismatch")), 4, lambda: None)
 
 
 def test_llada_moe_real_shape_counts_all_experts_and_routes_eight():
     """LLaDA-MoE-7B-A1B from its public config by hand: 7.36B parameters (64 experts of 3 x 2048 x 1024 per layer, q/k
     norms, the router), of which a token's matmuls use the attention, the router, its 8 routed experts and the head."""
-    c = real_size.PUBLIC_CONFIGS["llada_moe"]
+    c = common.PUBLIC_CONFIGS["llada_moe"]
     d, layers, vocab, experts, routed, width = (c[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size",
                                                                 "num_experts", "num_experts_per_tok",
                                                                 "expert_intermediate_size"))
     head_dim = d // c["num_attention_heads"]
     attention, router, expert = 4 * d * d, experts * d, 3 * d * width
     per_layer = attention + 2 * head_dim + router + experts * expert + 2 * d
-    model = real_size.build_model("llada_moe", "real", "meta", torch.bfloat16)
+    model = common.build_model("llada_moe", "real", "meta", torch.bfloat16)
     assert model.num_parameters() == 2 * vocab * d + layers * per_layer + d == 7_356_880_896
-    assert real_size.linear_weights(model) == vocab * d + layers * (attention + router + routed * expert)
+    assert common.linear_weights(model) == vocab * d + layers * (attention + router + routed * expert)
     assert getattr(model.config, "is_causal", True) is False
 
 
@@ -392,19 +398,19 @@ def test_llada2_real_shape_is_16b_with_1_4b_active():
     3 x 2048 x 512 plus a shared one, fused q/k/v with 4 kv heads, q/k norms, the router); a token's matmuls use the
     attention, the dense MLP, the routers, 8 routed experts and the shared one per layer, and the head: with the
     embedding row it reads, the model card's 1.4B active."""
-    c = real_size.PUBLIC_CONFIGS["llada2"]
+    c = common.PUBLIC_CONFIGS["llada2"]
     d, layers, vocab, experts, routed, width, head_dim = (c[k] for k in (
         "hidden_size", "num_hidden_layers", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
         "head_dim"))
     attention = d * (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * head_dim + d * d
     dense, router, expert = 3 * d * c["intermediate_size"], experts * d, 3 * d * width
     sparse = layers - c["first_k_dense_replace"]
-    model = real_size.build_model("llada2", "real", "meta", torch.bfloat16)
+    model = common.build_model("llada2", "real", "meta", torch.bfloat16)
     total = (2 * vocab * d + layers * (attention + 2 * head_dim + 2 * d) + dense + sparse * (router + (experts + 1) * expert)
              + d)
     assert type(model).__name__ == "LLaDA2ForCausalLM" and model.num_parameters() == total == 16_255_638_528
     active = vocab * d + layers * attention + dense + sparse * (router + (routed + 1) * expert)
-    assert real_size.linear_weights(model) == active
+    assert common.linear_weights(model) == active
     assert round((active + vocab * d) / 1e9, 1) == 1.4
     assert model.config.rope_parameters["partial_rotary_factor"] == 0.5 and getattr(model.config, "is_causal", True) is False
 

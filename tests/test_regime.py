@@ -385,7 +385,7 @@ def test_the_study_takes_up_the_settings_the_curve_ran_with(tmp_path, capsys):
 def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings(tmp_path, monkeypatch, capsys):
     """A study at another trajectory ratio takes the other study's bases; one at another base learning rate takes only
     what comes before the base. A seed the other study does not have takes only the shared stages, from the first."""
-    from trims_hf.studies.study import KEY_FILE, Units
+    from trims_hf.studies.units import KEY_FILE, Units
 
     old = tmp_path / "old"
     made = regime.RegimeProtocol(seed=0)

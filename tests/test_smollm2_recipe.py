@@ -29,9 +29,11 @@ from trims_hf.evaluation.tasks.base import read_json_rows
 from trims_hf.sources import smollm2_gguf
 from trims_hf.studies import protocol as protocol_module
 from trims_hf.studies import study as study_module
+from trims_hf.studies import units as units_module
 from trims_hf.studies.protocol import BASE, VARIANTS
 from trims_hf.studies.regime import RECALL_VIEWS
-from trims_hf.studies.study import REPORT_FILES, OutOfBudget, Units, models_plan, unit_label
+from trims_hf.studies.study import REPORT_FILES, models_plan, unit_label
+from trims_hf.studies.units import OutOfBudget, Units
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2" / "replicate.py"
 _spec = importlib.util.spec_from_file_location("smollm2_replicate", RECIPE)
@@ -437,7 +439,7 @@ def test_progress_counts_the_units_and_names_the_kinds_not_timed_yet(tmp_path):
 def test_progress_of_a_rerun_gives_the_time_left_from_the_measured_units(study, tmp_path):
     copy = copy_without_variant(study[0], tmp_path, "trims_random-seed0")
     for folder in (copy / "eval" / "trims_random-seed0").iterdir():
-        (folder / study_module.KEY_FILE).unlink()
+        (folder / units_module.KEY_FILE).unlink()
     resumed = smoke_study(copy)
     plan = models_plan(recipe.SMOKE)
     index = next(i for i, unit in enumerate(plan) if unit.folder == "trims_random-seed0" and unit.threshold is None)
@@ -461,14 +463,14 @@ def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monke
     assert units_.unit(folder, "u") and not list(folder.iterdir())  # a unit cut short starts over, empty
     (folder / "output.txt").write_text("done")
     written = []
-    write = study_module.write_atomic
-    monkeypatch.setattr(study_module, "write_atomic", lambda path, text: written.append(path.name) or write(path, text))
+    write = units_module.write_atomic
+    monkeypatch.setattr(units_module, "write_atomic", lambda path, text: written.append(path.name) or write(path, text))
     units_.done(folder, "u", time.perf_counter())
-    assert written == ["unit.json", study_module.KEY_FILE] and units_.finished(folder, "u")
-    key = json.loads((folder / study_module.KEY_FILE).read_text())
-    (folder / study_module.KEY_FILE).write_text(json.dumps({k: v for k, v in key.items() if k != "format"}))
+    assert written == ["unit.json", units_module.KEY_FILE] and units_.finished(folder, "u")
+    key = json.loads((folder / units_module.KEY_FILE).read_text())
+    (folder / units_module.KEY_FILE).write_text(json.dumps({k: v for k, v in key.items() if k != "format"}))
     assert not units_.finished(folder, "u")  # written by code whose units had another shape: rebuilt, never misread
-    (folder / study_module.KEY_FILE).unlink()  # killed after its outputs and unit.json, before its marker
+    (folder / units_module.KEY_FILE).unlink()  # killed after its outputs and unit.json, before its marker
     assert units_.unit(folder, "u") and not list(folder.iterdir())
     with pytest.raises(OutOfBudget, match="expected 20 s"):
         Units(recipe.SMOKE, "cpu", deadline=time.monotonic() + 10).unit(tmp_path / "late", "late", expected_s=20)

@@ -5,9 +5,10 @@ assumed achieved rates (:data:`WINDOW`, the library's :class:`~trims_hf.studies.
 H100's dense bf16 peak for matmul-bound work, of its bandwidth for weight-bound decoding steps), plus a fixed host
 cost per training or decoding step, all times the slack. The counts
 come from the same functions and settings ``bench/real_size.py`` measures with (parameter counts of the real shapes
-built on the meta device, :func:`real_size.training_flops_per_token`, :func:`real_size.weight_read_bytes`), so a
-change of a part's size changes its budget. A part that overruns its budget is stopped there (its lines so far kept);
-an H200 has the H100's arithmetic and more bandwidth, so these budgets hold for it too.
+built on the meta device, :func:`real_size_parts.common.training_flops_per_token`,
+:func:`real_size_parts.decode.weight_read_bytes`), so a change of a part's size changes its budget. A part that
+overruns its budget is stopped there (its lines so far kept); an H200 has the H100's arithmetic and more bandwidth,
+so these budgets hold for it too.
 
 Prints ``part seconds [real_size.py flags]`` lines for ``run_all.sh``, in its order; ``--explain-to FILE`` appends
 the arithmetic to FILE as one JSON line. The flags are the same at both scales, so the CPU pre-flight (``--scale tiny``) runs
@@ -24,11 +25,15 @@ from pathlib import Path
 
 import torch
 
+from trims_hf.settings import ScoringOptions
 from trims_hf.studies.accelerators import TimeModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model shapes and FLOP counts of its sibling script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model shapes and FLOP counts of real_size.py's parts
 
-import real_size  # noqa: E402
+from real_size_parts.common import build_model, linear_weights, training_flops_per_token  # noqa: E402
+from real_size_parts.decode import DECODE_BATCHES, DECODE_GEN_LENGTH, DECODE_PROMPT_TOKENS, weight_read_bytes  # noqa: E402
+from real_size_parts.train import SEQUENCE_LENGTH  # noqa: E402
+from real_size_parts.zero2 import ZERO2_STEPS  # noqa: E402
 
 WINDOW = TimeModel(matmul_efficiency=0.40, slack=1.5)
 """The parts at the training goal's 40% of the H100's bf16 peak and 70% of its bandwidth; with the 1.5x slack a part
@@ -60,7 +65,7 @@ class Settings:
     score_budget_s: float = 45.0
     cache_modes: tuple[str, ...] = ("none", "dual")
     step_modes: tuple[str, ...] = ("eager", "static", "graph")
-    """Decode step modes; static at batch 1 only (``real_size.decode_part``)."""
+    """Decode step modes; static at batch 1 only (``real_size_parts.decode.decode_part``)."""
     train_variants: tuple[str, ...] = ("eager", "no_dropout", "compiled")
     checkpointing: tuple[str, ...] = ("off",)
 
@@ -81,10 +86,10 @@ def train_budget(settings: Settings, explain: dict) -> float:
     """Per variant and checkpointing setting: batch search by doubling to ``max_batch`` (all assumed to fit: the most
     work), then ``steps`` TRIMS and ``steps`` MDLM steps at batch 1 and at ``max_batch``; the profiled steps; the
     compiled variant's compile time."""
-    model = real_size.build_model("llada", "real", "meta", torch.bfloat16)
-    length = real_size.SEQUENCE_LENGTH["real"]
+    model = build_model("llada", "real", "meta", torch.bfloat16)
+    length = SEQUENCE_LENGTH["real"]
     lora = 0  # the LoRA matmuls are ~1% of the frozen ones: inside the slack
-    flops_per_token = real_size.training_flops_per_token(model.config, length, real_size.linear_weights(model), lora)
+    flops_per_token = training_flops_per_token(model.config, length, linear_weights(model), lora)
     searched_rows = 2 * settings.max_batch - 1
     measured_rows = 2 * settings.steps * (1 + settings.max_batch)
     per_setting = {"off": 1.0, "on": GRADIENT_CHECKPOINTING_COST}
@@ -106,16 +111,16 @@ def decode_seconds(forward_tokens: int, weight_bytes: int, matmul_weights: int) 
 def decode_budget(settings: Settings, explain: dict) -> float:
     """Per batch and cache mode, ``gen_length`` steps (a random model commits one token a step). No cache forwards
     prompt + generation each step; dual cache the current block, plus a full forward at each block start."""
-    model = real_size.build_model("llada", "real", "meta", torch.bfloat16)
-    weights, matmul = real_size.weight_read_bytes(model), real_size.linear_weights(model)
-    gen, block, prompt = real_size.DECODE_GEN_LENGTH["real"], 32, real_size.DECODE_PROMPT_TOKENS
+    model = build_model("llada", "real", "meta", torch.bfloat16)
+    weights, matmul = weight_read_bytes(model), linear_weights(model)
+    gen, block, prompt = DECODE_GEN_LENGTH["real"], 32, DECODE_PROMPT_TOKENS
     full = prompt + gen
     per_mode = {"none": lambda b: gen * decode_seconds(b * full, weights, matmul),
                 "prefix": lambda b: gen * decode_seconds(b * (block + gen // 2), weights, matmul)
                 + gen // block * decode_seconds(b * full, weights, matmul),
                 "dual": lambda b: gen * decode_seconds(b * block, weights, matmul)
                 + gen // block * decode_seconds(b * full, weights, matmul)}
-    batches = real_size.DECODE_BATCHES["real"]
+    batches = DECODE_BATCHES["real"]
     steps_at = {b: sum(1 for step in settings.step_modes if step != "static" or b == batches[0]) for b in batches}
     seconds = {f"{mode}@{b}": per_mode[mode](b) * steps_at[b] for mode in settings.cache_modes for b in batches}
     warm_up = sum(per_mode[mode](1) * block / gen for mode in settings.cache_modes)
@@ -127,17 +132,17 @@ def decode_budget(settings: Settings, explain: dict) -> float:
 def score_budget(settings: Settings, explain: dict) -> float:
     """The scoring time asked for, plus the warm-up batch and the batch that crosses the budget (each at most
     ``max_tokens_per_batch`` tokens of the causal teacher: 2 FLOPs per matmul weight and token)."""
-    model = real_size.build_model("teacher", "real", "meta", torch.bfloat16)
-    tokens = real_size.ScoringOptions.max_tokens_per_batch
-    batch = WINDOW.matmul_s(2 * real_size.linear_weights(model) * tokens)
+    model = build_model("teacher", "real", "meta", torch.bfloat16)
+    tokens = ScoringOptions.max_tokens_per_batch
+    batch = WINDOW.matmul_s(2 * linear_weights(model) * tokens)
     explain["score"] = {"batch_tokens": tokens, "batch_s": round(batch, 2), "scoring_s": settings.score_budget_s}
     return STARTUP_S + BUILD_S + settings.score_budget_s + 2 * batch
 
 
 def zero2_budget(settings: Settings, explain: dict) -> float:
     """``accelerate launch`` (a second process start) and DeepSpeed's set-up dominate: 3 steps of batch 1."""
-    explain["zero2"] = {"steps": real_size.ZERO2_STEPS, "deepspeed_init_s": DEEPSPEED_INIT_S}
-    return 2 * STARTUP_S + BUILD_S + DEEPSPEED_INIT_S + real_size.ZERO2_STEPS * 1.0
+    explain["zero2"] = {"steps": ZERO2_STEPS, "deepspeed_init_s": DEEPSPEED_INIT_S}
+    return 2 * STARTUP_S + BUILD_S + DEEPSPEED_INIT_S + ZERO2_STEPS * 1.0
 
 
 PARTS = {"tests": lambda settings, explain: TESTS_S + STARTUP_S, "decode": decode_budget, "train": train_budget,

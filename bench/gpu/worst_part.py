@@ -1,6 +1,6 @@
 """The part whose goal was missed by the most, from a ``bench/real_size.py`` JSON-lines file: what a GPU window's
 second call profiles (``run_all.sh --profile-worst FILE``). Prints the part and its shortfall (the measured value's
-distance from its goal as a factor, :func:`real_size.shortfall`), or nothing when every judged goal was met.
+distance from its goal as a factor, :func:`real_size_parts.common.shortfall`), or nothing when every judged goal was met.
 """
 
 from __future__ import annotations

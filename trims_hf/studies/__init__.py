@@ -2,6 +2,7 @@
 
 - :mod:`.protocol`: a study's pre-registered protocol, its fingerprint and ``FIELD=VALUE`` overrides;
 - :mod:`.study`: the resumable study runner ``Study`` (data, pretrained, score, base, models, report);
+- :mod:`.units`: its resumable units of work (``Units``: a folder each, finished when its key file says so);
 - :mod:`.regime`: the chain-task regime study (curve, seed study, its statistics);
 - :mod:`.demo`: ``trims demo``, the whole chain offline on a CPU;
 - :mod:`.tiny`, :mod:`.arith`: the studies' own tiny pretrained models and generated arithmetic word problems;

@@ -44,7 +44,7 @@ def take_stages(source: Path, folder: Path, protocol: RegimeProtocol) -> str:
     """Copy into ``folder`` each of :data:`REUSABLE_STAGES` that ``source`` (another study's seed folder) finished
     under ``protocol``'s settings for it and ``folder`` has not; says what it took, what was there already and what
     it left for being made under other settings."""
-    from ..study import KEY_FILE, Units
+    from ..units import KEY_FILE, Units
 
     units, taken, here, other = Units(protocol, device="cpu"), [], [], []
     for stage in REUSABLE_STAGES:
@@ -68,7 +68,7 @@ def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], dead
     (:data:`REUSABLE_STAGES`) wherever they were made under this protocol's settings for them: a study that changes
     only what the variants read (e.g. the trajectory ratio) trains no base again. False when the deadline stopped it
     (rerun to continue)."""
-    from ..study import KEY_FILE
+    from ..units import KEY_FILE
     from .study import RegimeStudy
 
     first = output / f"seed-{seeds[0]}"

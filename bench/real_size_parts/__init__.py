@@ -1,0 +1,1 @@
+"""bench/real_size.py's parts, one module each (train, zero2, score, decode), and what they share (common)."""

@@ -1,0 +1,237 @@
+"""bench/real_size.py's decode part: the student's decoding per batch, cache mode and step mode."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from decode import decode_modes, identical_fraction
+from torch import nn
+from train_step import synchronize
+from transformers import PreTrainedConfig
+
+from real_size_parts.common import (
+    BATCH_OVER_EAGER_MIN,
+    DUAL_SPEEDUP_MIN,
+    FORWARD_OVER_BOUND_MAX,
+    MODEL_NAMES,
+    TOKEN_ID_HIGH,
+    Run,
+    build_model,
+    decode_shortfall,
+    device_name,
+    peak_memory,
+    release,
+    reset_peak_memory,
+    shape,
+)
+from trims_hf import student_spec
+from trims_hf.generation import DecodingConfig, StudentForward, generate
+from trims_hf.studies.accelerators import accelerator, weight_read_bound_ms
+
+DECODE_PROMPT_TOKENS = 128
+DECODE_BATCHES = {"tiny": (1, 4), "real": (1, 16)}
+DECODE_GEN_LENGTH = {"tiny": 64, "real": 256}
+"""Tiny scale decodes 2 blocks (enough for every cache mode to refresh once), the real one the paper's 256."""
+
+
+def weight_read_bytes(model: nn.Module) -> int:
+    """Bytes a forward must read from memory at least once: every parameter but the input embedding table (of
+    which only the looked-up rows are read)."""
+    embedding = model.get_input_embeddings().weight
+    return sum(p.numel() * p.element_size() for p in model.parameters()) - embedding.numel() * embedding.element_size()
+
+
+@dataclass
+class CallTimes:
+    """Per decoder model call (:class:`trims_hf.generation.StudentForward`, whatever runs it: an eager forward or a
+    graph replay): the device's time between CUDA events around it (GPU idle gaps while the host launches included,
+    so a host-bound call shows its true cost), and the host's time to issue it (the wall clock, no sync). On a CPU
+    both are the wall clock."""
+
+    device_s: list[Callable[[], float]]
+    host_s: list[float]
+
+    def summary(self) -> dict[str, float]:
+        device = statistics.mean(read() for read in self.device_s)
+        return {"forward_ms": device * 1e3, "host_ms_per_forward": statistics.mean(self.host_s) * 1e3,
+                "forward_calls": len(self.host_s)}
+
+
+@contextmanager
+def forward_times(device: torch.device, model: nn.Module) -> Iterator[CallTimes]:
+    """Times every decoder model call made inside the block (:class:`CallTimes`); no sampling, strategy or hooks. The
+    calls are :class:`StudentForward`'s, or, for a block-diffusion student (whose decoder calls the model itself), the
+    model's own."""
+    cuda = device.type == "cuda"
+    times = CallTimes([], [])
+    owner, name = (type(model), "forward") if student_spec(model).block_size is not None else (StudentForward, "__call__")
+    call = getattr(owner, name)
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        begin_host = time.perf_counter()
+        begin = torch.cuda.Event(enable_timing=True) if cuda else None
+        if cuda:
+            begin.record()
+        logits = call(self, *args, **kwargs)
+        end_host = time.perf_counter()
+        if cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            times.device_s.append(lambda: begin.elapsed_time(end) / 1e3)
+        else:
+            times.device_s.append(lambda: end_host - begin_host)
+        times.host_s.append(end_host - begin_host)
+        return logits
+
+    setattr(owner, name, timed)
+    try:
+        yield times
+    finally:
+        setattr(owner, name, call)
+        synchronize(device)
+
+
+def padded_prompts(batch: int, longest: int, pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` prompts of different lengths (the first ``longest``, the others half to all of it), LEFT-padded with
+    their attention mask, as ``generate_text`` (the evaluation) sends them."""
+    generator = torch.Generator().manual_seed(batch)
+    lengths = [longest] + torch.randint(longest // 2, longest + 1, (batch - 1,), generator=generator).tolist()
+    ids = torch.full((batch, longest), pad_id)
+    mask = torch.zeros(batch, longest, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, longest - length:] = torch.randint(3, TOKEN_ID_HIGH, (length,), generator=generator)
+        mask[row, longest - length:] = 1
+    return ids.to(device), mask.to(device)
+
+
+def decode_part(run: Run) -> None:
+    """Per batch, cache mode and step mode: the decoder's model calls alone (:func:`forward_times`) next to the
+    weight-read bound, the whole decoding's wall time per call, tokens/s and peak memory; prompts left-padded with
+    their mask. The static step is measured at batch 1 only, where host time decides (at batch 16 it is eager's
+    kernels without the launches' cost, which graph also removes). Then SDPA alone under the padded batch's mask
+    forms (:func:`mask_forms`)."""
+    model = build_model(run.student, run.scale, run.device, run.dtype, run.attn_implementation).eval()
+    peak = accelerator(device_name(run.device))
+    weight_bytes = weight_read_bytes(model)
+    bound_ms = weight_read_bound_ms(weight_bytes, peak)
+    gen_length = 2 * 32 if run.profile else DECODE_GEN_LENGTH[run.scale]  # profiled: two blocks, one refresh
+    base = DecodingConfig(gen_length=gen_length, block_length=32, threshold=0.9, early_stop=False)
+    pad_id = model.config.pad_token_id
+    batches = DECODE_BATCHES[run.scale][:1 if run.profile else None]
+    with torch.inference_mode():
+        warm = padded_prompts(1, DECODE_PROMPT_TOKENS, pad_id, run.device)
+        for mode in run.cache_modes:  # warm-up: kernels and allocator, one block per mode
+            generate(model, *warm, config=replace(base, gen_length=base.block_length, cache=mode, step="eager"))
+        single: dict[tuple[str, str], float] = {}
+        """Tokens/s of each (cache, step) at batch 1 (the first batch), the reference of the batch goal."""
+        for batch in batches:
+            prompts = padded_prompts(batch, DECODE_PROMPT_TOKENS, pad_id, run.device)
+            steps = tuple(step for step in run.step_modes if step != "static" or batch == batches[0])
+            results, calls, memory = {}, {}, {}
+            for mode in run.cache_modes:
+                for step in steps:
+                    reset_peak_memory(run.device)
+                    try:
+                        with forward_times(run.device, model) as times:
+                            results |= decode_modes(model, [prompts], base, (mode,), (step,))
+                    except RuntimeError as error:  # one mode failing on the device must not cost the others' lines
+                        run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "batch": batch,
+                                            "cache": mode, "step": step, "error": f"{type(error).__name__}: {error}"[:2000]})
+                        release(run.device)
+                        continue
+                    calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
+            per_second = {key: summary["tokens_per_second"] for key, (summary, _) in results.items()}
+            single = single or per_second
+            for (mode, step), (summary, responses) in results.items():
+                if ("none", step) not in results or (mode, step) not in single:
+                    continue  # its reference failed: the error line says why
+                timing = calls[mode, step]
+                forward_ms = timing["forward_ms"]
+                speedup = per_second[mode, step] / per_second["none", step]
+                over_single = per_second[mode, step] / single[mode, step]
+                judged = None
+                if mode == "dual" and step == run.step_modes[-1]:  # the default step: graph on CUDA
+                    judged = (decode_shortfall(speedup, forward_ms, bound_ms) if batch == 1
+                              else BATCH_OVER_EAGER_MIN * per_second["dual", "eager"] / per_second[mode, step])
+                graph_memory = None
+                if step == "graph" and (mode, "static") in memory:
+                    graph_memory = round(memory[mode, "graph"]["peak_memory_gib"]
+                                         - memory[mode, "static"]["peak_memory_gib"], 3)
+                run.emit("decode", {
+                    "measurement": "decode", "model": MODEL_NAMES[run.student],
+                    "shape": shape(model.config, model.num_parameters()),
+                    "attn_implementation": model.config._attn_implementation, "batch": batch,
+                    "prompt_tokens": prompts[1].sum(1).tolist(), "left_padded_with_mask": True,
+                    "gen_length": base.gen_length, "block_length": base.block_length,
+                    "threshold": base.threshold, "early_stop": False, "cache": mode, "step": step,
+                    "nfe": summary["nfe"], "model_forwards": summary["model_forwards"],
+                    "tokens_per_step": round(summary["tokens_per_step"], 3),
+                    "wall_time_s": round(summary["wall_time_s"], 6),
+                    "wall_ms_per_model_forward": round(summary["wall_time_s"] * 1e3 / summary["model_forwards"], 3),
+                    "forward_ms": round(forward_ms, 3), "host_ms_per_forward": round(timing["host_ms_per_forward"], 3),
+                    "forward_calls": timing["forward_calls"],
+                    "forward_timing": "CUDA events around each decoder model call (eager forward or graph replay); "
+                    "host_ms: the host's time to issue it" if run.device.type == "cuda"
+                    else "wall clock around each decoder model call",
+                    "tokens_per_s": round(per_second[mode, step], 1), "speedup_over_no_cache": round(speedup, 3),
+                    "identical_tokens_vs_no_cache": round(identical_fraction(responses, results["none", step][1]), 4),
+                    "identical_tokens_vs_eager": identical_fraction(responses, results[mode, "eager"][1])
+                    if (mode, "eager") in results else None,
+                    **memory[mode, step], "graph_memory_gib": graph_memory,
+                    "weight_read_bytes": weight_bytes, "accelerator": peak.name if peak else None,
+                    "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
+                    "weight_read_bound_ms": round(bound_ms, 3) if bound_ms else None,
+                    "forward_over_bound": round(forward_ms / bound_ms, 3) if bound_ms else None,
+                    "tokens_per_s_over_batch_1": round(over_single, 3),
+                    "goals": {"batch1_dual_forward_over_bound_max": FORWARD_OVER_BOUND_MAX,
+                              "batch1_dual_speedup_over_no_cache_min": DUAL_SPEEDUP_MIN,
+                              f"batch{batches[-1]}_dual_tokens_per_s_over_eager_min": BATCH_OVER_EAGER_MIN,
+                              "judged_on": f"dual cache, step {run.step_modes[-1]}"},
+                    **run.judge(judged),
+                    "note": "random weights: about one token committed per step, so every mode does the same steps",
+                })
+        mask_forms(run, model.config, batches[-1], DECODE_PROMPT_TOKENS + gen_length, base.block_length)
+
+
+def mask_forms(run: Run, config: PreTrainedConfig, batch: int, length: int, window: int) -> None:
+    """SDPA alone at the padded batch's dual-cache shape (``window`` queries against ``length`` keys, the student's
+    heads): no mask (the reference, not valid for padded rows), a boolean mask and an additive mask in the model's
+    dtype, both [B, 1, 1, L] as the static step builds them: which form the device runs fastest."""
+    s = shape(config, 0)
+    generator = torch.Generator(device=run.device).manual_seed(0)
+
+    def tensor(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=generator, device=run.device, dtype=run.dtype)
+
+    query, key, value = tensor(batch, s["heads"], window, s["head_dim"]), *(
+        tensor(batch, s["heads"], length, s["head_dim"]) for _ in range(2))
+    keep = torch.arange(length, device=run.device)[None] >= torch.arange(batch, device=run.device)[:, None] * 4
+    forms = {"none": None, "bool": keep[:, None, None, :],
+             "additive": torch.zeros(keep.shape, dtype=run.dtype, device=run.device).masked_fill(
+                 ~keep, torch.finfo(run.dtype).min)[:, None, None, :]}
+    repeats = 200 if run.device.type == "cuda" else 5
+    timings = {}
+    with torch.inference_mode():
+        for name, mask in forms.items():
+            for _ in range(3):
+                torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+            synchronize(run.device)
+            began = time.perf_counter()
+            for _ in range(repeats):
+                torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+            synchronize(run.device)
+            timings[name] = (time.perf_counter() - began) / repeats * 1e6
+    masked = {name: timings[name] for name in ("bool", "additive")}
+    run.emit("decode", {"measurement": "attention_mask_form", "model": MODEL_NAMES[run.student], "batch": batch,
+                        "queries": window, "keys": length, "heads": s["heads"], "head_dim": s["head_dim"],
+                        "us_per_call": {name: round(value, 2) for name, value in timings.items()},
+                        "fastest_mask_form": min(masked, key=masked.get),
+                        "note": "SDPA's own dispatch per form; 'none' is the unpadded reference"})
+
+
