@@ -136,7 +136,7 @@ def test_two_process_score_scores_each_chunk_once_and_matches_one_process(tokeni
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in gsm8k_rows[:12]))
     arguments = ["score", "--teacher", str(teacher), "--dataset", str(data), "--min-work-chunks", "4"]
-    assert main([*arguments, "--output", str(tmp_path / "one")]) == 0
+    launch([sys.executable, *CLI, *arguments, "--output", str(tmp_path / "one")])  # one thread, as each of the two
     done = launch([*two_processes(), *CLI, *arguments, "--output", str(tmp_path / "two")])
     assert "trims score: running on 2 processes (multi_cpu, gloo)" in done.stderr
     assert done.stderr.count("scoring [0]") and done.stderr.count("scoring [1]")  # both processes scored
