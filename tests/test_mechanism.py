@@ -18,15 +18,16 @@ from trims_hf.studies.mechanism import commit_profile, measure_future_gain, toke
 MASK, VOCAB = 99, 100
 
 
-def test_each_threshold_reveals_the_context_buckets_and_the_last_read_masks_every_completion_token():
+def test_each_threshold_reveals_the_context_buckets_and_the_last_read_masks_the_whole_response():
     ids = torch.tensor([5, 6, 7, 8, 9, 10, 11])
-    completion = torch.tensor([False, False, True, True, True, True, False])  # 2 prompt tokens, 4 read, 1 end token
-    buckets = torch.tensor([-1, -1, 2, 0, 1, 2, 3])
-    views, future = trajectory_views(ids, completion, buckets, [0, 1, 2], MASK)
-    assert views.tolist() == [[5, 6, MASK, 8, MASK, MASK, 11],
-                              [5, 6, MASK, 8, 9, MASK, 11],
-                              [5, 6, 7, 8, 9, 10, 11],
-                              [5, 6, MASK, MASK, MASK, MASK, 11]]
+    response = torch.tensor([False, False, True, True, True, True, True])  # 2 prompt tokens, 4 read, 1 end token
+    read = torch.tensor([False, False, True, True, True, True, False])
+    buckets = torch.tensor([-1, -1, 2, 0, 1, 2, 3])  # the end token in the last bucket
+    views, future = trajectory_views(ids, response, read, buckets, [0, 1, 2], MASK)
+    assert views.tolist() == [[5, 6, MASK, 8, MASK, MASK, MASK],
+                              [5, 6, MASK, 8, 9, MASK, MASK],
+                              [5, 6, 7, 8, 9, 10, MASK],
+                              [5, 6, MASK, MASK, MASK, MASK, MASK]]
     assert future.tolist() == [[False, False, True, False, True, True, False],
                                [False, False, True, False, False, True, False],
                                [False] * 7]
@@ -97,9 +98,10 @@ def test_every_reading_equals_a_forward_written_out_on_a_real_student(gsm8k_rows
         sums, count = {"revealed": 0.0, "masked": 0.0}, 0
         for row in rows:
             ids, start, kept = row["input_ids"], row["prompt_length"], len(row["student_score"])
-            future = [i for i in range(start, start + kept) if row["bucket_ids"][i - start] > k]
-            reads = {"revealed": [mask if i in future else t for i, t in enumerate(ids)],
-                     "masked": [mask if start <= i < start + kept else t for i, t in enumerate(ids)]}
+            later = [i for i in range(start, len(ids)) if row["bucket_ids"][i - start] > k]  # end tokens included
+            future = [i for i in later if i < start + kept]
+            reads = {"revealed": [mask if i in later else t for i, t in enumerate(ids)],
+                     "masked": [mask if i >= start else t for i, t in enumerate(ids)]}
             for name, read in reads.items():
                 with torch.no_grad():
                     logits = model(input_ids=torch.tensor([read])).logits[0]
@@ -129,5 +131,7 @@ def test_commits_are_grouped_by_their_teacher_bucket_with_lateness_and_confidenc
     assert [p["tokens"] for p in profile] == [2, 2, 2]
     assert [p["lateness"] for p in profile] == [0.5, 2.5, 5.0]  # hard first: lateness rising with the bucket
     assert [p["confidence"] for p in profile] == pytest.approx([0.6, 0.85, 0.98])  # bucket 0's NaN left out
+    unscored = commit_profile(np.append(nll, np.nan), np.append(lateness, 9.0), np.append(confidence, 0.1), thresholds, 3)
+    assert unscored == profile  # a token without a teacher NLL is in no bucket
     empty = commit_profile(np.zeros(0), np.zeros(0), np.zeros(0), thresholds, 3)
     assert [p["tokens"] for p in empty] == [0, 0, 0] and all(math.isnan(p["lateness"]) for p in empty)

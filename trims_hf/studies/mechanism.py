@@ -7,9 +7,9 @@ A threshold decoder can only exploit what the student learned, so this is read b
 
 For every row and every k = 0..K-2 the student reads the row twice:
 
-* *context revealed*: every completion token of a bucket ``<= k`` visible, every later bucket masked (the trajectory
-  row's limit p_context 0, p_future 1);
-* *all masked*: every completion token masked (the same for every k).
+* *context revealed*: every response token of a bucket ``<= k`` visible, every later bucket masked (the trajectory
+  row's limit p_context 0, p_future 1; the end-of-response tokens are in the last bucket, so they stay masked);
+* *all masked*: every response token masked (the same for every k).
 
 On the future tokens of k it reports the log-probability of the right token and the confidence (the top
 probability) in each reading, and the gain, revealed minus all masked. :func:`trajectory_views` and
@@ -39,19 +39,21 @@ SCORES = ("logprob", "confidence")
 """What is read on a future token: the log-probability of the right token, and the top probability."""
 
 
-def trajectory_views(input_ids: torch.Tensor, completion: torch.Tensor, bucket_ids: torch.Tensor,
+def trajectory_views(input_ids: torch.Tensor, response: torch.Tensor, read: torch.Tensor, bucket_ids: torch.Tensor,
                      thresholds: Sequence[int], mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row's reads: ``[len(thresholds) + 1, L]`` token ids (the context revealed at each threshold, then all
-    masked) and ``[len(thresholds), L]`` bool, the future tokens of each threshold.
+    """One row's reads: ``[len(thresholds) + 1, L]`` token ids (at each threshold k every response token of a bucket
+    above k masked, then every response token masked) and ``[len(thresholds), L]`` bool, the future tokens of each
+    threshold that are read.
 
-    ``input_ids`` ``[L]``; ``completion`` ``[L]`` bool, the positions read (completion tokens); ``bucket_ids`` ``[L]``
-    (any value outside ``completion``).
+    ``input_ids`` ``[L]``; ``response`` ``[L]`` bool, the positions a trajectory row may mask (the completion and the
+    end-of-response tokens, which sit in the last bucket, future at every threshold as in training); ``read`` ``[L]``
+    bool, the positions scored (the completion tokens); ``bucket_ids`` ``[L]`` (any value outside ``response``).
     """
     k = torch.as_tensor(list(thresholds), dtype=bucket_ids.dtype, device=bucket_ids.device)
-    future = completion[None, :] & (bucket_ids[None, :] > k[:, None])  # [T, L]
-    masked = torch.cat([future, completion[None, :]])  # [T + 1, L]
+    hidden = response[None, :] & (bucket_ids[None, :] > k[:, None])  # [T, L]
+    masked = torch.cat([hidden, response[None, :]])  # [T + 1, L]
     views = torch.where(masked, torch.full_like(input_ids, mask_token_id), input_ids[None, :].expand_as(masked))
-    return views, future
+    return views, hidden & read[None, :]
 
 
 def token_scores(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,8 +92,8 @@ def measure_future_gain(model: Any, rows: Sequence[Mapping[str, Any]], num_bucke
     prepared rows (``input_ids``, ``prompt_length``, ``bucket_ids`` and ``student_score``, from
     :func:`trims_hf.prepare_dataset` on scored rows): one forward of ``num_buckets`` reads per row.
 
-    Only completion tokens are read (``student_score``'s length): the end-of-response tokens are in the last bucket
-    under every ordering and would count as future at every threshold.
+    Only completion tokens are scored (``student_score``'s length); the end-of-response tokens are masked with the
+    last bucket, as a trajectory row masks them, but not scored: they would count as future at every threshold.
     """
     from ..students import mask_token_id, student_logits
 
@@ -108,11 +110,13 @@ def measure_future_gain(model: Any, rows: Sequence[Mapping[str, Any]], num_bucke
             raise schema.SchemaError(f"row {index}: no '{schema.BUCKET_IDS}': prepare scored rows for the student first.")
         ids = torch.as_tensor(row[schema.INPUT_IDS])
         start, kept = int(row[schema.PROMPT_LENGTH]), len(row["student_score"])
+        response_buckets = torch.as_tensor(row[schema.BUCKET_IDS], dtype=ids.dtype)  # completion, then end tokens
         buckets = torch.full_like(ids, -1)
-        buckets[start:start + kept] = torch.as_tensor(row[schema.BUCKET_IDS][:kept], dtype=ids.dtype)
-        completion = torch.zeros_like(ids, dtype=torch.bool)
+        buckets[start:start + len(response_buckets)] = response_buckets
+        response, completion = torch.zeros_like(ids, dtype=torch.bool), torch.zeros_like(ids, dtype=torch.bool)
+        response[start:start + len(response_buckets)] = True
         completion[start:start + kept] = True
-        views, future = trajectory_views(ids, completion, buckets, thresholds, mask)
+        views, future = trajectory_views(ids, response, completion, buckets, thresholds, mask)
         with torch.no_grad():
             logits = student_logits(model, views.to(device)).cpu()
         logprob, confidence = token_scores(logits, ids[None, :].expand_as(views))
@@ -139,6 +143,8 @@ def commit_profile(nll: np.ndarray, lateness: np.ndarray, confidence: np.ndarray
     committed tokens with teacher NLL ``nll``: how many, their mean ``lateness`` (steps into their block) and mean
     ``confidence`` at commit (NaN ones, EOS fills, left out). A decoder that commits hard tokens first shows lateness
     rising with the bucket."""
+    scored = ~np.isnan(nll)  # a response the teacher could not score (blank text) has no bucket
+    nll, lateness, confidence = nll[scored], lateness[scored], confidence[scored]
     buckets = threshold_buckets(nll, thresholds, "hard_to_easy")
     profile = []
     for k in range(num_buckets):
