@@ -44,8 +44,10 @@ def seed_mechanism(folder: Path, protocol: RegimeProtocol, rows: int = MECHANISM
     from .study import RegimeStudy
 
     study, target = RegimeStudy(folder, protocol), folder / "mechanism"
-    if study.units.finished(target, "mechanism") and unit_record(folder, "mechanism")["requested_rows"] == rows:
-        return {key: unit_record(folder, "mechanism")[key] for key in ("gain", "commits")}
+    if study.units.finished(target, "mechanism"):
+        record = unit_record(folder, "mechanism")
+        if record["requested_rows"] == rows:
+            return {key: record[key] for key in ("gain", "commits")}
     trained = [name for name in ("MDLM", *protocol.variants) if name in VARIANTS]
     missing = [name for name in trained if not (folder / "variants" / f"{slug(name)}-seed{protocol.seed}").is_dir()]
     if missing or "MDLM" not in trained:
