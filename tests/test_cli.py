@@ -42,9 +42,9 @@ def test_version(capsys):
     assert capsys.readouterr().out == f"trims_hf {version('trims_hf')}\n"
 
 
-FLAG_COMMANDS = [name for name in COMMANDS if name not in ("train", "lm-eval")]
-"""The commands whose flags are parsed from settings dataclasses; `trims train` takes recipe keys (its help names
-the recipe and `--help-keys`), `trims lm-eval` is the harness's own command line."""
+FLAG_COMMANDS = [name for name in COMMANDS if name != "lm-eval"]
+"""The commands whose flags are parsed from settings dataclasses (`trims train`'s own two; the recipe keys it passes
+on have their page, `--help-keys`); `trims lm-eval` is the harness's own command line."""
 
 
 def help_text(argv: list[str], capsys) -> tuple[str, dict[str, str]]:
@@ -66,7 +66,7 @@ def help_text(argv: list[str], capsys) -> tuple[str, dict[str, str]]:
 @pytest.mark.parametrize("name", FLAG_COMMANDS)
 def test_help_pages_show_flags_as_the_docs_write_them(name, capsys):
     usage, entries = help_text([name], capsys)
-    assert len(entries) > 3
+    assert len(entries) >= 3  # --help and the command's own flags
     assert not re.search(r"--\w+_\w+", usage), usage  # the dashed spelling (the underscore one still parses)
     assert not re.search(r"\[--[\w-]+ \[[A-Z_]+\]\]", usage), usage  # an on/off setting is a bare flag
     required = set(re.findall(r"(?<!\[)(--[\w-]+) [A-Z_]+", usage.replace(" | ", "|")))

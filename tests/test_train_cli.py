@@ -24,7 +24,7 @@ from transformers import AutoTokenizer, LlamaConfig
 from trims_hf import MDLMConfig
 from trims_hf.cli import main
 from trims_hf.commands.recipe import parse_recipe, read_recipe
-from trims_hf.commands.train import split_config
+from trims_hf.commands.train import parser as train_parser
 from trims_hf.errors import InputError
 from trims_hf.training.trainer import MDLMTrainer
 
@@ -318,10 +318,15 @@ def test_command_line_without_a_recipe(argv, expected, capsys):
     assert capsys.readouterr().err.startswith(expected)
 
 
-def test_config_may_come_anywhere():
-    assert split_config(["--num_buckets", "4", "--config", "a.yaml", "--lora_r", "8"]) == (
-        "a.yaml", ["--num_buckets", "4", "--lora_r", "8"])
-    assert split_config(["--config=a.yaml", "--lora_r", "8"]) == ("a.yaml", ["--lora_r", "8"])
+@pytest.mark.parametrize("argv,config,overrides", [
+    (["--num_buckets", "4", "--config", "a.yaml", "--lora_r", "8"], "a.yaml", ["--num_buckets", "4", "--lora_r", "8"]),
+    (["--config=a.yaml", "--lora_r", "8"], "a.yaml", ["--lora_r", "8"]),
+    (["--learning_rate", "-1e-4", "--bf16", "false", "--config", "a.yaml"], "a.yaml",
+     ["--learning_rate", "-1e-4", "--bf16", "false"]),
+])
+def test_config_may_come_anywhere_and_overrides_keep_their_order(argv, config, overrides):
+    (args,), rest = train_parser().parse_known(argv)
+    assert (args.config, args.help_keys, rest) == (config, False, overrides)
 
 
 PAPER = {"max_length": 1024, "num_train_epochs": 30, "learning_rate": 1e-4, "lr_scheduler_type": "cosine",

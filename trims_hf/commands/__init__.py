@@ -112,17 +112,23 @@ class CommandParser(HfArgumentParser):
     def parse(self, argv: list[str]) -> tuple:
         """Parse ``argv`` into one instance per dataclass; an unknown flag, or a value a dataclass rejects, is an
         ``error:`` line too, in the flags' terms."""
-        try:
-            *parsed, rest = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-        except ValueError as error:
-            self.error(self.in_flag_terms(str(error)))
+        parsed, rest = self.parse_known(argv)
         if rest:
             flag = rest[0].split("=")[0]
             if flag.startswith("-"):
                 options = (option for action in self._actions for option in action.option_strings)
                 self.error(f"unknown flag {flag}{did_you_mean(flag, options)}")
             self.error(f"unexpected argument {flag!r}")
-        return tuple(parsed)
+        return parsed
+
+    def parse_known(self, argv: list[str]) -> tuple[tuple, list[str]]:
+        """As :meth:`parse`, for a command that passes on what it does not know (``trims train``'s recipe
+        overrides): the instances, and the strings left over in their order."""
+        try:
+            *parsed, rest = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        except ValueError as error:
+            self.error(self.in_flag_terms(str(error)))
+        return tuple(parsed), rest
 
     def in_flag_terms(self, message: str) -> str:
         """A library message as the command-line user reads it: the parsed settings named by their flags."""

@@ -8,45 +8,46 @@ Launch on several GPUs with ``accelerate launch --config_file recipes/accelerate
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import INTERRUPTED, fail
+from . import INTERRUPTED, CommandParser, fail
 
-USAGE = """usage: trims train --config RECIPE.yaml [--key value ...]
-       trims train --help-keys
+DESCRIPTION = (
+    "Fine-tune a masked diffusion student with TRIMS (or the MDLM baseline) from a YAML recipe. Every other "
+    "--key value pair overrides a recipe key (dashes or underscores), e.g. `trims train --config "
+    "recipes/llada/trims_s1k.yaml --num_buckets 4 --output_dir out`. A recipe key is any field of ModelArguments, "
+    "DataArguments or MDLMConfig (every transformers TrainingArguments field plus the TRIMS settings); --help-keys "
+    "lists them with their help. Inputs (recipe, values, student, data set, output_dir, Hub access) are checked "
+    "before any model loads."
+)
 
-Fine-tune a masked diffusion student with TRIMS (or the MDLM baseline) from a YAML recipe. Overrides follow
-the recipe file and use the recipe's key names (dashes or underscores), e.g.
-  trims train --config recipes/llada/trims_s1k.yaml --num_buckets 4 --output_dir out
-A recipe key is any field of ModelArguments, DataArguments or MDLMConfig (every transformers
-TrainingArguments field plus the TRIMS settings); `trims train --help-keys` lists them all with their help.
-Inputs (recipe, values, student, data set, output_dir, Hub access) are checked before any model loads."""
+
+@dataclass
+class TrainArguments:
+    """The recipe to train from; the rest of the command line overrides its keys."""
+
+    config: str | None = field(default=None, metadata={
+        "help": "The YAML recipe to train from (recipes/<student>/<recipe>.yaml); needed to train.",
+        "metavar": "RECIPE.yaml"})
+    help_keys: bool = field(default=False, metadata={"help": "List every recipe key with its help, and exit."})
 
 
-def split_config(argv: list[str]) -> tuple[str | None, list[str]]:
-    """``--config PATH`` (or ``--config=PATH``) from anywhere on the command line, and the overrides around it."""
-    for index, arg in enumerate(argv):
-        if arg == "--config":
-            return (argv[index + 1] if index + 1 < len(argv) else None), argv[:index] + argv[index + 2 :]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1], argv[:index] + argv[index + 1 :]
-    return None, argv
+def parser() -> CommandParser:
+    return CommandParser((TrainArguments,), prog="trims train", description=DESCRIPTION)
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0
-    if argv and argv[0] == "--help-keys":
+    (args,), overrides = parser().parse_known(argv)
+    if args.help_keys:
         from .recipe import recipe_help
 
         print(recipe_help())
         return 0
-    config, overrides = split_config(argv)
-    if not config:
+    if not args.config:
         return fail("trims train needs --config RECIPE.yaml (see `trims train --help`; recipes/ has examples).")
-    if not Path(config).is_file():  # before the seconds of importing torch and transformers
-        return fail(f"--config {config}: no such file.")
+    if not Path(args.config).is_file():  # before the seconds of importing torch and transformers
+        return fail(f"--config {args.config}: no such file.")
     from ..data.hub import HubAccessError
     from ..data.schema import SchemaError
     from ..errors import InputError
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
     from .recipe import parse_recipe
 
     try:
-        train(*parse_recipe(config, overrides))
+        train(*parse_recipe(args.config, overrides))
     except (InputError, HubAccessError, SchemaError) as error:
         return fail(str(error))
     except TrainingInterrupted as stop:
