@@ -1,5 +1,6 @@
-"""recipes/smollm2/replicate.py at smoke size: every stage end to end on a CPU, resuming, the protocol fingerprint,
-reports built from the evaluation records, one-line input errors; and the library pieces it added."""
+"""The SmolLM2 replication (trims_hf.studies.smollm2) run by its command line, recipes/smollm2/replicate.py, at smoke
+size: every stage end to end on a CPU, resuming, the protocol fingerprint, reports built from the evaluation records,
+one-line input errors; its protocols, budgets and level rule; and the library pieces it added."""
 
 from __future__ import annotations
 
@@ -25,20 +26,29 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from trims_hf import add_mask_token
 from trims_hf.evaluation import evaluate as evaluation
-from trims_hf.evaluation.tasks.base import read_json_rows
+from trims_hf.evaluation.tasks.base import read_json_rows, write_json_rows
 from trims_hf.sources import smollm2_gguf
 from trims_hf.studies import protocol as protocol_module
+from trims_hf.studies import smollm2
 from trims_hf.studies import study as study_module
 from trims_hf.studies import units as units_module
 from trims_hf.studies.protocol import BASE, VARIANTS
 from trims_hf.studies.regime import RECALL_VIEWS
+from trims_hf.studies.smollm2 import budgets
+from trims_hf.studies.smollm2.prestudy import problem_sets
+from trims_hf.studies.smollm2.study import Replication, converted
 from trims_hf.studies.study import REPORT_FILES, models_plan, unit_label
 from trims_hf.studies.units import OutOfBudget, Units
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2" / "replicate.py"
 _spec = importlib.util.spec_from_file_location("smollm2_replicate", RECIPE)
-recipe = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))  # dataclasses look it up there
+recipe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(recipe)
+
+
+def window_1() -> dict:
+    """Window 1's report, which the measured budgets scale."""
+    return json.loads(recipe.WINDOW_1.read_text())
 
 
 def markers(output: Path) -> dict[Path, int]:
@@ -74,11 +84,11 @@ def evaluations(protocol) -> int:
 
 
 def smoke_study(output: Path, **kwargs):
-    return recipe.Replication(output, recipe.SMOKE, None, "cpu", **kwargs)
+    return Replication(output, smollm2.SMOKE, None, "cpu", **kwargs)
 
 
 def test_the_full_protocol_is_the_issues(tmp_path):
-    p = recipe.FULL
+    p = smollm2.FULL
     masking = p.masking
     assert (p.student, masking.num_buckets, masking.trajectory_ratio, masking.p_context, masking.p_future) == (
         "smollm2", 8, 0.1, 0.05, 0.95)
@@ -92,22 +102,22 @@ def test_the_full_protocol_is_the_issues(tmp_path):
 
 
 def test_stage_budgets_come_from_the_counts_and_the_main_comparison_fits_one_call():
-    p = recipe.FULL
-    budgets = recipe.stage_budgets(p)
-    main = sum(seconds for _, seconds, tail in budgets if not tail)
-    assert main <= 9 * 60 < sum(seconds for *_, seconds, _ in budgets)  # the tail is what a call may drop
-    assert [tail for *_, tail in budgets if tail] and not budgets[-1][2]  # the report is never dropped
+    p = smollm2.FULL
+    estimated = budgets.stage_budgets(p)
+    main = sum(seconds for _, seconds, tail in estimated if not tail)
+    assert main <= 9 * 60 < sum(seconds for *_, seconds, _ in estimated)  # the tail is what a call may drop
+    assert [tail for *_, tail in estimated if tail] and not estimated[-1][2]  # the report is never dropped
     longer = dataclasses.replace(p, base_steps=2 * p.base_steps)
-    base = {unit: seconds for unit, seconds, _ in budgets}["base"]
-    step = (recipe.train_s(p, 2) - recipe.train_s(p, 1))
-    assert {unit: seconds for unit, seconds, _ in recipe.stage_budgets(longer)}["base"] == pytest.approx(
+    base = {unit: seconds for unit, seconds, _ in estimated}["base"]
+    step = (budgets.train_s(p, 2) - budgets.train_s(p, 1))
+    assert {unit: seconds for unit, seconds, _ in budgets.stage_budgets(longer)}["base"] == pytest.approx(
         base + p.base_steps * step)
-    step_flops = 6 * recipe.matmul_weights() * p.batch_size * recipe.TRAIN_ROW_TOKENS
-    host = 3 * recipe.FORWARD_HOST_S + recipe.TRAIN_STEP_CPU_S
+    step_flops = 6 * budgets.matmul_weights() * p.batch_size * budgets.TRAIN_ROW_TOKENS
+    host = 3 * budgets.FORWARD_HOST_S + budgets.TRAIN_STEP_CPU_S
     assert step == pytest.approx(1.25 * (step_flops / (989e12 * 0.144) + host))  # an H100 at 14.4% of its peak
-    assert 134e6 < recipe.matmul_weights() < 135e6  # SmolLM2-135M: its 134.5M parameters are all matmul weights
+    assert 134e6 < budgets.matmul_weights() < 135e6  # SmolLM2-135M: its 134.5M parameters are all matmul weights
     wider = dataclasses.replace(p, eval_batch_size=2 * p.eval_batch_size)
-    assert recipe.eval_s(wider, p.test_problems) < recipe.eval_s(p, p.test_problems)  # host time amortised
+    assert budgets.eval_s(wider, p.test_problems) < budgets.eval_s(p, p.test_problems)  # host time amortised
 
 
 def test_the_budget_table_prints_without_an_output(capsys):
@@ -125,7 +135,7 @@ def questions_in(path: Path) -> list[str]:
 @pytest.mark.slow
 def test_every_stage_produced_its_outputs(study):
     output, results, first, _ = study
-    p = recipe.SMOKE
+    p = smollm2.SMOKE
     data = output / "data"
     assert len(read_json_rows(data / "train.jsonl")) == p.train_per_level * len(p.levels)
     questions = [question for path in sorted(data.glob("*.jsonl")) for question in questions_in(path)]
@@ -156,8 +166,8 @@ def test_every_stage_produced_its_outputs(study):
 @pytest.mark.slow
 def test_full_size_data_holds_every_question_once(tmp_path):
     # At the full sizes level 1 repeats problems and shares some with level 2: a held-out question must never train.
-    p = recipe.Protocol(student="tiny", levels=(1, 2))
-    recipe.Replication(tmp_path, p, None, "cpu").stage_data()
+    p = smollm2.Protocol(student="tiny", levels=(1, 2))
+    Replication(tmp_path, p, None, "cpu").stage_data()
     rows = {path.name: read_json_rows(path) for path in (tmp_path / "data").glob("*.jsonl")}
     questions = [question for path in (tmp_path / "data").glob("*.jsonl") for question in questions_in(path)]
     assert len(questions) == len(set(questions))
@@ -172,7 +182,7 @@ def units(output: Path) -> dict[str, dict]:
 @pytest.mark.slow
 def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declared_masking(study):
     output, *_ = study
-    p, recorded = recipe.SMOKE, units(output)
+    p, recorded = smollm2.SMOKE, units(output)
     base = recorded["base"]
     assert (base["seed"], base["trajectory_ratio"], base["steps"]) == (p.seed, 0.0, p.base_steps)
     first_batches = set()
@@ -191,7 +201,7 @@ def test_every_variant_starts_from_the_base_with_its_seeds_data_order_and_declar
 @pytest.mark.slow
 def test_the_level_is_selected_by_the_rule_on_the_selection_rows_only(study):
     output, *_ = study
-    p, data = recipe.SMOKE, output / "data"
+    p, data = smollm2.SMOKE, output / "data"
     selection = units(output)["select"]
     accuracies = {}
     for level in p.levels:
@@ -201,7 +211,7 @@ def test_the_level_is_selected_by_the_rule_on_the_selection_rows_only(study):
         assert all(any(q in s["prompt"] for q in held["selection"]) for s in result["samples"])
         assert not any(q in s["prompt"] for q in held["test"] for s in result["samples"])
     assert {int(k): v for k, v in selection["accuracies"].items()} == accuracies
-    assert (selection["level"], selection["meets_target"]) == recipe.select_level(accuracies, p.target_accuracy)
+    assert (selection["level"], selection["meets_target"]) == smollm2.select_level(accuracies, p.target_accuracy)
     for name, unit in units(output).items():
         if name.startswith("eval/"):
             assert f"L{selection['level']} " in unit["unit"]
@@ -210,7 +220,7 @@ def test_the_level_is_selected_by_the_rule_on_the_selection_rows_only(study):
 @pytest.mark.slow
 def test_evaluations_decode_tokens_in_several_batches_and_trace_them(study):
     output, *_ = study
-    p = recipe.SMOKE
+    p = smollm2.SMOKE
     assert p.eval_batch_size < p.test_problems and p.test_problems % p.eval_batch_size  # a short last batch too
     report = json.loads((output / "report" / "results.json").read_text())
     assert all(r["generated_tokens"] > 0 for r in report["results"])
@@ -228,8 +238,8 @@ def test_an_interrupted_evaluation_resumes_to_the_same_records(study, tmp_path, 
     output, *_ = study
     copy = tmp_path / "study"
     shutil.copytree(output, copy)
-    name = f"base-tau{recipe.SMOKE.thresholds[0]}.jsonl"  # an untraced evaluation: it resumes from its records
-    shutil.rmtree(copy / "eval" / "base" / f"tau{recipe.SMOKE.thresholds[0]}")
+    name = f"base-tau{smollm2.SMOKE.thresholds[0]}.jsonl"  # an untraced evaluation: it resumes from its records
+    shutil.rmtree(copy / "eval" / "base" / f"tau{smollm2.SMOKE.thresholds[0]}")
     (copy / "work" / "records" / name).unlink()
     decode = evaluation.generate_text
 
@@ -241,13 +251,13 @@ def test_an_interrupted_evaluation_resumes_to_the_same_records(study, tmp_path, 
     monkeypatch.setattr(evaluation, "generate_text", first_batch_only)
     with pytest.raises(evaluation.EvaluationInterrupted):
         smoke_study(copy).stage_models()
-    assert len((copy / "work" / "records" / name).read_text().splitlines()) == recipe.SMOKE.eval_batch_size
+    assert len((copy / "work" / "records" / name).read_text().splitlines()) == smollm2.SMOKE.eval_batch_size
     monkeypatch.setattr(evaluation, "generate_text", decode)
     smoke_study(copy).stage_models()
-    assert f"resuming: {recipe.SMOKE.eval_batch_size} of {recipe.SMOKE.test_problems}" in capsys.readouterr().err
+    assert f"resuming: {smollm2.SMOKE.eval_batch_size} of {smollm2.SMOKE.test_problems}" in capsys.readouterr().err
 
     def samples(folder: Path) -> list[dict]:
-        (row,) = json.loads((folder / "eval" / "base" / f"tau{recipe.SMOKE.thresholds[0]}" / "result.json")
+        (row,) = json.loads((folder / "eval" / "base" / f"tau{smollm2.SMOKE.thresholds[0]}" / "result.json")
                             .read_text())["results"]
         return [{k: v for k, v in s.items() if k != "decode_time_s"} for s in row["samples"]]
 
@@ -264,7 +274,7 @@ def test_a_second_invocation_skips_finished_work(study):
 @pytest.mark.slow
 def test_report_has_every_variant_seed_and_threshold(study):
     output, *_ = study
-    p = recipe.SMOKE
+    p = smollm2.SMOKE
     report = json.loads((output / "report" / "results.json").read_text())
     assert report["protocol_fingerprint"] == p.fingerprint() and report["protocol"]["seed"] == p.seed
     got = sorted((r["model"], r["seed"] if r["seed"] is not None else -1, r["decoding"]["threshold"])
@@ -272,7 +282,7 @@ def test_report_has_every_variant_seed_and_threshold(study):
     expected = sorted((u.name, -1 if u.name == BASE else p.seed, u.threshold) for u in models_plan(p)
                       if u.threshold is not None)
     assert got == expected and report["complete"] and not report["dropped"]
-    assert set(report["budget_s"]) == {unit for unit, *_ in recipe.stage_budgets(p)}
+    assert set(report["budget_s"]) == {unit for unit, *_ in budgets.stage_budgets(p)}
     assert {"data", "pretrained", "score", "base", "select", "variant mdlm-seed0"} <= set(report["unit_wall_s"])
     assert all(r["decoding"]["cache"] == "dual" and r["decoding"]["strategy"] == "threshold" for r in report["results"])
     by_model = {(row["model"], row["threshold"]): row for row in report["study"]}
@@ -315,7 +325,7 @@ def test_a_report_with_missing_evaluations_says_so(study, tmp_path):
     report = json.loads((copy / "report" / "results.json").read_text())
     assert not report["complete"] and not report["main_comparison_complete"]
     assert report["missing"] == ["TRIMS random (seed 0) tau 0.9"] and report["dropped"] == ["MDLM (seed 0) tau 0.5"]
-    assert len(report["results"]) == evaluations(recipe.SMOKE) - 2
+    assert len(report["results"]) == evaluations(smollm2.SMOKE) - 2
     table = (copy / "report" / "table.md").read_text()
     assert table.startswith("PARTIAL: 1 of") and "Dropped for time (the pre-registered tail, from its end): MDLM" in table
 
@@ -329,28 +339,28 @@ def test_an_evaluation_without_its_marker_is_reported_missing(study, tmp_path):
     smoke_study(copy).stage_report()
     report = json.loads((copy / "report" / "results.json").read_text())
     assert not report["complete"] and report["missing"] == ["MDLM (seed 0) tau 0.7"]
-    assert len(report["results"]) == evaluations(recipe.SMOKE) - 1
+    assert len(report["results"]) == evaluations(smollm2.SMOKE) - 1
 
 
 @pytest.mark.slow
 def test_results_record_the_resolved_settings_and_the_environment(study, monkeypatch):
     output, *_ = study
     report = json.loads((output / "report" / "results.json").read_text())
-    assert report["protocol"]["masking"]["p_future"] == recipe.SMOKE.masking.p_future
+    assert report["protocol"]["masking"]["p_future"] == smollm2.SMOKE.masking.p_future
     assert report["protocol"]["decoding"]["early_stop"] is True and report["protocol"]["decoding"]["cache"] == "dual"
-    assert report["resolved"]["scoring"]["teacher_max_length"] == recipe.SMOKE.teacher_context
+    assert report["resolved"]["scoring"]["teacher_max_length"] == smollm2.SMOKE.teacher_context
     environment = report["environment"]
     assert environment["libraries"]["trims_hf"] != "not installed" and environment["libraries"]["torch"] != "not installed"
     assert len(environment["source_sha256"]) == 16 and environment["dtype"] == "float32"
-    before = recipe.SMOKE.fingerprint()
+    before = smollm2.SMOKE.fingerprint()
     monkeypatch.setitem(protocol_module.TRAINING_DEFAULTS, "weight_decay", 0.0)  # a changed library default
-    assert recipe.SMOKE.fingerprint() != before
+    assert smollm2.SMOKE.fingerprint() != before
 
 
 def test_another_gguf_than_the_studys_is_refused_in_one_line(tmp_path, capsys):
     gguf = tmp_path / "other.gguf"
     gguf.write_bytes(b"not the study's weights")
-    protocol_module.record_protocol(tmp_path / "study", recipe.FULL, {"gguf_sha256": "0" * 64})
+    protocol_module.record_protocol(tmp_path / "study", smollm2.FULL, {"gguf_sha256": "0" * 64})
     recorded = (tmp_path / "study" / "protocol.json").read_text()
     assert recipe.main(["--output", str(tmp_path / "study"), "--gguf", str(gguf)]) == 2
     error = capsys.readouterr().err.strip()
@@ -421,7 +431,7 @@ def test_a_unit_expected_to_end_past_the_deadline_is_not_started(study, tmp_path
     study = smoke_study(copy)
     rate = max(u["wall_s"] / u["steps"] for u in units(copy).values() if u.get("steps"))
     assert study.expected_s("train", 10) == pytest.approx(10 * rate)
-    expected = study.expected_s("train", recipe.SMOKE.variant_steps)
+    expected = study.expected_s("train", smollm2.SMOKE.variant_steps)
     with pytest.raises(OutOfBudget, match="variant mdlm-seed0 .expected"):
         smoke_study(copy, deadline=time.monotonic() + expected / 2).stage_models()
     assert not (copy / "variants" / "mdlm-seed0").exists()
@@ -429,7 +439,7 @@ def test_a_unit_expected_to_end_past_the_deadline_is_not_started(study, tmp_path
 
 def test_progress_counts_the_units_and_names_the_kinds_not_timed_yet(tmp_path):
     study = smoke_study(tmp_path)
-    total = len(study.stages) - 1 + len(models_plan(recipe.SMOKE))
+    total = len(study.stages) - 1 + len(models_plan(smollm2.SMOKE))
     line = study.progress()
     assert line == (f" (unit 1 of {total}, 0 s so far; time left unknown; not timed yet: pretrained, score, training, "
                     "select, evaluation, traced evaluation)")  # the smoke run has no priors (a GPU run has budgets)
@@ -441,14 +451,14 @@ def test_progress_of_a_rerun_gives_the_time_left_from_the_measured_units(study, 
     for folder in (copy / "eval" / "trims_random-seed0").iterdir():
         (folder / units_module.KEY_FILE).unlink()
     resumed = smoke_study(copy)
-    plan = models_plan(recipe.SMOKE)
+    plan = models_plan(smollm2.SMOKE)
     index = next(i for i, unit in enumerate(plan) if unit.folder == "trims_random-seed0" and unit.threshold is None)
     resumed.position = ("models", index)
     walls = units(copy).values()
     rate = max(u["wall_s"] / u["steps"] for u in walls if u.get("steps"))
     evals = [u for u in plan if u.folder == "trims_random-seed0" and u.threshold is not None]
-    left = rate * recipe.SMOKE.variant_steps + sum(
-        max(u["wall_s"] for u in walls if "threshold" in u and u["traced"] == recipe.SMOKE.traced(e.threshold, e.seed))
+    left = rate * smollm2.SMOKE.variant_steps + sum(
+        max(u["wall_s"] for u in walls if "threshold" in u and u["traced"] == smollm2.SMOKE.traced(e.threshold, e.seed))
         for e in evals)
     position = resumed.stages.index("models") + index + 1  # after the stages before models and the plan's units
     assert resumed.progress().endswith(f"(unit {position} of {len(resumed.stages) - 1 + len(plan)}, 0 s so far; "
@@ -456,7 +466,7 @@ def test_progress_of_a_rerun_gives_the_time_left_from_the_measured_units(study, 
 
 
 def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monkeypatch):
-    units_ = Units(recipe.SMOKE, "cpu")
+    units_ = Units(smollm2.SMOKE, "cpu")
     folder = tmp_path / "unit"
     folder.mkdir()
     (folder / "stale.txt").write_text("from a run cut short")
@@ -473,7 +483,7 @@ def test_units_start_empty_and_are_finished_only_by_their_marker(tmp_path, monke
     (folder / units_module.KEY_FILE).unlink()  # killed after its outputs and unit.json, before its marker
     assert units_.unit(folder, "u") and not list(folder.iterdir())
     with pytest.raises(OutOfBudget, match="expected 20 s"):
-        Units(recipe.SMOKE, "cpu", deadline=time.monotonic() + 10).unit(tmp_path / "late", "late", expected_s=20)
+        Units(smollm2.SMOKE, "cpu", deadline=time.monotonic() + 10).unit(tmp_path / "late", "late", expected_s=20)
     assert not (tmp_path / "late").exists()
 
 
@@ -488,12 +498,12 @@ def test_out_of_time_drops_only_the_tail_from_its_first_unit_that_does_not_fit(s
     shutil.rmtree(copy / "eval" / "trims_easy_to_hard-seed0")
     assert recipe.main(["--size", "smoke", "--output", str(copy), "--threads", "1", "--budget-minutes", "1e-9"]) == 0
     printed = capsys.readouterr().out
-    tail = [unit_label(u) for u in models_plan(recipe.SMOKE) if u.tail]
+    tail = [unit_label(u) for u in models_plan(smollm2.SMOKE) if u.tail]
     assert f"dropped the rest of the pre-registered tail, {len(tail)} units ({'; '.join(tail)})" in printed
     assert f"dropped {len(tail)} of the tail for time." in printed
     report = json.loads((copy / "report" / "results.json").read_text())
     assert report["main_comparison_complete"] and not report["complete"] and not report["missing"]
-    assert report["dropped"] == [unit_label(u) for u in models_plan(recipe.SMOKE) if u.tail and u.threshold is not None]
+    assert report["dropped"] == [unit_label(u) for u in models_plan(smollm2.SMOKE) if u.tail and u.threshold is not None]
     assert (copy / "report" / "table.md").read_text().startswith("Dropped for time")
 
 
@@ -549,10 +559,19 @@ def test_the_two_device_calls_join_the_gguf_and_say_their_exit_code(study, tmp_p
     assert subprocess.run(["bash", str(DEVICE_CALL), "3", "x"], check=False, capture_output=True).returncode == 2
 
 
+def test_the_prestudy_draws_each_level_then_the_first_gsm8k_problems(tmp_path):
+    gsm8k = tmp_path / "test.jsonl"
+    write_json_rows(gsm8k, [{"question": f"Tom has {n} pens. How many?", "answer": f"{n} pens.\n#### {n}"} for n in range(5)])
+    sets = problem_sets([1, 2], 3, 1000, gsm8k)
+    assert [(name, len(examples)) for name, _, examples in sets] == [("arith-L1", 3), ("arith-L2", 3), ("gsm8k", 3)]
+    assert [e.fields["question"] for e in sets[2][2]] == [f"Tom has {n} pens. How many?" for n in range(3)]
+    assert sets[0][2] == problem_sets([1], 3, 1000, gsm8k)[0][2]  # the problems are the seed's, drawn again alike
+
+
 def test_the_selection_rule_takes_the_hardest_level_meeting_the_target():
-    assert recipe.select_level({1: 0.8, 2: 0.35, 3: 0.1}, 0.3) == (2, True)
-    assert recipe.select_level({1: 0.8, 2: 0.2, 3: 0.31}, 0.3) == (3, True)
-    assert recipe.select_level({1: 0.1, 2: 0.2, 3: 0.2}, 0.3) == (2, False)
+    assert smollm2.select_level({1: 0.8, 2: 0.35, 3: 0.1}, 0.3) == (2, True)
+    assert smollm2.select_level({1: 0.8, 2: 0.2, 3: 0.31}, 0.3) == (3, True)
+    assert smollm2.select_level({1: 0.1, 2: 0.2, 3: 0.2}, 0.3) == (2, False)
 
 
 def test_add_mask_token_adds_one_row_once():
@@ -575,7 +594,7 @@ def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
 
     from trims_hf import prepare_student, student_logits
 
-    recipe.converted(smollm2_gguf(), tmp_path / "pretrained")
+    converted(smollm2_gguf(), tmp_path / "pretrained")
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tmp_path / "pretrained"), AutoTokenizer.from_pretrained(
         tmp_path / "pretrained")
     validate_quantization_for_training(model)  # the Trainer's own check: a GGUF model fails it until its marks go
@@ -589,26 +608,26 @@ def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
 
 
 def test_a_setting_the_protocol_holds_is_changed_and_named_by_its_path(tmp_path):
-    changed = protocol_module.with_overrides(recipe.SMOKE, ["masking.p_future=0.9", "variant_steps=3"])
+    changed = protocol_module.with_overrides(smollm2.SMOKE, ["masking.p_future=0.9", "variant_steps=3"])
     assert (changed.masking.p_future, changed.masking.num_buckets, changed.variant_steps) == (
-        0.9, recipe.SMOKE.masking.num_buckets, 3)
-    protocol_module.record_protocol(tmp_path, recipe.SMOKE)
+        0.9, smollm2.SMOKE.masking.num_buckets, 3)
+    protocol_module.record_protocol(tmp_path, smollm2.SMOKE)
     with pytest.raises(ValueError, match=r"masking\.p_future \(0\.95 -> 0\.9\), variant_steps \(2 -> 3\)"):
         protocol_module.check_protocol(tmp_path, changed)
 
 
 def test_an_empty_tuple_setting_takes_values_of_its_declared_type():
     """An empty tuple field has no element to copy a type from: its annotation gives it (and an empty value empties)."""
-    empty = dataclasses.replace(recipe.SMOKE, tail_variants=(), tail_thresholds=())
+    empty = dataclasses.replace(smollm2.SMOKE, tail_variants=(), tail_thresholds=())
     changed = protocol_module.with_overrides(empty, ["tail_variants=TRIMS easy-to-hard", "tail_thresholds=0.5,0.95"])
     assert (changed.tail_variants, changed.tail_thresholds) == (("TRIMS easy-to-hard",), (0.5, 0.95))
-    assert protocol_module.with_overrides(recipe.SMOKE, ["tail_thresholds="]).tail_thresholds == ()
+    assert protocol_module.with_overrides(smollm2.SMOKE, ["tail_thresholds="]).tail_thresholds == ()
     with pytest.raises(ValueError, match="tail_thresholds=x"):
         protocol_module.with_overrides(empty, ["tail_thresholds=x"])
 
 
 def test_a_setting_takes_its_own_type_bools_from_true_false_and_an_optional_one_none():
-    p = protocol_module.with_overrides(recipe.SMOKE, ["masking.train_on_padding=false", "decoding.steps=12",
+    p = protocol_module.with_overrides(smollm2.SMOKE, ["masking.train_on_padding=false", "decoding.steps=12",
                                                       "decoding.early_stop=True", "student_format.system_prompt=Be brief"])
     assert (p.masking.train_on_padding, p.decoding.steps, p.decoding.early_stop) == (False, 12, True)
     assert p.student_format.system_prompt == "Be brief"
@@ -617,10 +636,10 @@ def test_a_setting_takes_its_own_type_bools_from_true_false_and_an_optional_one_
                            ("decoding.steps=twelve", "'twelve' is not a valid int"),
                            ("batch_size=none", "'none' is not a valid int")):  # only an optional field takes none
         with pytest.raises(ValueError, match=re.escape(f"{wrong}: {problem}")):
-            protocol_module.with_overrides(recipe.SMOKE, [wrong])
+            protocol_module.with_overrides(smollm2.SMOKE, [wrong])
 
 
-@pytest.mark.parametrize("protocol", [recipe.FULL, recipe.SMOKE, recipe.FULL2], ids=["full", "smoke", "protocol-2"])
+@pytest.mark.parametrize("protocol", [smollm2.FULL, smollm2.SMOKE, smollm2.FULL2], ids=["full", "smoke", "protocol-2"])
 def test_fields_lists_every_setting_with_its_value_and_meaning(protocol):
     text = protocol_module.describe_fields(protocol)
     settings = [line for line in text.splitlines() if not line.startswith(" ")]
@@ -635,31 +654,32 @@ def test_fields_lists_every_setting_with_its_value_and_meaning(protocol):
 
 # -- protocol 2 -------------------------------------------------------------------------------------------------------
 def test_protocol_1_is_still_the_one_window_1_ran():
-    window_1 = json.loads(recipe.WINDOW_1.read_text())
-    now = json.loads(json.dumps(dataclasses.asdict(recipe.FULL)))
+    ran = window_1()["protocol"]
+    now = json.loads(json.dumps(dataclasses.asdict(smollm2.FULL)))
     # Added since: how a decoding step runs, never which tokens it commits (test_cuda_correctness checks every mode).
-    assert now["decoding"].pop("step") == "auto" and "step" not in window_1["protocol"]["decoding"]
-    assert now == window_1["protocol"]  # every other field as it ran
-    assert recipe.FULL2.fingerprint() != recipe.FULL.fingerprint()
+    assert now["decoding"].pop("step") == "auto" and "step" not in ran["decoding"]
+    assert now == ran  # every other field as it ran
+    assert smollm2.FULL2.fingerprint() != smollm2.FULL.fingerprint()
 
 
 def test_measured_budgets_are_window_1s_unit_times_scaled_to_the_protocol():
-    walls = json.loads(recipe.WINDOW_1.read_text())["unit_wall_s"]
-    one = dict((unit, seconds) for unit, seconds, _ in recipe.measured_budgets(recipe.FULL))
+    walls = window_1()["unit_wall_s"]
+    one = dict((unit, seconds) for unit, seconds, _ in budgets.measured_budgets(smollm2.FULL, window_1()))
     assert one["base"] == walls["base"] and one["score"] == walls["score"]
     assert one["train MDLM"] == max(v for k, v in walls.items() if k.startswith("variant"))
-    two = dict((unit, seconds) for unit, seconds, _ in recipe.measured_budgets(recipe.FULL2))
-    assert two["base"] == pytest.approx(walls["base"] * recipe.FULL2.base_steps / recipe.FULL.base_steps)
+    two = dict((unit, seconds) for unit, seconds, _ in budgets.measured_budgets(smollm2.FULL2, window_1()))
+    assert two["base"] == pytest.approx(walls["base"] * smollm2.FULL2.base_steps / smollm2.FULL.base_steps)
     # 500 problems are one decoding batch where window 1 decoded 1,000 in two; chain answers are longer
-    length = recipe.CHAIN_ANSWER_TOKENS / recipe.WINDOW_1_ANSWER_TOKENS
+    length = budgets.CHAIN_ANSWER_TOKENS / budgets.WINDOW_1_ANSWER_TOKENS
     assert two["evaluate MDLM at tau 0.7"] == pytest.approx(one["evaluate MDLM at tau 0.7"] / 2 * length)
 
 
 def test_protocol_2s_main_comparison_ends_inside_the_device_call():
     deadline = int(re.search(r"DEADLINE_S:-(\d+)", (RECIPE.parent / "device_call.sh").read_text()).group(1))
-    main = sum(seconds for unit, seconds, tail in recipe.measured_budgets(recipe.FULL2) if not tail and unit != "report")
+    measured = budgets.measured_budgets(smollm2.FULL2, window_1())
+    main = sum(seconds for unit, seconds, tail in measured if not tail and unit != "report")
     assert main <= deadline - 10  # every main unit ends before the call's deadline, with a margin
-    assert recipe.FULL2.anneal_steps * 4 == recipe.FULL2.base_steps and recipe.FULL2.chain_steps == 3
+    assert smollm2.FULL2.anneal_steps * 4 == smollm2.FULL2.base_steps and smollm2.FULL2.chain_steps == 3
 
 
 @pytest.mark.slow
@@ -672,7 +692,7 @@ def test_protocol_2_smoke_study_draws_chain_problems_and_anneals_the_base(tmp_pa
     finally:
         torch.set_num_threads(before)
     base = json.loads((output / "base" / "unit.json").read_text())
-    assert base["attention_anneal_steps"] == recipe.SMOKE2.anneal_steps
+    assert base["attention_anneal_steps"] == smollm2.SMOKE2.anneal_steps
     rows = [json.loads(line) for line in (output / "data" / "test-L1.jsonl").read_text().splitlines()]
     assert all(row["question"].count("Then ") == 3 and len(row["answer"].splitlines()) == 4 for row in rows)
 
@@ -686,7 +706,7 @@ def test_an_optional_setting_takes_none_after_hf_argument_parser_resolved_its_ty
 
     HfArgumentParser((DecodingConfig, MaskingConfig))
     assert {f.name: f.type for f in dataclasses.fields(DecodingConfig)}["steps"] is int  # what the parser left
-    p = protocol_module.with_overrides(recipe.SMOKE, ["decoding.steps=12", "masking.pad_to_multiple_of=8"])
+    p = protocol_module.with_overrides(smollm2.SMOKE, ["decoding.steps=12", "masking.pad_to_multiple_of=8"])
     p = protocol_module.with_overrides(p, ["decoding.steps=none", "masking.pad_to_multiple_of=None"])
     assert (p.decoding.steps, p.masking.pad_to_multiple_of) == (None, None)
     with pytest.raises(ValueError, match="decoding.gen_length=none: 'none' is not a valid int"):
@@ -707,8 +727,8 @@ def test_help_loads_no_torch_and_its_usage_says_output_is_required():
 
 
 def test_the_base_is_named_without_a_seed_and_every_variant_with_its_own():
-    labels = [unit_label(u) for u in models_plan(recipe.SMOKE)]
+    labels = [unit_label(u) for u in models_plan(smollm2.SMOKE)]
     assert not any("None" in label for label in labels)
-    taus = {*recipe.SMOKE.thresholds, *recipe.SMOKE.tail_thresholds}
+    taus = {*smollm2.SMOKE.thresholds, *smollm2.SMOKE.tail_thresholds}
     assert {label for label in labels if label.startswith(BASE)} == {f"{BASE} tau {tau}" for tau in taus}
     assert all("(seed 0)" in label for label in labels if not label.startswith(BASE))
