@@ -263,6 +263,14 @@ class DecodingConfig:
                           "graph (static, captured once per shape as a CUDA graph and replayed; CUDA only) | auto "
                           "(graph on CUDA, static elsewhere; eager for masked-LM students). Same tokens in every mode."},
     )
+    compile_blocks: bool = field(
+        default=False,
+        metadata={"help": "Compile each decoder block of the student in place with torch.compile before decoding (the "
+                          "blocks stay compiled): fuses the norms, rotary, SwiGLU and casts into fewer kernels, under "
+                          "every step mode (the graph step captures the fused kernels). Each new call shape compiles "
+                          "once, so it pays off over many generations; the fused kernels round differently from eager "
+                          "ones, so tokens are the eager step's only where the logits' margins allow."},
+    )
     early_stop: bool = field(
         default=True,
         metadata={"help": "Once the block holding a stop token is decoded, fill the rest with EOS and skip its forwards."},
