@@ -194,9 +194,10 @@ def decode_part(run: Run) -> None:
             steps = tuple(step for step in run.step_modes
                           if batch == batches[0] or (step != "static" and not step.endswith(COMPILED)))
             results, calls, memory, reached = {}, {}, {}, {}
-            for group in (tuple(s for s in steps if not s.endswith(COMPILED)), tuple(s for s in steps if s.endswith(COMPILED))):
+            groups = (tuple(s for s in steps if not s.endswith(COMPILED)), tuple(s for s in steps if s.endswith(COMPILED)))
+            for compiled, group in enumerate(groups):
                 for mode in run.cache_modes:  # the compiled blocks last: they stay compiled until uncompile
-                    if moe and not group[0].endswith(COMPILED):
+                    if moe and not compiled:
                         with routed_experts(model) as reached[mode]:
                             decode_modes(model, [prompts], base, (mode,), ("eager",))
                     for step in group:
