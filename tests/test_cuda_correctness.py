@@ -20,6 +20,8 @@ wherever a GPU is present (skipped otherwise), on the reference fixtures loaded 
   legitimately flip, and one flip changes every later state: hence the comparison per state, not per run); a free
   bf16 ``generate`` run follows the fp32 one until a state whose fp32 margins are unclear (its first difference is
   at such a state).
+- Every step mode commits the eager step's tokens, and so do compiled decoder blocks (``compile_blocks``) on the
+  fixture prompts, under the static step and the graph step that captures them.
 """
 
 from __future__ import annotations

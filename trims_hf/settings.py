@@ -267,9 +267,10 @@ class DecodingConfig:
         default=False,
         metadata={"help": "Compile each decoder block of the student in place with torch.compile before decoding (the "
                           "blocks stay compiled): fuses the norms, rotary, SwiGLU and casts into fewer kernels, under "
-                          "every step mode (the graph step captures the fused kernels). Each new call shape compiles "
-                          "once, so it pays off over many generations; the fused kernels round differently from eager "
-                          "ones, so tokens are the eager step's only where the logits' margins allow."},
+                          "every step mode (the graph step captures the fused kernels). Lengths are symbolic, so a "
+                          "student compiles once (once more with a KV cache): it pays off over many generations. The "
+                          "fused kernels round differently, so tokens are the eager blocks' only where the logits' "
+                          "margins allow."},
     )
     early_stop: bool = field(
         default=True,
