@@ -465,3 +465,31 @@ def test_moe_bound_counts_the_experts_the_routing_reaches():
     assert decoding.expert_modules(dense) == nothing == {}
     assert decoding.weight_read_bytes(dense, nothing) == decoding.weight_read_bytes(dense) == 4 * (
         dense.num_parameters() - 512 * 64)
+
+
+@pytest.mark.slow
+def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch):
+    """The tiny LLaDA-MoE through the decode part with the window's compiled graph step (timed on a CPU as the compiled
+    static step, at batch 1 only): its rows say so in their columns and keep the eager tokens, and every row's bound is
+    the bytes of the experts its forwards reach, at most all of them, from the line's own numbers."""
+    fake = Accelerator("Fake", bf16_tflops=1e-6, bandwidth_tb_s=1e-3)
+    monkeypatch.setattr(decoding, "accelerator", lambda name: fake)
+    output = tmp_path / "moe.jsonl"
+    real_size.main(["--part", "decode", "--student", "llada_moe", "--device", "cpu", "--cache-modes", "none,dual",
+                    "--step-modes", "eager,graph,graph+compiled", "--output", str(output)])
+    lines = [line for line in map(json.loads, output.read_text().splitlines()) if line["measurement"] == "decode"]
+    assert {(line["batch"], line["cache"], line["step"], line["compile_blocks"]) for line in lines} == {
+        (b, m, s, c) for b in (1, 4) for m in ("none", "dual") for s, c in (("eager", False), ("static", True))
+        if b == 1 or not c}
+    for line in lines:
+        assert line["identical_tokens_vs_eager"] == 1 and "error" not in line
+        experts = line["experts_reached"]
+        assert set(experts) == {"layers.0.mlp.experts", "layers.1.mlp.experts"}
+        assert all(1 <= count <= 4 for count in experts.values())
+        expert = 3 * 64 * 32 * 4
+        assert line["weight_read_bytes"] == pytest.approx(
+            line["weight_read_bytes_all_experts"] - sum(4 - count for count in experts.values()) * expert, abs=expert)
+        assert line["weight_read_bound_ms"] == pytest.approx(line["weight_read_bytes"] / 1e6, abs=1e-3)
+        assert line["forward_over_bound"] == pytest.approx(line["forward_ms"] / line["weight_read_bound_ms"], rel=1e-2)
+    dual = next(line for line in lines if line["batch"] == 1 and line["cache"] == "dual")
+    assert dual["weight_read_bytes"] < dual["weight_read_bytes_all_experts"]  # a 32-token window skips some experts
