@@ -43,18 +43,28 @@ STEP_MODES = ("eager", "static")
 STATIC_OVER_EAGER_MIN = 0.95
 
 
+COMPILED = "+compiled"
+"""Suffix of a step label whose decoder blocks are compiled (``DecodingConfig.compile_blocks``), e.g. ``graph+compiled``."""
+
+
+def step_settings(label: str) -> dict[str, object]:
+    """The ``DecodingConfig`` fields of a step label: a step mode, with :data:`COMPILED` when the blocks are compiled."""
+    return {"step": label.removesuffix(COMPILED), "compile_blocks": label.endswith(COMPILED)}
+
+
 def decode_modes(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor | None]], base: DecodingConfig,
                  modes: tuple[str, ...] = CACHE_MODES,
                  steps: tuple[str, ...] = ("eager",)) -> dict[tuple[str, str], tuple[dict[str, object], list[torch.Tensor]]]:
-    """Decode every batch of (left-padded prompts, attention mask or None) with each cache mode and step mode: the
-    recorder's summary and the responses, by (cache, step). The step modes take turns batch by batch."""
+    """Decode every batch of (left-padded prompts, attention mask or None) with each cache mode and step label
+    (:func:`step_settings`): the recorder's summary and the responses, by (cache, step label). The step labels take
+    turns batch by batch."""
     results = {}
     for mode in modes:
         recorders = {step: TokensPerStepRecorder() for step in steps}
         outputs: dict[str, list[torch.Tensor]] = {step: [] for step in steps}
         for ids, mask in batches:
             for step in steps:
-                config = replace(base, cache=mode, step=step)
+                config = replace(base, cache=mode, **step_settings(step))
                 outputs[step].append(generate(model, ids, mask, config=config, hooks=[recorders[step]]).responses)
         results |= {(mode, step): (recorders[step].summary(), outputs[step]) for step in steps}
     return results

@@ -67,7 +67,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from decode import CACHE_MODES  # noqa: E402
+from decode import CACHE_MODES, COMPILED  # noqa: E402
 from real_size_parts.common import Run, profiled, release  # noqa: E402
 from real_size_parts.decode import decode_part  # noqa: E402
 from real_size_parts.score import score_part  # noqa: E402
@@ -81,7 +81,9 @@ from trims_hf.students import STUDENTS  # noqa: E402
 
 PARTS = ("train", "zero2", "score", "decode")
 STEP_MODES = {"cuda": ("eager", "static", "graph"), "cpu": ("eager", "static")}
-"""Step modes the decode part can time per device type (CUDA graphs need CUDA)."""
+"""Step modes the decode part can time per device type (CUDA graphs need CUDA); each of static and graph also with
+its decoder blocks compiled (``graph+compiled``: ``DecodingConfig.compile_blocks``)."""
+COMPILED_STEPS = tuple(step + COMPILED for step in ("static", "graph"))
 SCALE_DEFAULTS = {"tiny": {"steps": 2, "max_batch": 4, "score_rows": 40},
                   "real": {"steps": 8, "max_batch": 32, "score_rows": 1000}}
 SCORE_BUDGET_S = 420.0
@@ -120,8 +122,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
     parser.add_argument("--train-profile", type=Path, default=None,
                         help="append a summary of a profiled training step (the first variant's largest batch) here")
     parser.add_argument("--step-modes", default=None,
-                        help="comma-separated step modes of the decode part, eager first (the reference); default: "
-                             f"{','.join(STEP_MODES['cuda'])} on CUDA, {','.join(STEP_MODES['cpu'])} on a CPU")
+                        help="comma-separated step modes of the decode part, eager first (the reference), then any of "
+                             f"static, graph, {', '.join(COMPILED_STEPS)} (blocks compiled, timed at batch 1); "
+                             f"default: {','.join(STEP_MODES['cuda'])} on CUDA, {','.join(STEP_MODES['cpu'])} on a CPU")
     parser.add_argument("--profile", type=Path, default=None,
                         help="append a torch.profiler table of each part (train, score, decode) to this file")
     parser.add_argument("--zero2-worker", action="store_true", help=argparse.SUPPRESS)
@@ -166,10 +169,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
             parser.error(f"argument --{flag}: folder {path.parent} does not exist")
     step_modes = tuple(dict.fromkeys(mode.strip() for mode in (args.step_modes or ",".join(STEP_MODES[device.type]))
                                      .split(",")))
-    if step_modes[0] != "eager" or any(mode not in STEP_MODES["cuda"] for mode in step_modes):
-        parser.error(f"argument --step-modes: {args.step_modes!r}: eager first, then any of static, graph")
-    if "graph" in step_modes and device.type != "cuda":  # the CPU pre-flight passes the GPU window's flags
-        step_modes = tuple(mode for mode in step_modes if mode != "graph")
+    if step_modes[0] != "eager" or any(mode not in STEP_MODES["cuda"] + COMPILED_STEPS for mode in step_modes):
+        parser.error(f"argument --step-modes: {args.step_modes!r}: eager first, then any of static, graph, "
+                     f"{', '.join(COMPILED_STEPS)}")
+    if any(mode.startswith("graph") for mode in step_modes) and device.type != "cuda":  # the CPU pre-flight passes
+        # the GPU window's flags: its compiled graph step is timed as a compiled static step
+        step_modes = tuple(dict.fromkeys(mode.replace("graph", "static") if mode.endswith(COMPILED) else mode
+                                         for mode in step_modes if mode != "graph"))
         print(f"note: --step-modes: CUDA graphs need CUDA; the decode part times {','.join(step_modes)} on the "
               f"{device.type}", file=sys.stderr)
     block_modes = (tuple(dict.fromkeys("prefix" if mode == "dual" else mode for mode in cache_modes)), ("eager",))

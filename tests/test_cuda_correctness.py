@@ -20,12 +20,15 @@ wherever a GPU is present (skipped otherwise), on the reference fixtures loaded 
   legitimately flip, and one flip changes every later state: hence the comparison per state, not per run); a free
   bf16 ``generate`` run follows the fp32 one until a state whose fp32 margins are unclear (its first difference is
   at such a state).
+- Every step mode commits the eager step's tokens, and so do compiled decoder blocks (``compile_blocks``) on the
+  fixture prompts, under the static step and the graph step that captures them.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 import torch
@@ -327,15 +330,11 @@ def fixture_prompts(device: str, padded: bool) -> tuple[torch.Tensor, torch.Tens
     return ids, (torch.arange(width, device=device) >= width - lengths[:, None]).long()
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["llada", "dream"])
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
-                         ids=["fp32", "bf16"])
-def test_every_step_mode_commits_the_eager_tokens(device, kind, dtype):
-    """Static buffers (and CUDA graphs) change how a forward runs, not what it computes: at every cache mode, batch
-    1 and a left-padded batch, early stop off and on, each step commits the same positions and tokens, fills the
-    same EOS and costs the same forwards as the eager step."""
-    model = student(kind, device, dtype)
+def assert_commits_of_eager(eager_model: torch.nn.Module, model: torch.nn.Module, device: str,
+                            variants: dict[str, dict[str, Any]], name: str) -> None:
+    """At every cache mode, batch 1 and a left-padded batch, early stop off and on, each variant (``DecodingConfig``
+    fields) of ``model`` commits the same positions and tokens at each step, fills the same EOS and costs the same
+    forwards as ``eager_model`` at the eager step."""
     settings = TRACES["settings"]
     base = DecodingConfig(gen_length=settings["gen_length"], block_length=settings["block_length"], threshold=0.5,
                           early_stop=False, step="eager")
@@ -343,23 +342,49 @@ def test_every_step_mode_commits_the_eager_tokens(device, kind, dtype):
     for padded in (False, True):
         ids, mask = fixture_prompts(device, padded)
         for cache in ("none", "prefix", "dual"):
-            plain = generate(model, ids, mask, replace(base, cache=cache))
+            plain = generate(eager_model, ids, mask, replace(base, cache=cache))
             # A stop token the run does commit in its second block, so early stop has something to cut.
             stop = int(plain.responses[0, settings["block_length"] + 1])
             for early_stop in (False, True):
                 config = replace(base, cache=cache, early_stop=early_stop, stop_token_ids=[stop],
-                                 eos_token_id=model.config.eos_token_id)
+                                 eos_token_id=eager_model.config.eos_token_id)
                 eager_steps = _AllCommits()
-                eager = generate(model, ids, mask, config, hooks=[eager_steps])
+                eager = generate(eager_model, ids, mask, config, hooks=[eager_steps])
                 early_stops += early_stop and not torch.equal(eager.sequences, plain.sequences)
-                for step in STEP_MODES[device]:
+                for label, fields in variants.items():
                     steps = _AllCommits()
-                    other = generate(model, ids, mask, replace(config, step=step), hooks=[steps])
-                    context = f"{kind} {dtype} padded={padded} cache={cache} early_stop={early_stop} step={step}"
+                    other = generate(model, ids, mask, replace(config, **fields), hooks=[steps])
+                    context = f"{name} padded={padded} cache={cache} early_stop={early_stop} {label}"
                     assert torch.equal(other.sequences, eager.sequences), context
                     assert other.nfe == eager.nfe and torch.equal(other.sample_nfe, eager.sample_nfe), context
                     assert steps.steps == eager_steps.steps, context
     assert early_stops > 0  # early stop did cut some run, so the comparison covered its fills
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+                         ids=["fp32", "bf16"])
+def test_every_step_mode_commits_the_eager_tokens(device, kind, dtype):
+    """Static buffers (and CUDA graphs) change how a forward runs, not what it computes."""
+    model = student(kind, device, dtype)
+    assert_commits_of_eager(model, model, device, {f"step={step}": {"step": step} for step in STEP_MODES[device]},
+                            f"{kind} {dtype}")
+
+
+@pytest.mark.slow  # compiling takes tens of seconds on a CPU
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_compiled_blocks_commit_the_eager_tokens(device, kind, dtype):
+    """Compiled decoder blocks (``DecodingConfig.compile_blocks``) fuse the elementwise work into other kernels, whose
+    roundings may differ from eager's; on the fixture prompts every step still commits what the uncompiled eager step
+    commits, under the static step and (CUDA) the graph step that captures the fused kernels."""
+    compiled = student(kind, device, dtype)
+    assert_commits_of_eager(student(kind, device, dtype), compiled, device,
+                            {f"step={step}, compiled": {"step": step, "compile_blocks": True} for step in STEP_MODES[device]},
+                            f"{kind} {dtype}")
+    assert all(layer._compiled_call_impl is not None for layer in compiled.model.layers)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bench/gpu/run_all.sh runs these on a GPU)")

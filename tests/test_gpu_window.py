@@ -42,8 +42,14 @@ def test_budgets_follow_the_counts_of_each_part():
     one_variant, _ = budgets.budgets("real", replace(budgets.Settings(), train_variants=("eager",)))
     assert one_variant["train"] < seconds["train"]
     # Decoding without a cache at batch 16 is compute-bound, at batch 1 bound by reading the weights.
-    decode = explain["decode"]["seconds"]
+    decodes = explain["decode"]["decodes_per_mode"]
+    decode = {key: value / decodes[int(key.split("@")[1])] for key, value in explain["decode"]["seconds"].items()}
     assert decode["none@16"] > 8 * decode["none@1"] and decode["dual@1"] < decode["none@1"]
+    assert decodes == {1: 5, 16: 2}  # eager, static, graph and the compiled graph twice at batch 1; eager, graph
+    uncompiled, _ = budgets.budgets("real", replace(budgets.Settings(), step_modes=("eager", "static", "graph")))
+    assert seconds["decode"] - uncompiled["decode"] == pytest.approx(budgets.WINDOW.slack * (
+        2 * budgets.DECODE_COMPILE_S + explain["decode"]["seconds"]["none@1"] / 5 * 2
+        + explain["decode"]["seconds"]["dual@1"] / 5 * 2), abs=2)
     assert budgets.budgets("tiny")[0] == dict.fromkeys(seconds, int(budgets.TINY_BUDGET_S))
 
 

@@ -426,3 +426,70 @@ def test_llada2_trains_and_decodes_at_the_tiny_shape(tmp_path):
     assert {(line["cache"], line["step"]) for line in decodes} == {("none", "eager"), ("prefix", "eager")}
     assert all(line["identical_tokens_vs_no_cache"] == 1.0 for line in decodes)
     assert all(line["forward_calls"] == line["model_forwards"] > 0 for line in decodes)
+
+
+def test_moe_bound_counts_the_experts_the_routing_reaches():
+    """The tiny LLaDA-MoE (2 sparse layers of 4 experts, 2 routed per token) with its routers' choices overridden: layer 0
+    sends every token to experts 1 and 3, layer 1 sends token 0 to 2 and 1 and the others to 0 and 2 in a first
+    forward (3 experts), all to 0 and 2 in a second (2). The bound then reads 2 and 2.5 of each layer's 4 experts, an
+    expert being gate, up and down of 64 x 32 in fp32; a dense student's bound is every weight but the embedding."""
+    model = common.build_model("llada_moe", "tiny", "cpu", torch.float32).eval()
+    ids = torch.randint(3, 500, (1, 12), generator=torch.Generator().manual_seed(0))
+    routes = {0: [torch.tensor([[1, 3]] * 12)] * 2,
+              1: [torch.tensor([[2, 1]] + [[0, 2]] * 11), torch.tensor([[0, 2]] * 12)]}
+    calls = Counter()
+
+    def route(layer: int):
+        def override(module, args, output):
+            logits, weights, _ = output
+            calls[layer] += 1
+            return logits, weights, routes[layer][calls[layer] - 1]
+        return override
+
+    handles = [model.model.layers[layer].mlp.gate.register_forward_hook(route(layer)) for layer in routes]
+    with torch.no_grad(), decoding.routed_experts(model) as reached:
+        model(input_ids=ids)
+        model(input_ids=ids)
+    for handle in handles:
+        handle.remove()
+    assert reached == {"model.layers.0.mlp.experts": 2, "model.layers.1.mlp.experts": 2.5}
+    expert = 3 * 64 * 32 * 4
+    assert {name: decoding.expert_bytes(module) for name, module in decoding.expert_modules(model).items()} == dict.fromkeys(
+        reached, expert)
+    every = decoding.weight_read_bytes(model)
+    assert every == 4 * (model.num_parameters() - 512 * 64)
+    assert decoding.weight_read_bytes(model, reached) == every - (4 - 2) * expert - (4 - 2.5) * expert
+    dense = common.build_model("llada", "tiny", "cpu", torch.float32)
+    with decoding.routed_experts(dense) as nothing:
+        dense(input_ids=ids)
+    assert decoding.expert_modules(dense) == nothing == {}
+    assert decoding.weight_read_bytes(dense, nothing) == decoding.weight_read_bytes(dense) == 4 * (
+        dense.num_parameters() - 512 * 64)
+
+
+@pytest.mark.slow
+def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch):
+    """The tiny LLaDA-MoE through the decode part with the window's compiled graph step (timed on a CPU as the compiled
+    static step, at batch 1 only): its rows say so in their columns and keep the eager tokens, and every row's bound is
+    the bytes of the experts its forwards reach, at most all of them, from the line's own numbers."""
+    fake = Accelerator("Fake", bf16_tflops=1e-6, bandwidth_tb_s=1e-3)
+    monkeypatch.setattr(decoding, "accelerator", lambda name: fake)
+    output = tmp_path / "moe.jsonl"
+    real_size.main(["--part", "decode", "--student", "llada_moe", "--device", "cpu", "--cache-modes", "none,dual",
+                    "--step-modes", "eager,graph,graph+compiled", "--output", str(output)])
+    lines = [line for line in map(json.loads, output.read_text().splitlines()) if line["measurement"] == "decode"]
+    assert {(line["batch"], line["cache"], line["step"], line["compile_blocks"]) for line in lines} == {
+        (b, m, s, c) for b in (1, 4) for m in ("none", "dual") for s, c in (("eager", False), ("static", True))
+        if b == 1 or not c}
+    for line in lines:
+        assert line["identical_tokens_vs_eager"] == 1 and "error" not in line
+        experts = line["experts_reached"]
+        assert set(experts) == {"layers.0.mlp.experts", "layers.1.mlp.experts"}
+        assert all(1 <= count <= 4 for count in experts.values())
+        expert = 3 * 64 * 32 * 4
+        assert line["weight_read_bytes"] == pytest.approx(
+            line["weight_read_bytes_all_experts"] - sum(4 - count for count in experts.values()) * expert, abs=expert)
+        assert line["weight_read_bound_ms"] == pytest.approx(line["weight_read_bytes"] / 1e6, abs=1e-3)
+        assert line["forward_over_bound"] == pytest.approx(line["forward_ms"] / line["weight_read_bound_ms"], rel=1e-2)
+    dual = next(line for line in lines if line["batch"] == 1 and line["cache"] == "dual")
+    assert dual["weight_read_bytes"] < dual["weight_read_bytes_all_experts"]  # a 32-token window skips some experts

@@ -263,6 +263,15 @@ class DecodingConfig:
                           "graph (static, captured once per shape as a CUDA graph and replayed; CUDA only) | auto "
                           "(graph on CUDA, static elsewhere; eager for masked-LM students). Same tokens in every mode."},
     )
+    compile_blocks: bool = field(
+        default=False,
+        metadata={"help": "Compile each decoder block of the student in place with torch.compile before decoding (the "
+                          "blocks stay compiled): fuses the norms, rotary, SwiGLU and casts into fewer kernels, under "
+                          "every step mode (the graph step captures the fused kernels). Lengths are symbolic, so a "
+                          "student compiles once (once more with a KV cache): it pays off over many generations. The "
+                          "fused kernels round differently, so tokens are the eager blocks' only where the logits' "
+                          "margins allow."},
+    )
     early_stop: bool = field(
         default=True,
         metadata={"help": "Once the block holding a stop token is decoded, fill the rest with EOS and skip its forwards."},

@@ -30,6 +30,7 @@ from trims_hf.studies.accelerators import TimeModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model shapes and FLOP counts of real_size.py's parts
 
+from decode import COMPILED  # noqa: E402
 from real_size_parts.common import build_model, linear_weights, training_flops_per_token  # noqa: E402
 from real_size_parts.decode import DECODE_BATCHES, DECODE_GEN_LENGTH, DECODE_PROMPT_TOKENS, weight_read_bytes  # noqa: E402
 from real_size_parts.train import SEQUENCE_LENGTH  # noqa: E402
@@ -64,8 +65,8 @@ class Settings:
     max_batch: int = 16
     score_budget_s: float = 45.0
     cache_modes: tuple[str, ...] = ("none", "dual")
-    step_modes: tuple[str, ...] = ("eager", "static", "graph")
-    """Decode step modes; static at batch 1 only (``real_size_parts.decode.decode_part``)."""
+    step_modes: tuple[str, ...] = ("eager", "static", "graph", "graph" + COMPILED)
+    """Decode step modes; static and the compiled blocks at batch 1 only (``real_size_parts.decode.decode_part``)."""
     train_variants: tuple[str, ...] = ("eager", "no_dropout", "compiled")
     checkpointing: tuple[str, ...] = ("off",)
 
@@ -103,6 +104,11 @@ def train_budget(settings: Settings, explain: dict) -> float:
     return STARTUP_S + BUILD_S * len(settings.train_variants) + work + steps * TRAIN_STEP_HOST_S + compile_s
 
 
+DECODE_COMPILE_S = 60.0
+"""A step with compiled blocks, per cache mode: one 8B decoder block's forward compiled with symbolic lengths (a call
+without a cache and one with it trace different code, so each cache mode compiles its own)."""
+
+
 def decode_seconds(forward_tokens: int, weight_bytes: int, matmul_weights: int) -> float:
     """One forward: the larger of reading every weight and its matmul FLOPs (2 per weight and token)."""
     return max(WINDOW.read_s(weight_bytes), WINDOW.matmul_s(2 * matmul_weights * forward_tokens)) + DECODE_STEP_HOST_S
@@ -121,12 +127,16 @@ def decode_budget(settings: Settings, explain: dict) -> float:
                 "dual": lambda b: gen * decode_seconds(b * block, weights, matmul)
                 + gen // block * decode_seconds(b * full, weights, matmul)}
     batches = DECODE_BATCHES["real"]
-    steps_at = {b: sum(1 for step in settings.step_modes if step != "static" or b == batches[0]) for b in batches}
+    compiled = sum(step.endswith(COMPILED) for step in settings.step_modes)
+    # A compiled step decodes twice (untimed, to compile and capture; then timed), at batch 1 only, as static does.
+    steps_at = {b: sum(1 for step in settings.step_modes if step in ("eager", "graph") or b == batches[0])
+                + compiled * (b == batches[0]) for b in batches}
     seconds = {f"{mode}@{b}": per_mode[mode](b) * steps_at[b] for mode in settings.cache_modes for b in batches}
     warm_up = sum(per_mode[mode](1) * block / gen for mode in settings.cache_modes)
+    compile_s = compiled * DECODE_COMPILE_S * len(settings.cache_modes)
     explain["decode"] = {"weight_read_bytes": weights, "seconds": {k: round(v, 1) for k, v in seconds.items()},
-                         "warm_up_s": round(warm_up, 1)}
-    return STARTUP_S + BUILD_S + warm_up + sum(seconds.values())
+                         "decodes_per_mode": steps_at, "warm_up_s": round(warm_up, 1), "compile_s": compile_s}
+    return STARTUP_S + BUILD_S + warm_up + sum(seconds.values()) + compile_s
 
 
 def score_budget(settings: Settings, explain: dict) -> float:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from decode import decode_modes, identical_fraction
+from decode import COMPILED, decode_modes, identical_fraction, step_settings
 from torch import nn
 from train_step import synchronize
 from transformers import PreTrainedConfig
@@ -40,11 +40,60 @@ DECODE_GEN_LENGTH = {"tiny": 64, "real": 256}
 """Tiny scale decodes 2 blocks (enough for every cache mode to refresh once), the real one the paper's 256."""
 
 
-def weight_read_bytes(model: nn.Module) -> int:
+def expert_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """A mixture-of-experts student's expert weights, by module name: transformers' fused experts (Qwen3-MoE's,
+    GLM-4-MoE's), whose own parameters are 3-D with one slab per expert (``gate_up_proj``, ``down_proj``:
+    ``[num_experts, ...]``). Empty for a dense student; the router (2-D) and a shared expert are dense weights."""
+    found = {}
+    for name, module in model.named_modules():
+        own = list(module.parameters(recurse=False))
+        count = getattr(module, "num_experts", None)
+        if own and isinstance(count, int) and all(p.dim() == 3 and p.shape[0] == count for p in own):
+            found[name] = module
+    return found
+
+
+def expert_bytes(experts: nn.Module) -> int:
+    """Bytes of one expert's weights in an :func:`expert_modules` module."""
+    return sum(p[0].numel() * p.element_size() for p in experts.parameters(recurse=False))
+
+
+def weight_read_bytes(model: nn.Module, experts_reached: dict[str, float] | None = None) -> float:
     """Bytes a forward must read from memory at least once: every parameter but the input embedding table (of
-    which only the looked-up rows are read)."""
+    which only the looked-up rows are read). With ``experts_reached`` (per :func:`expert_modules` name, the experts a
+    forward's tokens reach, :func:`routed_experts`), an MoE student's experts count only for those: the bound of the
+    forward it actually runs, not of every expert it holds."""
     embedding = model.get_input_embeddings().weight
-    return sum(p.numel() * p.element_size() for p in model.parameters()) - embedding.numel() * embedding.element_size()
+    total = sum(p.numel() * p.element_size() for p in model.parameters()) - embedding.numel() * embedding.element_size()
+    for name, experts in expert_modules(model).items() if experts_reached is not None else ():
+        total -= (experts.num_experts - experts_reached[name]) * expert_bytes(experts)
+    return total
+
+
+@contextmanager
+def routed_experts(model: nn.Module) -> Iterator[dict[str, float]]:
+    """Fills the yielded dict, when the block ends, with the mean number of distinct experts each
+    :func:`expert_modules` module was routed to per call made inside it (read from the routed indices, the experts'
+    second argument, by a forward pre-hook): what a forward's tokens reach. Empty for a dense student. The hooks run
+    in eager and static calls only (a CUDA graph replays without them), and they sync, so the calls they see are not
+    the timed ones."""
+    reached: dict[str, float] = {}
+    counts: dict[str, list[int]] = {name: [] for name in expert_modules(model)}
+
+    def hook(name: str) -> Callable[..., None]:
+        def count(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+            routed = args[1] if len(args) > 1 else kwargs["top_k_index"]
+            counts[name].append(int(routed.unique().numel()))
+        return count
+
+    handles = [module.register_forward_pre_hook(hook(name), with_kwargs=True)
+               for name, module in expert_modules(model).items()]
+    try:
+        yield reached
+    finally:
+        for handle in handles:
+            handle.remove()
+        reached |= {name: statistics.mean(seen) for name, seen in counts.items() if seen}
 
 
 @dataclass
@@ -110,16 +159,26 @@ def padded_prompts(batch: int, longest: int, pad_id: int, device: torch.device) 
     return ids.to(device), mask.to(device)
 
 
+def uncompile(model: nn.Module) -> None:
+    """Every module compiled in place (``DecodingConfig.compile_blocks``) runs eagerly again."""
+    for module in model.modules():
+        module._compiled_call_impl = None
+
+
 def decode_part(run: Run) -> None:
     """Per batch, cache mode and step mode: the decoder's model calls alone (:func:`forward_times`) next to the
     weight-read bound, the whole decoding's wall time per call, tokens/s and peak memory; prompts left-padded with
-    their mask. The static step is measured at batch 1 only, where host time decides (at batch 16 it is eager's
-    kernels without the launches' cost, which graph also removes). Then SDPA alone under the padded batch's mask
+    their mask. The static step and the compiled blocks (step labels ``...+compiled``, after the plain ones, each
+    timed after an untimed decode that compiles) are measured at batch 1 only, where host time decides (at batch 16
+    the static step is eager's kernels without the launches' cost, which graph also removes). An MoE student's bound
+    counts the experts its forwards reach (:func:`routed_experts`, over an untimed eager decode of the same prompts
+    per cache mode, whose tokens every step's are checked against). Then SDPA alone under the padded batch's mask
     forms (:func:`mask_forms`)."""
     model = build_model(run.student, run.scale, run.device, run.dtype, run.attn_implementation).eval()
     peak = accelerator(device_name(run.device))
-    weight_bytes = weight_read_bytes(model)
-    bound_ms = weight_read_bound_ms(weight_bytes, peak)
+    all_weight_bytes = weight_read_bytes(model)
+    moe = bool(expert_modules(model))
+    judged_step = [step for step in run.step_modes if not step.endswith(COMPILED)][-1]
     gen_length = 2 * 32 if run.profile else DECODE_GEN_LENGTH[run.scale]  # profiled: two blocks, one refresh
     base = DecodingConfig(gen_length=gen_length, block_length=32, threshold=0.9, early_stop=False)
     pad_id = model.config.pad_token_id
@@ -132,20 +191,30 @@ def decode_part(run: Run) -> None:
         """Tokens/s of each (cache, step) at batch 1 (the first batch), the reference of the batch goal."""
         for batch in batches:
             prompts = padded_prompts(batch, DECODE_PROMPT_TOKENS, pad_id, run.device)
-            steps = tuple(step for step in run.step_modes if step != "static" or batch == batches[0])
-            results, calls, memory = {}, {}, {}
-            for mode in run.cache_modes:
-                for step in steps:
-                    reset_peak_memory(run.device)
-                    try:
-                        with forward_times(run.device, model) as times:
-                            results |= decode_modes(model, [prompts], base, (mode,), (step,))
-                    except RuntimeError as error:  # one mode failing on the device must not cost the others' lines
-                        run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "batch": batch,
-                                            "cache": mode, "step": step, "error": f"{type(error).__name__}: {error}"[:2000]})
-                        release(run.device)
-                        continue
-                    calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
+            steps = tuple(step for step in run.step_modes
+                          if batch == batches[0] or (step != "static" and not step.endswith(COMPILED)))
+            results, calls, memory, reached = {}, {}, {}, {}
+            groups = (tuple(s for s in steps if not s.endswith(COMPILED)), tuple(s for s in steps if s.endswith(COMPILED)))
+            for compiled, group in enumerate(groups):
+                for mode in run.cache_modes:  # the compiled blocks last: they stay compiled until uncompile
+                    if moe and not compiled:
+                        with routed_experts(model) as reached[mode]:
+                            decode_modes(model, [prompts], base, (mode,), ("eager",))
+                    for step in group:
+                        reset_peak_memory(run.device)
+                        try:
+                            if step.endswith(COMPILED):  # compiles, captures: what the timed decode reuses
+                                decode_modes(model, [prompts], base, (mode,), (step,))
+                            with forward_times(run.device, model) as times:
+                                results |= decode_modes(model, [prompts], base, (mode,), (step,))
+                        except RuntimeError as error:  # one mode failing on the device must not cost the others' lines
+                            run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student],
+                                                "batch": batch, "cache": mode, **step_settings(step),
+                                                "error": f"{type(error).__name__}: {error}"[:2000]})
+                            release(run.device)
+                            continue
+                        calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
+            uncompile(model)
             per_second = {key: summary["tokens_per_second"] for key, (summary, _) in results.items()}
             single = single or per_second
             for (mode, step), (summary, responses) in results.items():
@@ -153,10 +222,13 @@ def decode_part(run: Run) -> None:
                     continue  # its reference failed: the error line says why
                 timing = calls[mode, step]
                 forward_ms = timing["forward_ms"]
+                weight_bytes = weight_read_bytes(model, reached[mode] if moe else None)
+                bound_ms = weight_read_bound_ms(weight_bytes, peak)
                 speedup = per_second[mode, step] / per_second["none", step]
                 over_single = per_second[mode, step] / single[mode, step]
                 judged = None
-                if mode == "dual" and step == run.step_modes[-1]:  # the default step: graph on CUDA
+                if mode == "dual" and step in (judged_step, judged_step + COMPILED):  # the default step (graph on
+                    # CUDA), its blocks compiled or not
                     judged = (decode_shortfall(speedup, forward_ms, bound_ms) if batch == 1
                               else BATCH_OVER_EAGER_MIN * per_second["dual", "eager"] / per_second[mode, step])
                 graph_memory = None
@@ -169,7 +241,7 @@ def decode_part(run: Run) -> None:
                     "attn_implementation": model.config._attn_implementation, "batch": batch,
                     "prompt_tokens": prompts[1].sum(1).tolist(), "left_padded_with_mask": True,
                     "gen_length": base.gen_length, "block_length": base.block_length,
-                    "threshold": base.threshold, "early_stop": False, "cache": mode, "step": step,
+                    "threshold": base.threshold, "early_stop": False, "cache": mode, **step_settings(step),
                     "nfe": summary["nfe"], "model_forwards": summary["model_forwards"],
                     "tokens_per_step": round(summary["tokens_per_step"], 3),
                     "wall_time_s": round(summary["wall_time_s"], 6),
@@ -184,7 +256,10 @@ def decode_part(run: Run) -> None:
                     "identical_tokens_vs_eager": identical_fraction(responses, results[mode, "eager"][1])
                     if (mode, "eager") in results else None,
                     **memory[mode, step], "graph_memory_gib": graph_memory,
-                    "weight_read_bytes": weight_bytes, "accelerator": peak.name if peak else None,
+                    "weight_read_bytes": round(weight_bytes), "weight_read_bytes_all_experts": all_weight_bytes,
+                    "experts_reached": {name.removeprefix("model."): round(count, 2)
+                                        for name, count in reached[mode].items()} if moe else None,
+                    "accelerator": peak.name if peak else None,
                     "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
                     "weight_read_bound_ms": round(bound_ms, 3) if bound_ms else None,
                     "forward_over_bound": round(forward_ms / bound_ms, 3) if bound_ms else None,
@@ -192,7 +267,7 @@ def decode_part(run: Run) -> None:
                     "goals": {"batch1_dual_forward_over_bound_max": FORWARD_OVER_BOUND_MAX,
                               "batch1_dual_speedup_over_no_cache_min": DUAL_SPEEDUP_MIN,
                               f"batch{batches[-1]}_dual_tokens_per_s_over_eager_min": BATCH_OVER_EAGER_MIN,
-                              "judged_on": f"dual cache, step {run.step_modes[-1]}"},
+                              "judged_on": f"dual cache, step {judged_step} (blocks compiled or not)"},
                     **run.judge(judged),
                     "note": "random weights: about one token committed per step, so every mode does the same steps",
                 })

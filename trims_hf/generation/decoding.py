@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..prompts import Prompt, end_of_response_ids, prompt_token_ids
 from ..settings import DecodingConfig, PromptFormat, ResponseFormat
-from ..students import mask_token_id, student_spec
+from ..students import compile_blocks, mask_token_id, student_spec
 from .cache import StudentForward
 from .hooks import DecodeHook, GenerationStart, StepRecord, answer_text
 from .steps import GenerationOutput, build_strategy, early_stop_fill, propose, tokens_before_stop
@@ -67,6 +67,10 @@ def generate(
     config = config or DecodingConfig()
     _check_left_padded(attention_mask)
     spec, mask_id = student_spec(model), mask_token_id(model)
+    if config.compile_blocks:
+        # Symbolic lengths from the start: one compile serves every window and prompt length (specialised to the first
+        # call's length, a block would compile again at the first window).
+        compile_blocks(model, dynamic=True)
     strategy = build_strategy(config)
     batch, prompt_length = input_ids.shape
     device = input_ids.device

@@ -8,7 +8,7 @@ is executed.
 """
 
 from .adapters import AdapterError, load_adapter
-from .base import StudentSpec, make_bidirectional
+from .base import StudentSpec, compile_blocks, make_bidirectional
 from .loading import add_mask_token, load_student, prepare_student
 from .registry import (
     STUDENTS,
@@ -31,6 +31,7 @@ __all__ = [
     "StudentSpec",
     "add_mask_token",
     "check_sequence_length",
+    "compile_blocks",
     "detect_student_kind",
     "load_adapter",
     "load_student",

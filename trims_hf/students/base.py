@@ -95,3 +95,21 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
     for config in configs.values():
         config.is_causal = False
     return model
+
+
+def compile_blocks(model: nn.Module, dynamic: bool | None = None) -> int:
+    """Compile every decoder block of ``model`` (a student, PEFT-wrapped or not) in place with ``nn.Module.compile``;
+    returns how many. In place, so the model keeps its modules, hooks, adapters and state dict: only the blocks' calls
+    run compiled, and every block shares one compiled graph (same code, parameters as inputs). The blocks are the
+    classes transformers never splits across devices (``_no_split_modules``). A block compiled already is left as it
+    is, so a decoder may ask for this at every call and compile once. ``dynamic`` goes to ``torch.compile``: None
+    specialises on the first shapes and recompiles once with symbolic ones when they change."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    blocks = [module for module in model.modules() if type(module).__name__ in names]
+    if not blocks:
+        raise ValueError(f"compile_blocks: {type(base).__name__} names no decoder block (_no_split_modules={names or None}).")
+    for block in blocks:
+        if block._compiled_call_impl is None:
+            block.compile(dynamic=dynamic)
+    return len(blocks)

@@ -25,7 +25,7 @@ from transformers.trainer_callback import ProgressCallback
 from ..data import schema
 from ..data.preparation import is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
-from ..students import mask_token_id, student_spec
+from ..students import compile_blocks, mask_token_id, student_spec
 from ..students.block_diffusion import training_inputs
 from ..students.loss import NORMALIZATIONS, masked_token_loss, normaliser, per_unit_loss
 from .collator import INPUT_COLUMNS, TrimsDataCollator
@@ -68,21 +68,6 @@ def _head_at(head: nn.Module | None, rows: torch.Tensor, positions: torch.Tensor
     finally:
         if handle is not None:
             handle.remove()
-
-
-def compile_blocks(model: nn.Module) -> int:
-    """Compile every decoder block of ``model`` (a student, PEFT-wrapped or not) in place with ``nn.Module.compile``;
-    returns how many. In place, so the model keeps its modules, hooks, adapters and state dict: only the blocks' calls
-    run compiled, and every block shares one compiled graph (same code, parameters as inputs). The blocks are the
-    classes transformers never splits across devices (``_no_split_modules``)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    names = set(getattr(base, "_no_split_modules", None) or ())
-    blocks = [module for module in model.modules() if type(module).__name__ in names]
-    if not blocks:
-        raise ValueError(f"compile_blocks: {type(base).__name__} names no decoder block (_no_split_modules={names or None}).")
-    for block in blocks:
-        block.compile()
-    return len(blocks)
 
 
 class NumericProgressCallback(ProgressCallback):
