@@ -3,13 +3,21 @@ built in code, and the guard that no test leaves global state behind."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from trims_hf.determinism import PINNED_ENVIRONMENT
 
 os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes on the demo's code paths on any CPU
+# The compiled kernels of this session in a folder of its own (unless one is named): the default folder is shared by
+# every torch on the machine, and kernels loaded from it that another build or session wrote gave wrong logits.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="trims-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -10,9 +10,9 @@ from conftest import synthetic_scored_rows
 from datasets import Dataset
 
 from trims_hf import TrimsDataCollator, prepare_dataset
-from trims_hf.settings import BucketConfig, MaskingConfig
+from trims_hf.settings import RECORDED_WHEN_SET, BucketConfig, MaskingConfig, settings_record
 from trims_hf.studies.demo.presets import FAST
-from trims_hf.studies.protocol import BASE, TRAJECTORY_ONLY, VARIANTS, fingerprint, with_overrides
+from trims_hf.studies.protocol import BASE, TRAJECTORY_ONLY, VARIANTS, fingerprint, protocol_record, with_overrides
 from trims_hf.studies.regime import RegimeProtocol
 
 OTHER_VALUE = {"num_buckets": "3", "bucket_ordering": "random", "metric": "entropy", "bucket_seed": "7",
@@ -98,3 +98,44 @@ def test_at_ratio_0_the_trajectory_only_settings_change_no_batch(name, tokenizer
     same = all(torch.equal(a[key], b[key]) for a, b in zip(reference, changed) for key in a if torch.is_tensor(a[key]))
     assert same == (name in TRAJECTORY_ONLY)
     assert not any(batch["is_trajectory"].any() for batch in reference + changed)
+
+
+@dataclasses.dataclass
+class _Inner:
+    kept: int = 1
+    later: bool = dataclasses.field(default=False, metadata={RECORDED_WHEN_SET: True})
+
+
+@dataclasses.dataclass
+class _Outer:
+    name: str = "x"
+    inner: _Inner = dataclasses.field(default_factory=_Inner)
+    inners: tuple[_Inner, ...] = (_Inner(), _Inner(later=True))
+
+
+def test_a_setting_added_later_is_recorded_only_once_set():
+    assert settings_record(_Outer()) == {"name": "x", "inner": {"kept": 1},
+                                         "inners": ({"kept": 1}, {"kept": 1, "later": True})}
+    assert settings_record(_Outer(inner=_Inner(later=True)))["inner"] == {"kept": 1, "later": True}
+    assert settings_record(_Outer(inner=_Inner(kept=2)))["inner"] == {"kept": 2}
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_compiled_decoder_blocks_are_a_changed_protocol_and_the_default_is_not(name):
+    protocol = PROTOCOLS[name]
+    assert "decoding.compile_blocks" not in protocol_record(protocol)
+    compiled = with_overrides(protocol, ["decoding.compile_blocks=true"])
+    assert protocol_record(compiled)["decoding.compile_blocks"] is True
+    assert fingerprint(compiled) != fingerprint(protocol)
+
+
+def test_a_registered_study_keeps_its_fingerprint():
+    """The SmolLM2 window-2 results record the fingerprint protocol 2 had when it ran; the protocol as the library
+    builds it today must still have it, or a rerun would not continue that study."""
+    import json
+    from pathlib import Path
+
+    from trims_hf.studies.smollm2.protocol import FULL2
+
+    results = Path(__file__).resolve().parents[1] / "docs" / "results" / "smollm2" / "window-2" / "results.json"
+    assert fingerprint(FULL2) == json.loads(results.read_text())["protocol_fingerprint"]

@@ -37,6 +37,25 @@ PROMPT_FORMATS = ("chat_template", "plain", "verbatim")
 SEQUENCE_LENGTH = 1024  # the paper's training sequence length (§4)
 
 
+RECORDED_WHEN_SET = "recorded_when_set"
+"""Field metadata of a setting added after records of its dataclass existed: :func:`settings_record` leaves it out
+while it holds its default, so that every record (a protocol's fingerprint, an evaluation's run fingerprint) written
+before it keeps its key; set, it is recorded as any other."""
+
+
+def settings_record(value: Any) -> Any:
+    """``dataclasses.asdict`` of a setting (nested settings included), less the :data:`RECORDED_WHEN_SET` fields
+    at their default: what a record or a fingerprint holds."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: settings_record(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (f.metadata.get(RECORDED_WHEN_SET) and getattr(value, f.name) == f.default)}
+    if isinstance(value, (list, tuple)):
+        return type(value)(settings_record(item) for item in value)
+    if isinstance(value, dict):
+        return {key: settings_record(item) for key, item in value.items()}
+    return value
+
+
 def check_choice(name: str, value: Any, kind: Any) -> None:
     if value not in get_args(kind):
         raise ValueError(f"{name}={value!r}; choose one of {', '.join(get_args(kind))}.")
@@ -265,7 +284,8 @@ class DecodingConfig:
     )
     compile_blocks: bool = field(
         default=False,
-        metadata={"help": "Compile each decoder block of the student in place with torch.compile before decoding (the "
+        metadata={RECORDED_WHEN_SET: True,
+                  "help": "Compile each decoder block of the student in place with torch.compile before decoding (the "
                           "blocks stay compiled): fuses the norms, rotary, SwiGLU and casts into fewer kernels, under "
                           "every step mode (the graph step captures the fused kernels). Lengths are symbolic, so a "
                           "student compiles once (once more with a KV cache): it pays off over many generations. The "

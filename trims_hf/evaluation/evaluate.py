@@ -37,7 +37,7 @@ from ..generation import (
 )
 from ..prompts import resolved_format
 from ..reports import library_versions, weights_fingerprint
-from ..settings import PromptFormat
+from ..settings import PromptFormat, settings_record
 from .tasks import (
     CodeExecutionDisabled,
     CodeTask,
@@ -164,7 +164,7 @@ def run_fingerprint(model: nn.Module, model_name: str, task: Task, tokenizer: Pr
         "model": model_name, "weights": weights_fingerprint(model),
         "dtype": str(parameters[0].dtype) if parameters else None,
         "device": parameters[0].device.type if parameters else None,
-        "task": task.prompt_format(tokenizer), "prompt_format": asdict(prompt_format), "decoding": asdict(config),
+        "task": task.prompt_format(tokenizer), "prompt_format": asdict(prompt_format), "decoding": settings_record(config),
         "batch_size": batch_size,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -28,6 +28,7 @@ from ..settings import (
     ScoringOptions,
     StudentFormat,
     settings_of,
+    settings_record,
 )
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def protocol_record(protocol: Any) -> dict[str, Any]:
     """Every field of a (dataclass) protocol, those of the settings it holds included, plus what its ``resolved()``
     returns when it has one (the library defaults the settings resolve to), so that a changed library default is a
     changed protocol too."""
-    record = dataclasses.asdict(protocol)
+    record = settings_record(protocol)
     if callable(resolved := getattr(protocol, "resolved", None)):
         record["resolved"] = resolved()
     return flat(json.loads(json.dumps(record, default=str)))
