@@ -333,12 +333,16 @@ def test_batch_search_errors():
         largest_fitting_batch(broken, 4)
 
 
-def test_mdlm_trainer_searches_the_batch_at_max_length(tmp_path, tokenizer):
-    """MDLMConfig(global_batch_size=32): the probes run the student at max_length from 32 rows down, and the Trainer
-    is built with the largest batch that fit and the accumulation that keeps 32 rows per step."""
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_mdlm_trainer_searches_the_batch_at_max_length(tmp_path, tokenizer, checkpointing):
+    """MDLMConfig(global_batch_size=32): the probes run the student at max_length from 32 rows down (with the run's
+    gradient checkpointing), and the Trainer is built with the largest batch that fit and the accumulation that keeps
+    32 rows per step."""
     model = tiny_student(tokenizer)
     shapes = out_of_memory_above(model, 5)
-    trainer = MDLMTrainer(model, make_args(tmp_path, global_batch_size=32, max_length=96), processing_class=tokenizer)
+    trainer = MDLMTrainer(model, make_args(tmp_path, global_batch_size=32, max_length=96,
+                                           activation_checkpointing=checkpointing), processing_class=tokenizer)
+    assert model.is_activation_checkpointing == checkpointing
     assert shapes == [(32, 96), (16, 96), (8, 96), (4, 96)]
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 8)
     assert trainer._train_batch_size == 4 and trainer.get_total_train_batch_size(trainer.args) == 32

@@ -78,14 +78,17 @@ def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, 
 
 def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: int, length: int) -> tuple[int, int]:
     """Set ``args.per_device_train_batch_size`` to the largest batch whose training step at ``length`` tokens fits on
-    every process (:func:`probe_step` on ``model``, moved to ``args.device``, with the run's gradient checkpointing)
+    every process (:func:`probe_step` on ``model``, moved to ``args.device``, with the run's activation checkpointing)
     and ``args.gradient_accumulation_steps`` so that batch x accumulation x processes == ``global_batch``; returns
     (batch, accumulation). Optimizer states are not allocated by the probe: for a LoRA run they are a small fraction of
     one row's activations."""
     rows = rows_per_process(global_batch, args.world_size)
     model.to(args.device)
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+    if args.activation_checkpointing:  # as Trainer.train enables it, which runs after the search
+        settings = dict(args.activation_checkpointing_kwargs or {})
+        model.activation_checkpointing_enable(every_n_layers=settings.pop("every_n_layers", 1),
+                                              offload=settings.pop("offload", False),
+                                              activation_checkpointing_kwargs=settings or None)
     student = student_spec(model)
     batch = largest_fitting_batch(lambda size: probe_step(model, student, size, length, args), rows)
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process trains the same split
