@@ -76,12 +76,11 @@ def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, 
         model.zero_grad(set_to_none=True)
 
 
-def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: int, length: int) -> tuple[int, int]:
+def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: int, length: int) -> None:
     """Set ``args.per_device_train_batch_size`` to the largest batch whose training step at ``length`` tokens fits on
     every process (:func:`probe_step` on ``model``, moved to ``args.device``, with the run's activation checkpointing)
-    and ``args.gradient_accumulation_steps`` so that batch x accumulation x processes == ``global_batch``; returns
-    (batch, accumulation). Optimizer states are not allocated by the probe: for a LoRA run they are a small fraction of
-    one row's activations."""
+    and ``args.gradient_accumulation_steps`` so that batch x accumulation x processes == ``global_batch``. Optimizer
+    states are not allocated by the probe: for a LoRA run they are a small fraction of one row's activations."""
     rows = rows_per_process(global_batch, args.world_size)
     model.to(args.device)
     if args.activation_checkpointing:  # as Trainer.train enables it, which runs after the search
@@ -99,4 +98,3 @@ def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: in
     if args.process_index == 0:
         print(f"batch search: per-device batch {batch} x gradient accumulation {rows // batch} x {args.world_size} "
               f"process(es) = global batch {global_batch}", file=sys.stderr)
-    return batch, rows // batch
