@@ -3,13 +3,20 @@ built in code, and the guard that no test leaves global state behind."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from trims_hf.determinism import PINNED_ENVIRONMENT
 
 os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes on the demo's code paths on any CPU
+# torch.compile's on-disk cache of its own: the cache key leaves ATen's pinned instruction set out, and a CPU kernel
+# compiled by an unpinned run of the same graph (bench/real_size.py on this machine) crashes a pinned process that
+# loads it (a segmentation fault with torch 2.13).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(),
+                                                              f"torchinductor_{getpass.getuser()}_pinned_avx2"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
