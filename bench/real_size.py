@@ -16,6 +16,9 @@ they share in its ``common.py``; this file is their command line):
   then bisection, an out-of-memory step counts as "does not fit"), with and without gradient checkpointing; TRIMS
   (trajectory ratio 0.1) and MDLM (ratio 0) steps interleaved on the same model, their step-time ratio, tokens/s
   (padded and real), peak memory and model FLOPs utilisation (:func:`training_flops_per_token` states the convention).
+- ``recipe``: ``--steps`` optimizer steps of ``recipes/<student>/trims_s1k.yaml`` as ``trims train`` runs it (its
+  parser, its LoRA wrapping, MDLMTrainer with the recipe's batch search and compiled blocks) on the true-shape student:
+  tokens/s, MFU, the global batch and its split, the projected minutes of the whole s1K run (30 epochs) on the device.
 - ``zero2``: one DeepSpeed ZeRO-2 training run of a few steps through the shipped ``recipes/accelerate/zero2.yaml``
   (and the zero2.json it names), launched with ``accelerate launch --num_processes 1``.
 - ``score``: the Qwen3-8B-shaped teacher over ``--score-rows`` rows of s1K-like lengths (:func:`s1k_like_lengths`)
@@ -70,6 +73,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from decode import CACHE_MODES, COMPILED  # noqa: E402
 from real_size_parts.common import Run, profiled, release  # noqa: E402
 from real_size_parts.decode import decode_part  # noqa: E402
+from real_size_parts.recipe import recipe_part  # noqa: E402
 from real_size_parts.score import score_part  # noqa: E402
 from real_size_parts.train import TRAIN_VARIANTS, train_part  # noqa: E402
 from real_size_parts.zero2 import zero2_part, zero2_worker  # noqa: E402
@@ -79,7 +83,7 @@ from trims_hf.students import STUDENTS  # noqa: E402
 
 # --- command line ------------------------------------------------------------------------------------------------
 
-PARTS = ("train", "zero2", "score", "decode")
+PARTS = ("train", "recipe", "zero2", "score", "decode")
 STEP_MODES = {"cuda": ("eager", "static", "graph"), "cpu": ("eager", "static")}
 """Step modes the decode part can time per device type (CUDA graphs need CUDA); each of static and graph also with
 its decoder blocks compiled (``graph+compiled``: ``DecodingConfig.compile_blocks``)."""
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.zero2_worker:
         zero2_worker(run)
         return
-    parts = {"train": train_part, "score": score_part, "decode": decode_part}
+    parts = {"train": train_part, "recipe": recipe_part, "score": score_part, "decode": decode_part}
     for name in PARTS if args.part == "all" else (args.part,):
         if name == "zero2":  # a subprocess: nothing to profile here
             zero2_part(run)

@@ -13,8 +13,9 @@ from pathlib import Path
 from trims_hf.determinism import PINNED_ENVIRONMENT
 
 os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes on the demo's code paths on any CPU
-# The compiled kernels of this session in a folder of its own (unless one is named): the default folder is shared by
-# every torch on the machine, and kernels loaded from it that another build or session wrote gave wrong logits.
+# torch.compile's on-disk cache, this session's own (unless one is named): its key leaves ATen's pinned instruction set
+# out, so a CPU kernel another process compiled unpinned (a bench run, another torch) and this pinned one loads gives
+# wrong logits or crashes it (torch 2.13).
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="trims-tests-inductor-")
     atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)

@@ -77,7 +77,9 @@ def test_zero2_configuration():
     json_file = TESTS.parent / config.deepspeed_config["deepspeed_config_file"]
     assert json_file.exists()
     assert DeepSpeedPlugin(hf_ds_config=str(json_file)).zero_stage == 2
-    _, _, args = parse_recipe(ACCELERATE.parent / "llada" / "trims_s1k.yaml", ["--use_cpu", "true"])
+    # The split the batch search makes of the recipe's global batch of 32 on 8 GPUs with one row each.
+    _, _, args = parse_recipe(ACCELERATE.parent / "llada" / "trims_s1k.yaml",
+                              ["--use_cpu", "true", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4"])
     filled = HfTrainerDeepSpeedConfig(str(json_file))
     filled.trainer_config_process(args)  # what the Trainer does with the recipe's TrainingArguments
     filled.fill_only("zero_optimization.reduce_bucket_size", 4096 * 4096)  # from the model at finalize time
@@ -87,19 +89,23 @@ def test_zero2_configuration():
 
 
 @needs_deepspeed
-def test_zero2_steps_on_cpu_match_one_process(tmp_path, single_process):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled_blocks"])
+def test_zero2_steps_on_cpu_match_one_process(tmp_path, single_process, compiled):
     """The shipped zero2.yaml/zero2.json, launched as users do (only --num_processes 2), on DeepSpeed's CPU
-    accelerator (gloo + its shared-memory allreduce): ZeRO-2 trains, and its steps equal one process's."""
-    run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE / "zero2.yaml"),
-         "--num_processes", "2", "--main_process_port", str(free_port()), str(SCRIPT), str(tmp_path), "4", "1"],
-        cwd=TESTS.parent)  # zero2.yaml names zero2.json from the repository root, where users launch
+    accelerator (gloo + its shared-memory allreduce): ZeRO-2 trains, and its steps equal one eager process's, with
+    the decoder blocks compiled too (the recipes train so), to float rounding."""
+    launch([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE / "zero2.yaml"),
+            "--num_processes", "2", "--main_process_port", str(free_port()), str(SCRIPT), str(tmp_path), "4", "1",
+            *(["compiled"] if compiled else [])],
+           cwd=TESTS.parent, timeout=900 if compiled else 120)  # zero2.yaml names zero2.json from the repository root
     reference = single_process
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     assert reference["zero_stage"] is None and [r["zero_stage"] for r in ranks] == [2, 2]
-    assert ranks[0]["world_size"] == 2
+    assert ranks[0]["world_size"] == 2 and [r["compiled_blocks"] for r in ranks] == [2 * compiled] * 2
     losses = [log["loss"] for log in ranks[0]["logs"]]
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
-    assert losses == pytest.approx([log["loss"] for log in reference["logs"]], rel=1e-5)
+    tolerance = 1e-4 if compiled else 1e-5
+    assert losses == pytest.approx([log["loss"] for log in reference["logs"]], rel=tolerance)
     assert not torch.allclose(ranks[0]["weights"], ranks[0]["initial"], atol=1e-3)  # the steps moved the weights
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
-    assert torch.allclose(ranks[0]["weights"], reference["weights"], atol=1e-5)
+    assert torch.allclose(ranks[0]["weights"], reference["weights"], atol=10 * tolerance)

@@ -25,7 +25,7 @@ RUN_ALL = ROOT / "bench" / "gpu" / "run_all.sh"
 
 def test_budgets_follow_the_counts_of_each_part():
     seconds, explain = budgets.budgets("real")
-    assert list(seconds) == ["tests", "decode", "train", "score", "zero2"]  # most important first
+    assert list(seconds) == ["tests", "decode", "train", "recipe", "score", "zero2"]  # most important first
     train, settings = explain["train"], budgets.Settings()
     compile_s = budgets.COMPILE_S if "compiled" in settings.train_variants else 0.0
     expected = budgets.WINDOW.slack * (budgets.STARTUP_S + budgets.BUILD_S * len(settings.train_variants)
@@ -41,6 +41,10 @@ def test_budgets_follow_the_counts_of_each_part():
     assert one_step["decode"] < seconds["decode"]
     one_variant, _ = budgets.budgets("real", replace(budgets.Settings(), train_variants=("eager",)))
     assert one_variant["train"] < seconds["train"]
+    recipe = explain["recipe"]  # the batch search's probes from 32 rows down, then the steps of 32 rows
+    assert recipe["rows_of_1024_tokens"] == 63 + 32 * settings.recipe_steps
+    longer, _ = budgets.budgets("real", replace(budgets.Settings(), recipe_steps=2 * settings.recipe_steps))
+    assert longer["recipe"] > seconds["recipe"]
     # Decoding without a cache at batch 16 is compute-bound, at batch 1 bound by reading the weights.
     decodes = explain["decode"]["decodes_per_mode"]
     decode = {key: value / decodes[int(key.split("@")[1])] for key, value in explain["decode"]["seconds"].items()}
@@ -53,12 +57,13 @@ def test_budgets_follow_the_counts_of_each_part():
     assert budgets.budgets("tiny")[0] == dict.fromkeys(seconds, int(budgets.TINY_BUDGET_S))
 
 
-@pytest.mark.parametrize("part", ["train", "decode", "score"])
+@pytest.mark.parametrize("part", ["train", "recipe", "decode", "score"])
 def test_flags_passed_to_real_size_are_the_budgeted_settings(part):
     settings = budgets.Settings()
     _, run = real_size.parse(["--scale", "real", "--device", "cpu", *settings.flags(part)])
+    steps = {"train": settings.steps, "recipe": settings.recipe_steps}
     assert (run.steps, run.max_batch, run.score_budget_s, run.cache_modes) == (
-        settings.steps if part == "train" else real_size.SCALE_DEFAULTS["real"]["steps"],
+        steps.get(part, real_size.SCALE_DEFAULTS["real"]["steps"]),
         settings.max_batch if part == "train" else real_size.SCALE_DEFAULTS["real"]["max_batch"],
         settings.score_budget_s if part == "score" else real_size.SCORE_BUDGET_S,
         settings.cache_modes if part == "decode" else real_size.CACHE_MODES)

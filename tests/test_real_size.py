@@ -34,7 +34,7 @@ def lines(tmp_path_factory) -> list[dict]:
     output = tmp_path_factory.mktemp("real_size") / "lines.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "real_size.py"), "--scale", "tiny", "--device", "cpu",
-                             "--output", str(output)], capture_output=True, text=True, timeout=300, env=env)
+                             "--output", str(output)], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     printed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"bench"')]
     written = [json.loads(line) for line in output.read_text().splitlines()]
@@ -58,7 +58,7 @@ def student_lines(tmp_path, student: str) -> list[dict]:
 @pytest.mark.slow
 @needs_deepspeed  # the tiny run's zero2 part
 def test_one_line_per_measurement_naming_device_and_versions(lines):
-    assert Counter(line["part"] for line in lines) == {"train": 4, "zero2": 1, "score": 1, "decode": 10}
+    assert Counter(line["part"] for line in lines) == {"train": 4, "recipe": 1, "zero2": 1, "score": 1, "decode": 10}
     for line in lines:
         assert line["bench"] == "real_size" and line["scale"] == "tiny" and line["device_type"] == "cpu"
         assert line["device"].startswith("CPU: ") and line["dtype"] == "float32"
@@ -95,6 +95,34 @@ def test_zero2_line_comes_from_the_shipped_recipe(lines):
     after_first = zero2["step_s"][1:]
     assert zero2["tokens_per_s_after_first"] == pytest.approx(256 * len(after_first) / sum(after_first), rel=1e-2)
     assert "recipes/accelerate/zero2.yaml" in zero2["launch"]
+
+
+@pytest.mark.slow
+def test_recipe_line_trains_the_recipe_as_trims_train_does(tmp_path, monkeypatch):
+    """The recipe part on a card with room for 8 rows of the tiny student: the recipe's global batch of 32 split 8 x
+    GA 4 by the batch search, its blocks compiled, and the numbers derived from the measured steps."""
+    from trims_hf.training import batch_search
+
+    probe = batch_search.probe_step
+
+    def room_for_8(model, student, batch, length, args):
+        if batch > 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+        probe(model, student, batch, length, args)
+
+    monkeypatch.setattr(batch_search, "probe_step", room_for_8)
+    output = tmp_path / "recipe.jsonl"
+    real_size.main(["--part", "recipe", "--device", "cpu", "--steps", "2", "--output", str(output)])
+    (line,) = [json.loads(text) for text in output.read_text().splitlines()]
+    assert line["recipe"] == "recipes/llada/trims_s1k.yaml" and line["compile_blocks"] is True
+    assert (line["global_batch"], line["per_device_batch"], line["gradient_accumulation"], line["processes"]) == (32, 8, 4, 1)
+    assert len(line["step_s"]) == len(line["losses"]) == 2
+    assert line["median_step_s_after_first"] == line["step_s"][1]
+    assert line["tokens_per_s"] == pytest.approx(32 * 256 / line["step_s"][1], rel=1e-3)
+    assert line["s1k_tokens"] == 1000 * 30 * 256
+    minutes = (line["step_s"][0] - line["step_s"][1] + line["s1k_tokens"] / line["tokens_per_s"]) / 60
+    assert line["projected_s1k_minutes"] == pytest.approx(minutes, rel=1e-3)
+    assert line["mfu"] is None and line["goals_met"] is None  # a CPU: no peak to judge against
 
 
 @pytest.mark.slow

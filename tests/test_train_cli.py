@@ -220,6 +220,7 @@ MISTAKES = [
      r"^decode_eval_decoding: threshold=1.5: must be in \[0, 1\]\.$"),
     ("decode-eval-bad-setting", None, {"decode_eval_decoding": "{{treshold: 0.5}}"}, [],
      r"^decode_eval_decoding: unknown decoder setting\(s\) treshold; known: "),
+    ("global-batch-zero", None, {"global_batch_size": "0"}, [], r"^global_batch_size 0: must be at least 1\.$"),
 ]
 
 
@@ -331,8 +332,9 @@ def test_config_may_come_anywhere_and_overrides_keep_their_order(argv, config, o
 
 PAPER = {"max_length": 1024, "num_train_epochs": 30, "learning_rate": 1e-4, "lr_scheduler_type": "cosine",
          "warmup_steps": 0.03, "weight_decay": 0.1, "lora_r": 32, "lora_alpha": 32, "bf16": True, "num_buckets": 8,
-         "p_context": 0.05, "p_future": 0.95, "bucket_ordering": "hard_to_easy", "metric": "nll",
-         "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}
+         "p_context": 0.05, "p_future": 0.95, "bucket_ordering": "hard_to_easy", "metric": "nll"}
+GLOBAL_BATCH = {"llada": {"global_batch_size": 32, "compile_blocks": True},  # split by the batch search
+                "dream": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}}  # x 8 GPUs
 
 
 @pytest.mark.parametrize("student", ["llada", "dream"])
@@ -342,6 +344,7 @@ def test_paper_recipes(student):
     assert model_args.model_kind == student
     values = {**trims, "learning_rate": args.learning_rate}
     assert {key: values[key] for key in PAPER} == PAPER
+    assert {key: trims[key] for key in GLOBAL_BATCH[student]} == GLOBAL_BATCH[student]
     assert trims["trajectory_ratio"] == 0.1 and mdlm["trajectory_ratio"] == 0
     differ = {key for key in trims.keys() | mdlm.keys() if trims.get(key) != mdlm.get(key)}
     assert differ == {"trajectory_ratio", "output_dir"}

@@ -120,14 +120,21 @@ def flat_weights(model) -> torch.Tensor:
 
 
 def one_step(tmp_path, tokenizer, rows, kind: str = "llada", trainer_class=MDLMTrainer, per_device: int = 8,
-             accumulation: int = 1, accepts_kwargs: bool | None = None, max_length: int | None = None, **masking):
-    """One optimizer step of a fresh tiny student on ``rows`` (in order) with the real collator: (loss, weights)."""
+             accumulation: int = 1, accepts_kwargs: bool | None = None, max_length: int | None = None,
+             searched: tuple[int, int] | None = None, **masking):
+    """One optimizer step of a fresh tiny student on ``rows`` (in order) with the real collator: (loss, weights).
+    ``searched`` = (global batch, rows that fit): the split comes from MDLMTrainer's batch search instead."""
     model = tiny_student(tokenizer, kind, seed=1)
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=per_device, max_steps=1,
-                             gradient_accumulation_steps=accumulation, learning_rate=0.1, optim="sgd",
-                             lr_scheduler_type="constant", weight_decay=0.0, logging_steps=1, save_strategy="no",
-                             report_to="none", use_cpu=True, seed=0, disable_tqdm=True, remove_unused_columns=False,
-                             train_sampling_strategy="sequential")
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=per_device, max_steps=1,
+                    gradient_accumulation_steps=accumulation, learning_rate=0.1, optim="sgd",
+                    lr_scheduler_type="constant", weight_decay=0.0, logging_steps=1, save_strategy="no",
+                    report_to="none", use_cpu=True, seed=0, disable_tqdm=True, remove_unused_columns=False,
+                    train_sampling_strategy="sequential")
+    if searched is None:
+        args = TrainingArguments(**settings)
+    else:
+        args = MDLMConfig(**settings, global_batch_size=searched[0], max_length=max_length)
+        out_of_memory_above(model, searched[1])
     collator = TrimsDataCollator(tokenizer, masking=MaskingConfig(**masking), max_length=max_length)
     trainer = trainer_class(model=model, args=args, data_collator=collator, train_dataset=Dataset.from_list(rows),
                             callbacks=[CollatorEpochCallback(collator)] if trainer_class is Trainer else None)
@@ -268,7 +275,78 @@ def test_any_split_of_the_global_batch_trains_the_same_objective(tmp_path, token
                                  accepts_kwargs=accepts_kwargs, max_length=640, trajectory_ratio=0.3, **masking)
         assert loss == pytest.approx(loss_big, rel=1e-5), (per_device, accumulation)
         assert torch.allclose(weights, weights_big, atol=1e-6), (per_device, accumulation)
+    # The batch search's split (room for 11 rows: 8 x GA 4) of global_batch_size 32 trains the same objective.
+    loss, weights = one_step(tmp_path / "c", tokenizer, uneven, max_length=640, searched=(32, 11), trajectory_ratio=0.3,
+                             **masking)
+    assert loss == pytest.approx(loss_big, rel=1e-5) and torch.allclose(weights, weights_big, atol=1e-6)
     assert (weights_big - flat_weights(tiny_student(tokenizer, "llada", seed=1))).abs().max() > 1e-3
+
+
+def out_of_memory_above(model: torch.nn.Module, limit: int) -> list[tuple[int, ...]]:
+    """Make ``model``'s forward raise CUDA's out-of-memory error on batches of more than ``limit`` rows, as a card
+    with room for ``limit`` does; returns the input shapes it was called with."""
+    shapes = []
+
+    def forward(module, args, kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        if shapes[-1][0] > limit:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {shapes[-1][0]} GiB.")
+
+    model.register_forward_pre_hook(forward, with_kwargs=True)
+    return shapes
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4, 8, 32])
+@pytest.mark.parametrize("fits_up_to", [1, 3, 8, 40])
+def test_batch_search_picks_the_largest_fitting_split_of_the_global_batch(processes, fits_up_to):
+    from trims_hf.training.batch_search import largest_fitting_batch, rows_per_process
+
+    def fits(batch: int) -> None:
+        if batch > fits_up_to:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    rows = rows_per_process(32, processes)
+    batch = largest_fitting_batch(fits, rows)
+    assert batch == max(b for b in (1, 2, 4, 8, 16, 32) if b <= min(fits_up_to, rows))
+    assert batch * (rows // batch) * processes == 32
+
+
+def test_batch_search_errors():
+    from trims_hf.errors import InputError
+    from trims_hf.training.batch_search import largest_fitting_batch, rows_per_process
+
+    with pytest.raises(InputError, match="global_batch_size 32 does not split evenly over 3 processes"):
+        rows_per_process(32, 3)
+    with pytest.raises(InputError, match="global_batch_size 0: must be at least 1"):
+        rows_per_process(0, 1)
+
+    def never(batch: int) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    with pytest.raises(InputError, match="per-device batch 1 does not fit in memory"):
+        largest_fitting_batch(never, 4)
+
+    def broken(batch: int) -> None:
+        raise RuntimeError("shape mismatch")  # not out of memory: not a reason to try a smaller batch
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        largest_fitting_batch(broken, 4)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_mdlm_trainer_searches_the_batch_at_max_length(tmp_path, tokenizer, checkpointing):
+    """MDLMConfig(global_batch_size=32): the probes run the student at max_length from 32 rows down (with the run's
+    gradient checkpointing), and the Trainer is built with the largest batch that fit and the accumulation that keeps
+    32 rows per step."""
+    model = tiny_student(tokenizer)
+    shapes = out_of_memory_above(model, 5)
+    trainer = MDLMTrainer(model, make_args(tmp_path, global_batch_size=32, max_length=96,
+                                           activation_checkpointing=checkpointing), processing_class=tokenizer)
+    assert model.is_activation_checkpointing == checkpointing
+    assert shapes == [(32, 96), (16, 96), (8, 96), (4, 96)]
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 8)
+    assert trainer._train_batch_size == 4 and trainer.get_total_train_batch_size(trainer.args) == 32
+    assert all(p.grad is None for p in model.parameters())  # the probes leave no gradients behind
 
 
 @dataclass

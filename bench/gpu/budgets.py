@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from trims_hf.commands.recipe import read_recipe
 from trims_hf.settings import ScoringOptions
 from trims_hf.studies.accelerators import TimeModel
 
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model shapes
 from decode import COMPILED  # noqa: E402
 from real_size_parts.common import build_model, linear_weights, training_flops_per_token  # noqa: E402
 from real_size_parts.decode import DECODE_BATCHES, DECODE_GEN_LENGTH, DECODE_PROMPT_TOKENS, weight_read_bytes  # noqa: E402
+from real_size_parts.recipe import recipe_path  # noqa: E402
 from real_size_parts.train import SEQUENCE_LENGTH  # noqa: E402
 from real_size_parts.zero2 import ZERO2_STEPS  # noqa: E402
 
@@ -69,11 +71,14 @@ class Settings:
     """Decode step modes; static and the compiled blocks at batch 1 only (``real_size_parts.decode.decode_part``)."""
     train_variants: tuple[str, ...] = ("eager", "no_dropout", "compiled")
     checkpointing: tuple[str, ...] = ("off",)
+    recipe_steps: int = 6
+    """Optimizer steps of the recipe part (each the recipe's global batch), the first one compiling."""
 
     def flags(self, part: str) -> list[str]:
         return {"train": ["--steps", str(self.steps), "--max-batch", str(self.max_batch),
                           "--train-variants", ",".join(self.train_variants),
                           "--checkpointing", ",".join(self.checkpointing)],
+                "recipe": ["--steps", str(self.recipe_steps)],
                 "decode": ["--cache-modes", ",".join(self.cache_modes), "--step-modes", ",".join(self.step_modes)],
                 "score": ["--score-budget-s", str(self.score_budget_s)]}.get(part, [])
 
@@ -107,6 +112,23 @@ def train_budget(settings: Settings, explain: dict) -> float:
 DECODE_COMPILE_S = 60.0
 """A step with compiled blocks, per cache mode: one 8B decoder block's forward compiled with symbolic lengths (a call
 without a cache and one with it trace different code, so each cache mode compiles its own)."""
+
+
+def recipe_budget(settings: Settings, explain: dict) -> float:
+    """The LLaDA recipe's batch search (every candidate from the global batch down to 1 probed in full: the most work),
+    then ``recipe_steps`` optimizer steps of the global batch, each micro-batch's host cost counted as a step's, and
+    one compile of the blocks."""
+    model = build_model("llada", "real", "meta", torch.bfloat16)
+    length = SEQUENCE_LENGTH["real"]
+    flops_per_token = training_flops_per_token(model.config, length, linear_weights(model), 0)
+    global_batch = read_recipe(recipe_path("llada"))["global_batch_size"]
+    probed_rows = 2 * global_batch - 1
+    rows = probed_rows + settings.recipe_steps * global_batch
+    work = WINDOW.matmul_s(rows * length * flops_per_token)
+    host = settings.recipe_steps * global_batch * TRAIN_STEP_HOST_S
+    explain["recipe"] = {"flops_per_token": flops_per_token, "rows_of_1024_tokens": rows, "matmul_s": round(work, 1),
+                         "host_s": host, "compile_s": COMPILE_S}
+    return STARTUP_S + BUILD_S + work + host + COMPILE_S
 
 
 def decode_seconds(forward_tokens: int, weight_bytes: int, matmul_weights: int) -> float:
@@ -156,8 +178,9 @@ def zero2_budget(settings: Settings, explain: dict) -> float:
 
 
 PARTS = {"tests": lambda settings, explain: TESTS_S + STARTUP_S, "decode": decode_budget, "train": train_budget,
-         "score": score_budget, "zero2": zero2_budget}
-"""In run_all.sh's order: most important first (correctness, then decoding, training, scoring, ZeRO-2)."""
+         "recipe": recipe_budget, "score": score_budget, "zero2": zero2_budget}
+"""In run_all.sh's order: most important first (correctness, then decoding, training, the recipe as users train,
+scoring, ZeRO-2)."""
 
 
 def budgets(scale: str, settings: Settings = Settings()) -> tuple[dict[str, int], dict]:

@@ -4,13 +4,13 @@
 # hard deadline for the whole; a part that would cross the deadline is skipped with a line. Everything is written
 # into OUT as it happens, so a call killed at its limit keeps what was done.
 #
-#   bash bench/gpu/run_all.sh OUT [--scale real|tiny] [--deadline SECONDS] [--parts tests,decode,train,score,zero2]
+#   bash bench/gpu/run_all.sh OUT [--scale real|tiny] [--deadline SECONDS] [--parts tests,decode,train,recipe,score,zero2]
 #                                 [--profile | --profile-worst FILE] [--shared DIR] [--student llada|dream|llada_moe|llada2]
 #
 #   OUT/log.txt          everything printed, part by part
 #   OUT/env.json         GPU, driver, CUDA, Python and library versions, commit, date
 #   OUT/parts.jsonl      the budgets' arithmetic, then one line per part: ran / failed / timed out / skipped, seconds
-#   OUT/real_size.jsonl  bench/real_size.py's measurement lines (train, decode, score, zero2)
+#   OUT/real_size.jsonl  bench/real_size.py's measurement lines (train, recipe, decode, score, zero2)
 #   OUT/train_profile.txt the train part's profiled step, summarised (bench/train_profile.py)
 #   OUT/tests.xml        JUnit report of tests/test_cuda_correctness.py (at real scale only the CUDA variants)
 #   OUT/profile.txt      with --profile: torch.profiler tables of the parts run (their timings are not benchmarks);
@@ -26,7 +26,7 @@ set -uo pipefail
 usage() { sed -n '7,8p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
 [ $# -ge 1 ] && [ "${1#-}" = "$1" ] || usage
 out=$1; shift
-scale=real deadline=480 parts=tests,decode,train,score,zero2 profile=0 student=llada
+scale=real deadline=480 parts=tests,decode,train,recipe,score,zero2 profile=0 student=llada
 root=$(cd "$(dirname "$0")/../.." && pwd)
 shared=$root/../shared
 while [ $# -gt 0 ]; do
@@ -45,7 +45,7 @@ case $scale in real|tiny) ;; *) echo "error: --scale must be real or tiny, got '
 case $student in llada|dream|llada_moe|llada2) ;; *) echo "error: --student must be llada, dream, llada_moe or llada2, got '$student'" >&2; exit 2 ;; esac
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "error: --deadline must be whole seconds, got '$deadline'" >&2; exit 2; }
 for part in ${parts//,/ }; do
-  case $part in tests|train|decode|score|zero2) ;; *) echo "error: --parts: unknown part '$part' (tests, train, decode, score, zero2)" >&2; exit 2 ;; esac
+  case $part in tests|train|recipe|decode|score|zero2) ;; *) echo "error: --parts: unknown part '$part' (tests, train, recipe, decode, score, zero2)" >&2; exit 2 ;; esac
 done
 [ -d "$shared/fixtures" ] || { echo "error: --shared: $shared/fixtures does not exist (the tests' fixtures)" >&2; exit 2; }
 if [ -n "${worst_from:-}" ]; then

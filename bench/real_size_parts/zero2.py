@@ -20,7 +20,7 @@ from real_size_parts.train import SEQUENCE_LENGTH, lora_student, student_collato
 ZERO2_STEPS = 3
 
 
-class _StepTimer(TrainerCallback):
+class StepTimer(TrainerCallback):
     """Wall time of every optimizer step (synchronised), so the first (DeepSpeed set-up) can be left out."""
 
     def __init__(self, device: torch.device) -> None:
@@ -44,7 +44,7 @@ def zero2_worker(run: Run) -> None:
     student = lora_student(run, run.student)
     model, lora = student.model, student.lora_parameters
     collators = student_collators(run, model)
-    timer = _StepTimer(run.device)
+    timer = StepTimer(run.device)
     with tempfile.TemporaryDirectory() as tmp:
         args = MDLMConfig(output_dir=tmp, report_to="none", max_steps=ZERO2_STEPS, per_device_train_batch_size=1,
                           learning_rate=1e-4, save_strategy="no", logging_steps=1, disable_tqdm=True,

@@ -38,6 +38,16 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
                           "compiles once (about a minute for an 8B block), so it pays off over long runs."},
     )
 
+    global_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Rows per optimizer step over every process. When set, per_device_train_batch_size and "
+                          "gradient_accumulation_steps are chosen for it before training: the largest per-device batch "
+                          "dividing global_batch_size / processes whose forward and backward at max_length fit in "
+                          "memory (tried from the largest down), and the accumulation that makes up the rest; the "
+                          "values given for those two are replaced. The objective is the same for every split "
+                          "(padding: max_length)."},
+    )
+
     def __post_init__(self) -> None:
         TrainingArguments.__post_init__(self)
         MaskingConfig.__post_init__(self)

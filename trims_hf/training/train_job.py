@@ -51,6 +51,7 @@ from ..model_config import (
 from ..settings import DecodingConfig
 from ..sources import SourceError, check_dataset_source
 from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
+from .batch_search import rows_per_process
 from .callbacks import DecodeEvalCallback
 from .config import MDLMConfig
 from .lora import lora_config
@@ -237,6 +238,8 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
     check_model_sources(model_args)
     check_dataset_source("dataset_name", data_args.dataset_name)
     check_decode_eval(data_args, args)
+    if args.global_batch_size is not None:
+        rows_per_process(args.global_batch_size, args.world_size)
     return resume
 
 

@@ -25,9 +25,10 @@ from transformers.trainer_callback import ProgressCallback
 from ..data import schema
 from ..data.preparation import is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
-from ..students import compile_blocks, mask_token_id, student_spec
+from ..students import StudentSpec, compile_blocks, mask_token_id, student_spec
 from ..students.block_diffusion import training_inputs
 from ..students.loss import NORMALIZATIONS, masked_token_loss, normaliser, per_unit_loss
+from .batch_search import fit_global_batch
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
 
@@ -68,6 +69,19 @@ def _head_at(head: nn.Module | None, rows: torch.Tensor, positions: torch.Tensor
     finally:
         if handle is not None:
             handle.remove()
+
+
+def masked_logits(model: nn.Module, student: StudentSpec, inputs: dict[str, torch.Tensor],
+                  head: nn.Module | None) -> tuple[Any, torch.Tensor]:
+    """The forward of a collated batch and the logits of its masked tokens ([M, vocab], ``masked.nonzero()`` order,
+    read at the student's source positions); with ``head`` (the model's output embeddings) only those positions go
+    through it (:func:`_head_at`)."""
+    rows, cols = inputs["masked"].nonzero(as_tuple=True)
+    sources = student.source_positions(cols)
+    with _head_at(head, rows, sources) as gathered:
+        outputs = model(**training_inputs(inputs["input_ids"], inputs.get("attention_mask"), inputs["masked"],
+                                          inputs["labels"], student.block_size))
+    return outputs, outputs.logits[0] if gathered[0] else outputs.logits[rows, sources]
 
 
 class NumericProgressCallback(ProgressCallback):
@@ -127,6 +141,8 @@ class MDLMTrainer(Trainer):
         self.loss_normalization = getattr(args, "loss_normalization", "token")
         if self.loss_normalization not in NORMALIZATIONS:
             raise ValueError(f"loss_normalization must be 'token' or 'sequence', got {self.loss_normalization!r}.")
+        if getattr(args, "global_batch_size", None) is not None:  # eager: compiled, each probed shape would compile
+            fit_global_batch(model, args, args.global_batch_size, args.max_length)
         if getattr(args, "compile_blocks", False):
             compile_blocks(model)
         super().__init__(
@@ -193,13 +209,8 @@ class MDLMTrainer(Trainer):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         batch = {key: inputs[key] for key in schema.LOSS_KEYS}
-        rows, cols = batch["masked"].nonzero(as_tuple=True)
-        sources = self.student.source_positions(cols)
         head = None if return_outputs else self.accelerator.unwrap_model(model).get_output_embeddings()
-        with _head_at(head, rows, sources) as gathered:
-            outputs = model(**training_inputs(inputs["input_ids"], inputs.get("attention_mask"), batch["masked"],
-                                              batch["labels"], self.student.block_size))
-        token_logits = outputs.logits[0] if gathered[0] else outputs.logits[rows, sources]
+        outputs, token_logits = masked_logits(model, self.student, inputs, head)
         per_unit = per_unit_loss(self.masked_token_loss(token_logits, batch), batch["labels"], self.loss_normalization)
         scaled_across_devices = num_items_in_batch is not None and self.args.average_tokens_across_devices
         if num_items_in_batch is None:

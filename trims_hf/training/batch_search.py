@@ -1,0 +1,100 @@
+"""The largest per-device batch that fits, and the gradient accumulation that keeps the run's global batch.
+
+transformers' ``auto_find_batch_size`` retries the whole training loop with a batch 0.9 times smaller after an
+out-of-memory error and keeps ``gradient_accumulation_steps``, so the optimizer's batch shrinks with it and need not
+divide the data; here the global batch is fixed and only its split changes, which (``padding: max_length``) leaves
+the objective exact. The search runs before the Trainer is built, so the Trainer, its accelerator and DeepSpeed's
+filled-in config see the chosen split from the start; accelerate's :func:`find_executable_batch_size` runs the tries.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from accelerate.utils import find_executable_batch_size
+from torch import nn
+from transformers import TrainingArguments
+
+from ..errors import InputError
+from ..students import StudentSpec, mask_token_id, student_spec
+from ..students.loss import masked_token_loss
+
+
+def rows_per_process(global_batch: int, processes: int) -> int:
+    """The rows each process contributes to one optimizer step; a one-line error when the global batch cannot be split
+    evenly over the processes."""
+    if global_batch < 1:
+        raise InputError(f"global_batch_size {global_batch}: must be at least 1.")
+    if global_batch % processes:
+        raise InputError(f"global_batch_size {global_batch} does not split evenly over {processes} processes: choose "
+                         f"a multiple of {processes}, or launch a number of processes that divides {global_batch}.")
+    return global_batch // processes
+
+
+def largest_fitting_batch(fits: Callable[[int], object], rows: int) -> int:
+    """The largest divisor of ``rows`` for which ``fits(batch)`` returns instead of running out of memory, tried
+    from ``rows`` down: every divisor splits a process's rows into whole micro-batches of one size. Raises
+    :class:`InputError` when even batch 1 runs out of memory."""
+    candidates = [batch for batch in range(rows, 0, -1) if rows % batch == 0]
+
+    def next_smaller() -> int:
+        candidates.pop(0)
+        return candidates[0] if candidates else 0
+
+    @find_executable_batch_size(starting_batch_size=candidates[0], reduce_batch_size_fn=next_smaller)
+    def tried(batch: int) -> int:
+        fits(batch)
+        return batch
+
+    try:
+        return tried()
+    except RuntimeError:
+        if candidates:
+            raise
+    raise InputError("per-device batch 1 does not fit in memory at max_length: turn on gradient_checkpointing, "
+                     "shorten max_length, or train on a device with more memory.")
+
+
+def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, args: TrainingArguments) -> None:
+    """One forward and backward of ``batch`` rows of ``length`` tokens with every position masked, in the run's
+    precision: the most memory a collated batch of that shape can take (the head and the fp32 logits run at the masked
+    positions, whose number varies from draw to draw). The gradients are dropped again."""
+    from .trainer import masked_logits  # the trainer module imports this one
+
+    ids = torch.full((batch, length), mask_token_id(model), device=args.device)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros_like(ids),
+              "masked": torch.ones_like(ids, dtype=torch.bool), "loss_weights": torch.ones(batch, device=args.device)}
+    half = torch.bfloat16 if args.bf16 else torch.float16
+    try:
+        with torch.autocast(args.device.type, dtype=half, enabled=args.bf16 or args.fp16):
+            _, logits = masked_logits(model, student, inputs, model.get_output_embeddings())
+            loss = masked_token_loss(logits, inputs["labels"], inputs["masked"], inputs["loss_weights"]).sum()
+        loss.backward()
+    finally:
+        model.zero_grad(set_to_none=True)
+
+
+def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: int, length: int) -> None:
+    """Set ``args.per_device_train_batch_size`` to the largest batch whose training step at ``length`` tokens fits on
+    every process (:func:`probe_step` on ``model``, moved to ``args.device``, with the run's activation checkpointing)
+    and ``args.gradient_accumulation_steps`` so that batch x accumulation x processes == ``global_batch``. Optimizer
+    states are not allocated by the probe: for a LoRA run they are a small fraction of one row's activations."""
+    rows = rows_per_process(global_batch, args.world_size)
+    model.to(args.device)
+    if args.activation_checkpointing:  # as Trainer.train enables it, which runs after the search
+        settings = dict(args.activation_checkpointing_kwargs or {})
+        model.activation_checkpointing_enable(every_n_layers=settings.pop("every_n_layers", 1),
+                                              offload=settings.pop("offload", False),
+                                              activation_checkpointing_kwargs=settings or None)
+    student = student_spec(model)
+    batch = largest_fitting_batch(lambda size: probe_step(model, student, size, length, args), rows)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process trains the same split
+        smallest = torch.tensor(batch, device=args.device)
+        torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN)
+        batch = int(smallest.item())
+    args.per_device_train_batch_size, args.gradient_accumulation_steps = batch, rows // batch
+    if args.process_index == 0:
+        print(f"batch search: per-device batch {batch} x gradient accumulation {rows // batch} x {args.world_size} "
+              f"process(es) = global batch {global_batch}", file=sys.stderr)
