@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from conftest import synthetic_scored_rows
 from datasets import Dataset
 
 from trims_hf import TrimsDataCollator, prepare_dataset
-from trims_hf.settings import RECORDED_WHEN_SET, BucketConfig, MaskingConfig, settings_record
+from trims_hf.settings import BucketConfig, MaskingConfig, settings_record
 from trims_hf.studies.demo.presets import FAST
 from trims_hf.studies.protocol import BASE, TRAJECTORY_ONLY, VARIANTS, fingerprint, protocol_record, with_overrides
 from trims_hf.studies.regime import RegimeProtocol
@@ -102,8 +103,9 @@ def test_at_ratio_0_the_trajectory_only_settings_change_no_batch(name, tokenizer
 
 @dataclasses.dataclass
 class _Inner:
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("later",)
     kept: int = 1
-    later: bool = dataclasses.field(default=False, metadata={RECORDED_WHEN_SET: True})
+    later: bool = False
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 Ordering = Literal["hard_to_easy", "easy_to_hard", "random"]
 Metric = Literal["nll", "entropy"]
@@ -37,18 +37,15 @@ PROMPT_FORMATS = ("chat_template", "plain", "verbatim")
 SEQUENCE_LENGTH = 1024  # the paper's training sequence length (§4)
 
 
-RECORDED_WHEN_SET = "recorded_when_set"
-"""Field metadata of a setting added after records of its dataclass existed: :func:`settings_record` leaves it out
-while it holds its default, so that every record (a protocol's fingerprint, an evaluation's run fingerprint) written
-before it keeps its key; set, it is recorded as any other."""
-
-
 def settings_record(value: Any) -> Any:
-    """``dataclasses.asdict`` of a setting (nested settings included), less the :data:`RECORDED_WHEN_SET` fields
-    at their default: what a record or a fingerprint holds."""
+    """``dataclasses.asdict`` of a setting (nested settings included), less the fields its class names in
+    ``RECORDED_WHEN_SET`` while they hold their default: what a record or a fingerprint holds. A setting added after
+    records of its class existed is named there, so that every record written before it (a protocol's fingerprint,
+    an evaluation's run fingerprint) keeps its key; set, it is recorded as any other."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        later = getattr(type(value), "RECORDED_WHEN_SET", ())
         return {f.name: settings_record(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not (f.metadata.get(RECORDED_WHEN_SET) and getattr(value, f.name) == f.default)}
+                if not (f.name in later and getattr(value, f.name) == f.default)}
     if isinstance(value, (list, tuple)):
         return type(value)(settings_record(item) for item in value)
     if isinstance(value, dict):
@@ -259,6 +256,9 @@ class MaskingConfig(BucketConfig):
 class DecodingConfig:
     """Settings of :func:`trims_hf.generate`; defaults are the paper's evaluation decoder (Fast-dLLM threshold)."""
 
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("compile_blocks",)
+    """Settings added after records existed (:func:`settings_record`)."""
+
     strategy: StrategyName = field(
         default="threshold",
         metadata={"help": "Commit rule: threshold | fixed_steps | entropy | factor | threshold_quota (LLaDA 2.x: above "
@@ -284,8 +284,7 @@ class DecodingConfig:
     )
     compile_blocks: bool = field(
         default=False,
-        metadata={RECORDED_WHEN_SET: True,
-                  "help": "Compile each decoder block of the student in place with torch.compile before decoding (the "
+        metadata={"help": "Compile each decoder block of the student in place with torch.compile before decoding (the "
                           "blocks stay compiled): fuses the norms, rotary, SwiGLU and casts into fewer kernels, under "
                           "every step mode (the graph step captures the fused kernels). Lengths are symbolic, so a "
                           "student compiles once (once more with a KV cache): it pays off over many generations. The "

@@ -20,6 +20,7 @@ from transformers import TrainingArguments
 from ..errors import InputError
 from ..students import StudentSpec, mask_token_id, student_spec
 from ..students.loss import masked_token_loss
+from .masked_forward import masked_logits
 
 
 def rows_per_process(global_batch: int, processes: int) -> int:
@@ -61,8 +62,6 @@ def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, 
     """One forward and backward of ``batch`` rows of ``length`` tokens with every position masked, in the run's
     precision: the most memory a collated batch of that shape can take (the head and the fp32 logits run at the masked
     positions, whose number varies from draw to draw). The gradients are dropped again."""
-    from .trainer import masked_logits  # the trainer module imports this one
-
     ids = torch.full((batch, length), mask_token_id(model), device=args.device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros_like(ids),
               "masked": torch.ones_like(ids, dtype=torch.bool), "loss_weights": torch.ones(batch, device=args.device)}

@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -25,12 +23,12 @@ from transformers.trainer_callback import ProgressCallback
 from ..data import schema
 from ..data.preparation import is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
-from ..students import StudentSpec, compile_blocks, mask_token_id, student_spec
-from ..students.block_diffusion import training_inputs
+from ..students import compile_blocks, mask_token_id, student_spec
 from ..students.loss import NORMALIZATIONS, masked_token_loss, normaliser, per_unit_loss
 from .batch_search import fit_global_batch
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
+from .masked_forward import masked_logits
 
 logger = logging.getLogger(__name__)
 
@@ -47,41 +45,6 @@ class CollatorEpochCallback(TrainerCallback):
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.collator.epoch = int(math.floor(state.epoch + 1e-6)) if state.epoch else 0
-
-
-@contextmanager
-def _head_at(head: nn.Module | None, rows: torch.Tensor, positions: torch.Tensor) -> Iterator[list[bool]]:
-    """Run the output head on the hidden states at (``rows``, ``positions``) only, so the forward returns [1, M, vocab]
-    logits instead of [B, L, vocab]: mixed precision (accelerate's autocast wrapper upcasts every output to fp32)
-    then copies M rows, not the whole tensor, and the head skips the unmasked positions. Yields ``[did it]``."""
-    gathered = [False]
-
-    def gather(module: nn.Module, args: tuple) -> tuple:
-        hidden = args[0]
-        if hidden.dim() != 3:  # a head called on anything but [B, L, hidden] keeps its input
-            return None
-        gathered[0] = True
-        return (hidden[rows, positions][None], *args[1:])
-
-    handle = head.register_forward_pre_hook(gather) if head is not None else None
-    try:
-        yield gathered
-    finally:
-        if handle is not None:
-            handle.remove()
-
-
-def masked_logits(model: nn.Module, student: StudentSpec, inputs: dict[str, torch.Tensor],
-                  head: nn.Module | None) -> tuple[Any, torch.Tensor]:
-    """The forward of a collated batch and the logits of its masked tokens ([M, vocab], ``masked.nonzero()`` order,
-    read at the student's source positions); with ``head`` (the model's output embeddings) only those positions go
-    through it (:func:`_head_at`)."""
-    rows, cols = inputs["masked"].nonzero(as_tuple=True)
-    sources = student.source_positions(cols)
-    with _head_at(head, rows, sources) as gathered:
-        outputs = model(**training_inputs(inputs["input_ids"], inputs.get("attention_mask"), inputs["masked"],
-                                          inputs["labels"], student.block_size))
-    return outputs, outputs.logits[0] if gathered[0] else outputs.logits[rows, sources]
 
 
 class NumericProgressCallback(ProgressCallback):
