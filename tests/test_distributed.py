@@ -78,8 +78,8 @@ def test_zero2_configuration():
     assert json_file.exists()
     assert DeepSpeedPlugin(hf_ds_config=str(json_file)).zero_stage == 2
     # The split the batch search makes of the recipe's global batch of 32 on 8 GPUs with one row each.
-    _, _, args = parse_recipe(ACCELERATE.parent / "llada" / "trims_s1k.yaml",
-                              ["--use_cpu", "true", "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "4"])
+    _, _, args = parse_recipe(ACCELERATE.parent / "llada" / "trims_s1k.yaml", ["--use_cpu", "true"])
+    args.per_device_train_batch_size, args.gradient_accumulation_steps = 1, 4  # as fit_global_batch sets them
     filled = HfTrainerDeepSpeedConfig(str(json_file))
     filled.trainer_config_process(args)  # what the Trainer does with the recipe's TrainingArguments
     filled.fill_only("zero_optimization.reduce_bucket_size", 4096 * 4096)  # from the model at finalize time

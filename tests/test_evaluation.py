@@ -325,3 +325,22 @@ def test_interrupt_raises_with_the_saved_count(scripted, tokenizer, tmp_path, mo
     with pytest.raises(KeyboardInterrupt) as plain:  # without a records file nothing is saved: a plain Ctrl-C
         run(scripted, tokenizer)
     assert not isinstance(plain.value, EvaluationInterrupted)
+
+
+def test_a_run_is_keyed_by_its_compiled_blocks_whoever_compiled_them(tokenizer):
+    """Records of eager decoding are not reused for a model whose blocks run compiled (compiled by an earlier
+    `compile_blocks` decode or by training), nor the reverse; the setting off, the key is what it always was."""
+    from trims_hf.evaluation.evaluate import run_fingerprint
+    from trims_hf.settings import PromptFormat, settings_record
+    from trims_hf.students import compile_blocks
+
+    model, task = tiny_student(tokenizer), GSM8KTask()
+
+    def key(config: DecodingConfig) -> str:
+        return run_fingerprint(model, "m", task, tokenizer, config, PromptFormat(), 4)
+
+    assert "compile_blocks" not in settings_record(DecodingConfig())
+    eager, asked = key(DecodingConfig()), key(DecodingConfig(compile_blocks=True))
+    assert eager != asked
+    compile_blocks(model)  # lazy: nothing compiles until a block runs
+    assert key(DecodingConfig()) not in (eager, asked)

@@ -120,8 +120,9 @@ def test_recipe_line_trains_the_recipe_as_trims_train_does(tmp_path, monkeypatch
     assert line["median_step_s_after_first"] == line["step_s"][1]
     assert line["tokens_per_s"] == pytest.approx(32 * 256 / line["step_s"][1], rel=1e-3)
     assert line["s1k_tokens"] == 1000 * 30 * 256
-    minutes = (line["step_s"][0] - line["step_s"][1] + line["s1k_tokens"] / line["tokens_per_s"]) / 60
-    assert line["projected_s1k_minutes"] == pytest.approx(minutes, rel=1e-3)
+    assert line["batch_search_s"] > 0
+    minutes = (line["batch_search_s"] + line["step_s"][0] - line["step_s"][1] + line["s1k_tokens"] / line["tokens_per_s"]) / 60
+    assert line["projected_s1k_minutes"] == pytest.approx(minutes, rel=1e-3, abs=1e-2)  # inputs rounded to 10 ms
     assert line["mfu"] is None and line["goals_met"] is None  # a CPU: no peak to judge against
 
 
@@ -515,8 +516,9 @@ def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch):
         assert set(experts) == {"layers.0.mlp.experts", "layers.1.mlp.experts"}
         assert all(1 <= count <= 4 for count in experts.values())
         expert = 3 * 64 * 32 * 4
-        assert line["weight_read_bytes"] == pytest.approx(
-            line["weight_read_bytes_all_experts"] - sum(4 - count for count in experts.values()) * expert, abs=expert)
+        unread = sum(4 - count for count in experts.values()) * expert
+        rounding = 0.005 * expert * len(experts) + 1  # the counts are written to 0.01
+        assert line["weight_read_bytes"] == pytest.approx(line["weight_read_bytes_all_experts"] - unread, abs=rounding)
         assert line["weight_read_bound_ms"] == pytest.approx(line["weight_read_bytes"] / 1e6, abs=1e-3)
         assert line["forward_over_bound"] == pytest.approx(line["forward_ms"] / line["weight_read_bound_ms"], rel=1e-2)
     dual = next(line for line in lines if line["batch"] == 1 and line["cache"] == "dual")

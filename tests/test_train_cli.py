@@ -221,6 +221,11 @@ MISTAKES = [
     ("decode-eval-bad-setting", None, {"decode_eval_decoding": "{{treshold: 0.5}}"}, [],
      r"^decode_eval_decoding: unknown decoder setting\(s\) treshold; known: "),
     ("global-batch-zero", None, {"global_batch_size": "0"}, [], r"^global_batch_size 0: must be at least 1\.$"),
+    ("global-batch-and-split", None, {"global_batch_size": "32", "gradient_accumulation_steps": "2"}, [],
+     r"^global_batch_size 32 chooses gradient_accumulation_steps itself \(the largest per-device batch that fits\)"),
+    ("decode-eval-compiled", None, {"decode_eval_decoding": "{{compile_blocks: true}}", "decode_eval_task": "gsm8k",
+                                    **UNSCHEDULED}, [],
+     r"^decode_eval_decoding compile_blocks: the evaluation decodes the model being trained"),
 ]
 
 
@@ -313,6 +318,8 @@ def test_unwritable_output_parent(toy, tmp_path, capsys, offline_hub, monkeypatc
     ([], "error: trims train needs --config RECIPE.yaml"),
     (["recipes/toy/trims_toy.yaml"], "error: trims train needs --config RECIPE.yaml"),
     (["--config", "recipes/toy/trims_toy.yml"], "error: --config recipes/toy/trims_toy.yml: no such file."),
+    (["--config", "recipes/toy/trims_toy.yaml", "--lora_r", "4", "--config=recipes/llada/trims_s1k.yaml"],
+     "error: trims train takes one --config RECIPE.yaml"),
 ])
 def test_command_line_without_a_recipe(argv, expected, capsys):
     assert main(["train", *argv]) == 2

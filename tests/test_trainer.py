@@ -317,8 +317,8 @@ def test_batch_search_errors():
 
     with pytest.raises(InputError, match="global_batch_size 32 does not split evenly over 3 processes"):
         rows_per_process(32, 3)
-    with pytest.raises(InputError, match="global_batch_size 0: must be at least 1"):
-        rows_per_process(0, 1)
+    with pytest.raises(InputError, match="global_batch_size with 2 GPUs in one process: launch one process per GPU"):
+        rows_per_process(32, 1, 2)
 
     def never(batch: int) -> None:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
@@ -333,16 +333,36 @@ def test_batch_search_errors():
         largest_fitting_batch(broken, 4)
 
 
+@pytest.mark.parametrize("setting,message", [
+    ({"per_device_train_batch_size": 4}, "chooses per_device_train_batch_size itself"),
+    ({"gradient_accumulation_steps": 4}, "chooses gradient_accumulation_steps itself"),
+    ({"auto_find_batch_size": True}, "with auto_find_batch_size"),
+    ({"fsdp": "full_shard"}, "under FSDP or ZeRO-3"),
+    ({"global_batch_size": 0}, "global_batch_size 0: must be at least 1"),
+])
+def test_a_searched_split_refuses_what_would_change_or_break_it(tmp_path, setting, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(tmp_path, **({"per_device_train_batch_size": 8, "global_batch_size": 32} | setting))
+    make_args(tmp_path, **({"per_device_train_batch_size": 8} | setting | {"global_batch_size": None}))  # alone: valid
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_mdlm_trainer_searches_the_batch_at_max_length(tmp_path, tokenizer, checkpointing):
     """MDLMConfig(global_batch_size=32): the probes run the student at max_length from 32 rows down (with the run's
     gradient checkpointing), and the Trainer is built with the largest batch that fit and the accumulation that keeps
     32 rows per step."""
-    model = tiny_student(tokenizer)
+    model = tiny_student(tokenizer).eval()  # as from_pretrained loads it: checkpointing runs in training mode only
     shapes = out_of_memory_above(model, 5)
+    blocks = [m for m in model.modules() if type(m).__name__ in model._no_split_modules]
+    seen = []
+    for block in blocks:
+        block.register_forward_pre_hook(lambda module, args: seen.append(
+            (module.training, module.gradient_checkpointing and torch.is_grad_enabled())))
     trainer = MDLMTrainer(model, make_args(tmp_path, global_batch_size=32, max_length=96,
                                            activation_checkpointing=checkpointing), processing_class=tokenizer)
     assert model.is_activation_checkpointing == checkpointing
+    assert seen and set(seen) == {(True, checkpointing)}  # every probe ran as Trainer.train will: checkpointed or not
+    assert not model.training  # and the model is left in the mode it came in
     assert shapes == [(32, 96), (16, 96), (8, 96), (4, 96)]
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 8)
     assert trainer._train_batch_size == 4 and trainer.get_total_train_batch_size(trainer.args) == 32

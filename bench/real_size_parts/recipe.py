@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import time
 from types import SimpleNamespace
 
 from datasets import Dataset
@@ -63,11 +64,14 @@ def recipe_part(run: Run) -> None:
         config = model.config
         collator = TrimsDataCollator(SimpleNamespace(eos_token_id=config.eos_token_id), mask_token_id=mask_token_id(model),
                                      masking=args.masking(), max_length=length, seed=args.seed)
-        global_batch = args.global_batch_size or args.per_device_train_batch_size * args.gradient_accumulation_steps
+        global_batch = args.global_batch_size or (args.per_device_train_batch_size * args.gradient_accumulation_steps
+                                                  * args.world_size)
         rows = Dataset.from_list(training_rows(run, global_batch * run.steps))
         timer = StepTimer(run.device)
         reset_peak_memory(run.device)
+        begin = time.perf_counter()
         trainer = MDLMTrainer(model, args, data_collator=collator, train_dataset=rows, callbacks=[timer])
+        search_s = time.perf_counter() - begin  # the batch search's probes run here, once per run
         trainer.train()
     batch, accumulation, processes = args.per_device_train_batch_size, args.gradient_accumulation_steps, args.world_size
     global_batch = batch * accumulation * processes
@@ -79,7 +83,7 @@ def recipe_part(run: Run) -> None:
     utilisation = mfu(flops, tokens_per_s, peak) if peak else None
     s1k_tokens = S1K_ROWS * S1K_EPOCHS * length
     first_step_extra = timer.times[0] - steady  # compiling and the allocator's first growth
-    minutes = (first_step_extra + s1k_tokens / tokens_per_s) / 60
+    minutes = (search_s + first_step_extra + s1k_tokens / tokens_per_s) / 60
     run.emit("recipe", {
         "measurement": "recipe_training", "model": MODEL_NAMES[run.student], "recipe": f"recipes/{run.student}/trims_s1k.yaml",
         "base_parameters": base_parameters, "lora_parameters": lora, "sequence_length": length,
@@ -91,10 +95,11 @@ def recipe_part(run: Run) -> None:
         "tokens_per_s": round(tokens_per_s, 1), "flops_per_token": flops,
         "mfu": round(utilisation, 4) if utilisation else None, "goal_mfu_min": RECIPE_MFU_MIN,
         "accelerator": peak.name if peak else None,
-        "s1k_tokens": s1k_tokens, "first_step_extra_s": round(first_step_extra, 2),
+        "s1k_tokens": s1k_tokens, "batch_search_s": round(search_s, 2),
+        "first_step_extra_s": round(first_step_extra, 2),
         "projected_s1k_minutes": round(minutes, 2), "goal_s1k_minutes_max": RECIPE_MINUTES_MAX,
         "projection": f"{S1K_ROWS} rows x {S1K_EPOCHS} epochs x {length} tokens at the median step after the first, "
-                      "plus the first step's excess (compiling)",
+                      "plus the batch search and the first step's excess (compiling)",
         "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
         **peak_memory(run.device),
         **run.judge(shortfall(utilisation and RECIPE_MFU_MIN / utilisation, minutes / RECIPE_MINUTES_MAX)),

@@ -39,6 +39,8 @@ def parser() -> CommandParser:
 
 def main(argv: list[str]) -> int:
     (args,), overrides = parser().parse_known(argv)
+    if sum(arg == "--config" or arg.startswith("--config=") for arg in argv) > 1:  # argparse would keep the last
+        return fail("trims train takes one --config RECIPE.yaml; the rest of the command line overrides its keys.")
     if args.help_keys:
         from .recipe import recipe_help
 

@@ -38,6 +38,7 @@ from ..generation import (
 from ..prompts import resolved_format
 from ..reports import library_versions, weights_fingerprint
 from ..settings import PromptFormat, settings_record
+from ..students import has_compiled_blocks
 from .tasks import (
     CodeExecutionDisabled,
     CodeTask,
@@ -157,8 +158,8 @@ def run_fingerprint(model: nn.Module, model_name: str, task: Task, tokenizer: Pr
                     config: DecodingConfig, prompt_format: PromptFormat, batch_size: int) -> str:
     """A short hash of everything that decides a sample's record: the model's name, its weights
     (:func:`~trims_hf.reports.weights_fingerprint`: a retrained adapter in the same folder differs), dtype and device,
-    the task and prompt format, the decoding settings and the batch size (left padding moves the numerics). Records
-    of another fingerprint are never reused."""
+    the task and prompt format, the decoding settings, the batch size (left padding moves the numerics) and whether
+    the model runs compiled blocks. Records of another fingerprint are never reused."""
     parameters = list(model.parameters())
     key = {
         "model": model_name, "weights": weights_fingerprint(model),
@@ -167,6 +168,8 @@ def run_fingerprint(model: nn.Module, model_name: str, task: Task, tokenizer: Pr
         "task": task.prompt_format(tokenizer), "prompt_format": asdict(prompt_format), "decoding": settings_record(config),
         "batch_size": batch_size,
     }
+    if has_compiled_blocks(model):  # compiled by an earlier call or by training: its kernels round differently
+        key["compiled_blocks"] = True
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

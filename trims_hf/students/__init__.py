@@ -8,7 +8,7 @@ is executed.
 """
 
 from .adapters import AdapterError, load_adapter
-from .base import StudentSpec, compile_blocks, make_bidirectional
+from .base import StudentSpec, compile_blocks, has_compiled_blocks, make_bidirectional
 from .loading import add_mask_token, load_student, prepare_student
 from .registry import (
     STUDENTS,
@@ -32,6 +32,7 @@ __all__ = [
     "add_mask_token",
     "check_sequence_length",
     "compile_blocks",
+    "has_compiled_blocks",
     "detect_student_kind",
     "load_adapter",
     "load_student",

@@ -22,12 +22,18 @@ from ..students import StudentSpec, mask_token_id, student_spec
 from ..students.loss import masked_token_loss
 from .masked_forward import masked_logits
 
+NOTHING_FITS = ("per-device batch 1 does not fit in memory at max_length: turn on gradient_checkpointing, shorten "
+                "max_length, or train on a device with more memory.")
 
-def rows_per_process(global_batch: int, processes: int) -> int:
-    """The rows each process contributes to one optimizer step; a one-line error when the global batch cannot be split
-    evenly over the processes."""
-    if global_batch < 1:
-        raise InputError(f"global_batch_size {global_batch}: must be at least 1.")
+
+def rows_per_process(global_batch: int, processes: int, devices_per_process: int = 1) -> int:
+    """The rows each process contributes to one optimizer step (``global_batch`` >= 1, as MDLMConfig checks); a one-line
+    error when the global batch cannot be split evenly over the processes, or when one process drives several GPUs
+    (``torch.nn.DataParallel``: transformers multiplies the per-device batch by their number, and the probe would run
+    on the first one only)."""
+    if devices_per_process > 1:
+        raise InputError(f"global_batch_size with {devices_per_process} GPUs in one process: launch one process per GPU "
+                         "(accelerate launch or torchrun), or make one GPU visible (CUDA_VISIBLE_DEVICES).")
     if global_batch % processes:
         raise InputError(f"global_batch_size {global_batch} does not split evenly over {processes} processes: choose "
                          f"a multiple of {processes}, or launch a number of processes that divides {global_batch}.")
@@ -54,8 +60,7 @@ def largest_fitting_batch(fits: Callable[[int], object], rows: int) -> int:
     except RuntimeError:
         if candidates:
             raise
-    raise InputError("per-device batch 1 does not fit in memory at max_length: turn on gradient_checkpointing, "
-                     "shorten max_length, or train on a device with more memory.")
+    raise InputError(NOTHING_FITS)
 
 
 def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, args: TrainingArguments) -> None:
@@ -77,22 +82,33 @@ def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, 
 
 def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: int, length: int) -> None:
     """Set ``args.per_device_train_batch_size`` to the largest batch whose training step at ``length`` tokens fits on
-    every process (:func:`probe_step` on ``model``, moved to ``args.device``, with the run's activation checkpointing)
-    and ``args.gradient_accumulation_steps`` so that batch x accumulation x processes == ``global_batch``. Optimizer
-    states are not allocated by the probe: for a LoRA run they are a small fraction of one row's activations."""
-    rows = rows_per_process(global_batch, args.world_size)
-    model.to(args.device)
+    every process (:func:`probe_step` on ``model``, moved to ``args.device``, in training mode and with the run's
+    activation checkpointing, as ``Trainer.train`` will run it) and ``args.gradient_accumulation_steps`` so that
+    batch x accumulation x processes == ``global_batch``. Optimizer states are not allocated by the probe: for a LoRA
+    run they are a small fraction of one row's activations. Every process ends the search with the same split, or
+    with the same error (none is left waiting in a collective)."""
+    rows = rows_per_process(global_batch, args.world_size, args.n_gpu)
+    if getattr(model, "hf_device_map", None) is None:  # a model placed by device_map stays where it is
+        model.to(args.device)
     if args.activation_checkpointing:  # as Trainer.train enables it, which runs after the search
         settings = dict(args.activation_checkpointing_kwargs or {})
         model.activation_checkpointing_enable(every_n_layers=settings.pop("every_n_layers", 1),
                                               offload=settings.pop("offload", False),
                                               activation_checkpointing_kwargs=settings or None)
-    student = student_spec(model)
-    batch = largest_fitting_batch(lambda size: probe_step(model, student, size, length, args), rows)
+    student, training = student_spec(model), model.training
+    model.train()  # checkpointing runs in training mode only; a loaded model is in eval mode
+    try:
+        batch = largest_fitting_batch(lambda size: probe_step(model, student, size, length, args), rows)
+    except InputError:
+        batch = 0  # batch 1 does not fit here: every process learns it below
+    finally:
+        model.train(training)
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process trains the same split
         smallest = torch.tensor(batch, device=args.device)
         torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN)
         batch = int(smallest.item())
+    if batch == 0:
+        raise InputError(NOTHING_FITS)
     args.per_device_train_batch_size, args.gradient_accumulation_steps = batch, rows // batch
     if args.process_index == 0:
         print(f"batch search: per-device batch {batch} x gradient accumulation {rows // batch} x {args.world_size} "

@@ -8,6 +8,7 @@ and :meth:`student_format`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -43,15 +44,41 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
         metadata={"help": "Rows per optimizer step over every process. When set, per_device_train_batch_size and "
                           "gradient_accumulation_steps are chosen for it before training: the largest per-device batch "
                           "dividing global_batch_size / processes whose forward and backward at max_length fit in "
-                          "memory (tried from the largest down), and the accumulation that makes up the rest; the "
-                          "values given for those two are replaced. The objective is the same for every split "
-                          "(padding: max_length)."},
+                          "memory (tried from the largest down), and the accumulation that makes up the rest; so those "
+                          "two are left unset. The objective is the same for every split (padding: max_length)."},
     )
 
     def __post_init__(self) -> None:
         TrainingArguments.__post_init__(self)
         MaskingConfig.__post_init__(self)
         StudentFormat.__post_init__(self)
+        if self.global_batch_size is not None:
+            self._check_global_batch()
+
+    def _check_global_batch(self) -> None:
+        """What cannot go with a searched split, refused before anything loads: a split given as well (it would be
+        replaced), transformers' own search (it shrinks the global batch on out-of-memory), a DeepSpeed config given
+        here (filled in with the split before the search changes it; accelerate's config is filled after), and
+        sharded parameters (the probe runs the whole model on one device)."""
+        name = f"global_batch_size {self.global_batch_size}"
+        if self.global_batch_size < 1:
+            raise ValueError(f"{name}: must be at least 1.")
+        defaults = {f.name: f.default for f in TrainingArguments.__dataclass_fields__.values()}
+        given = [key for key in ("per_device_train_batch_size", "gradient_accumulation_steps")
+                 if getattr(self, key) != defaults[key]]
+        if given:
+            raise ValueError(f"{name} chooses {' and '.join(given)} itself (the largest per-device batch that fits); "
+                             "give one or the other (global_batch_size: null in a recipe).")
+        if self.auto_find_batch_size:
+            raise ValueError(f"{name} with auto_find_batch_size: transformers' search would shrink the global batch "
+                             "after an out-of-memory error; use one of them.")
+        if self.deepspeed:
+            raise ValueError(f"{name} with deepspeed {self.deepspeed}: launch DeepSpeed through accelerate's config "
+                             "(recipes/accelerate/zero2.yaml), which is filled in after the search.")
+        if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true") or \
+                os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+            raise ValueError(f"{name} under FSDP or ZeRO-3: the search probes the whole model on one device; set the "
+                             "split yourself (per_device_train_batch_size, gradient_accumulation_steps).")
 
     def masking(self) -> MaskingConfig:
         """The bucket and masking settings, for the collator and the data preparation."""

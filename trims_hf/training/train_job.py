@@ -202,10 +202,13 @@ def resume_checkpoint(args: MDLMConfig) -> str | None:
 
 def check_decode_eval(data_args: DataArguments, args: MDLMConfig) -> None:
     """The decode-and-grade evaluation can run: a known, non-code task, its data at hand, evaluations scheduled."""
-    data_args.decoding_config()
+    decoding = data_args.decoding_config()
     name = data_args.decode_eval_task
     if not name:
         return
+    if decoding.compile_blocks and not args.compile_blocks:  # compiled in place, the blocks would train compiled too
+        raise InputError("decode_eval_decoding compile_blocks: the evaluation decodes the model being trained, whose "
+                         "blocks it would compile for the rest of the run; set compile_blocks (training) as well.")
     if not data_args.eval_split or args.eval_strategy == "no":
         raise InputError("decode_eval_task runs at each evaluation: set eval_split and eval_strategy (e.g. epoch).")
     try:
@@ -239,7 +242,7 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
     check_dataset_source("dataset_name", data_args.dataset_name)
     check_decode_eval(data_args, args)
     if args.global_batch_size is not None:
-        rows_per_process(args.global_batch_size, args.world_size)
+        rows_per_process(args.global_batch_size, args.world_size, args.n_gpu)
     return resume
 
 
