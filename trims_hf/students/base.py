@@ -118,5 +118,5 @@ def compile_blocks(model: nn.Module, dynamic: bool | None = None) -> int:
 def has_compiled_blocks(model: nn.Module) -> bool:
     """Whether any module of ``model`` runs compiled (:func:`compile_blocks`, or ``nn.Module.compile`` by the user): a
     compiled block stays so, whatever later calls ask, and its fused kernels may round differently."""
-    return any(module._compiled_call_impl is not None for module in model.modules())
+    return isinstance(model, nn.Module) and any(module._compiled_call_impl is not None for module in model.modules())
 
