@@ -372,6 +372,7 @@ def test_readme_python_quick_start_trains_what_the_recipe_trains(tmp_path):
     readme = MDLMConfig(**(values | {"output_dir": str(tmp_path), "bf16": False, "use_cpu": True}))
     _, _, recipe = parse_recipe(RECIPES / "llada" / "trims_s1k.yaml", ["--bf16", "false", "--use_cpu", "true"])
     assert readme.masking() == recipe.masking() and readme.student_format() == recipe.student_format()
+    assert (readme.global_batch_size, readme.compile_blocks) == (recipe.global_batch_size, recipe.compile_blocks)
     [masking] = readme_calls("MaskingConfig")
     assert {k.arg: ast.literal_eval(k.value) for k in masking.keywords} == {"padding": recipe.padding}
     [trainer] = readme_calls("Trainer")
