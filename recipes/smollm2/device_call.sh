@@ -2,7 +2,7 @@
 # The two device calls of one GPU window of the SmolLM2 study (recipes/smollm2/README.md, GPU runbook), kept here so
 # that they are tested and pre-flown (recipes/smollm2/preflight.sh). Run from the checkout's root on the device:
 #
-#   bash recipes/smollm2/device_call.sh 1 OUT                          # carry [".whl", ".gguf-a"]
+#   bash recipes/smollm2/device_call.sh 1 OUT                          # carry [".whl-smollm2", ".gguf-a"]
 #   bash recipes/smollm2/device_call.sh 2 OUT [replicate.py flags...]  # carry [".gguf-b"], right after call 1
 #
 # Call 1 installs the carried wheels (bench/gpu/install.sh, into SITE) and keeps the GGUF's first part in GGUF_DIR
@@ -24,6 +24,7 @@ gguf_dir=${GGUF_DIR:-/tmp/gguf}
 gguf=$gguf_dir/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export WHEELS=${WHEELS:-.whl-smollm2}  # recipes/smollm2/preflight.sh makes it: bench/gpu's wheels less DeepSpeed's
 if [ "$call" = 1 ]; then
   [ -f .gguf-a/part ] || { echo "error: .gguf-a/part is not here (carry .gguf-a)"; echo "exit 2"; exit 2; }
   ROOT=$root source "$root/bench/gpu/install.sh" || { echo "exit 1"; exit 1; }
