@@ -3,6 +3,7 @@ any split of a global batch equal, Dream shift, training and its logged statisti
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import pytest
@@ -367,6 +368,43 @@ def test_mdlm_trainer_searches_the_batch_at_max_length(tmp_path, tokenizer, chec
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (4, 8)
     assert trainer._train_batch_size == 4 and trainer.get_total_train_batch_size(trainer.args) == 32
     assert all(p.grad is None for p in model.parameters())  # the probes leave no gradients behind
+
+
+@pytest.mark.parametrize("optim,per_element", [("adamw_torch", 8), ("sgd", 0), ("rmsprop", 4)])
+@pytest.mark.parametrize("deepspeed_processes", [None, 4])
+def test_the_probe_reserves_the_optimizer_states(tmp_path, monkeypatch, tokenizer, optim, per_element,
+                                                 deepspeed_processes):
+    """The states the run's optimizer will keep (per element of a trainable parameter: AdamW two moments, RMSprop one,
+    plain SGD none, each in the parameter's dtype; under DeepSpeed fp32 states of fp32 master copies, which
+    half-precision parameters add, split over the processes) are measured from the optimizer itself, and held
+    allocated while every probe runs."""
+    from trims_hf.training import batch_search
+
+    model = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 20).to(torch.bfloat16))
+    model[0].weight.requires_grad_(False)  # frozen (a LoRA base's weights): no state
+    fp32, bf16 = 30, 30 * 20 + 20
+    args = TrainingArguments(output_dir=str(tmp_path), optim=optim, use_cpu=True, report_to="none")
+    expected = per_element * fp32 + per_element // 2 * bf16
+    if deepspeed_processes:
+        monkeypatch.setattr(args, "deepspeed_plugin", object())
+        monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: deepspeed_processes))
+        expected = (per_element * (fp32 + bf16) + 4 * bf16) / deepspeed_processes
+    assert batch_search.optimizer_state_bytes(model, args) == pytest.approx(expected, rel=1e-3, abs=1)
+
+    tiny, holding, probed = tiny_student(tokenizer), [], []
+
+    @contextlib.contextmanager
+    def recorded(nbytes, device):
+        holding.append(nbytes)
+        yield
+        holding.pop()
+
+    monkeypatch.setattr(batch_search, "held", recorded)
+    monkeypatch.setattr(batch_search, "probe_step", lambda *args: probed.append(list(holding)))
+    batch_search.fit_global_batch(tiny, make_args(tmp_path, optim=optim), 8, 32)
+    reserve = batch_search.optimizer_state_bytes(tiny, make_args(tmp_path, optim=optim))
+    assert (reserve > 0) == (per_element > 0)
+    assert probed == [[reserve]] and not holding  # the one probe (8 rows fit) ran while the reserve was held
 
 
 @dataclass

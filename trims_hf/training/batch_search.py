@@ -10,12 +10,14 @@ filled-in config see the chosen split from the start; accelerate's :func:`find_e
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from accelerate.utils import find_executable_batch_size
 from torch import nn
-from transformers import TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 from ..errors import InputError
 from ..students import StudentSpec, mask_token_id, student_spec
@@ -63,15 +65,60 @@ def largest_fitting_batch(fits: Callable[[int], object], rows: int) -> int:
     raise InputError(NOTHING_FITS)
 
 
+STAND_IN = (128, 128)  # elements enough for optimizers that keep small tensors' states apart (8-bit Adam: 4,096)
+
+
+def optimizer_state_bytes(model: nn.Module, args: TrainingArguments) -> int:
+    """The bytes of optimizer state each process will hold for ``model``'s trainable parameters once training steps.
+    The run's optimizer (the Trainer's choice for ``args``) steps once on a stand-in of each trainable dtype, which
+    gives its state per element: two fp32 moments for AdamW, about a quarter of that for 8-bit Adam, nothing for plain
+    SGD. Under DeepSpeed (accelerate's plugin, as ``recipes/accelerate/zero2.yaml`` launches it) the optimizer steps
+    fp32 master copies (4 bytes more per element of a half-precision parameter), and ZeRO splits both over the
+    processes."""
+    counts = Counter()
+    for parameter in model.parameters():
+        if parameter.requires_grad:
+            counts[parameter.dtype] += parameter.numel()
+    if not counts:
+        return 0
+    deepspeed = getattr(args, "deepspeed_plugin", None) is not None
+    optimizer_class, settings = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    total = 0.0
+    for dtype, count in counts.items():
+        stand_in = nn.Parameter(torch.zeros(STAND_IN, dtype=torch.float32 if deepspeed else dtype, device=args.device))
+        stand_in.grad = torch.zeros_like(stand_in)
+        optimizer = optimizer_class([stand_in], **settings)
+        optimizer.step()
+        state = sum(value.numel() * value.element_size() for values in optimizer.state.values()
+                    for value in values.values() if torch.is_tensor(value))
+        master = 4 if deepspeed and dtype != torch.float32 else 0
+        total += (state / stand_in.numel() + master) * count
+    return int(total / args.world_size) if deepspeed else int(total)
+
+
+@contextmanager
+def held(nbytes: int, device: torch.device) -> Iterator[None]:
+    """``nbytes`` of device memory kept allocated (not written) while the block runs."""
+    reserve = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    try:
+        yield
+    finally:
+        del reserve
+
+
 def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, args: TrainingArguments) -> None:
     """One forward and backward of ``batch`` rows of ``length`` tokens with every position masked, in the run's
     precision: the most memory a collated batch of that shape can take (the head and the fp32 logits run at the masked
-    positions, whose number varies from draw to draw). The gradients are dropped again."""
+    positions, whose number varies from draw to draw). The trainable parameters' gradients exist from the start, as
+    they do from a step's second micro-batch on, and are dropped again at the end."""
     ids = torch.full((batch, length), mask_token_id(model), device=args.device)
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros_like(ids),
               "masked": torch.ones_like(ids, dtype=torch.bool), "loss_weights": torch.ones(batch, device=args.device)}
     half = torch.bfloat16 if args.bf16 else torch.float16
     try:
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.grad = torch.zeros_like(parameter)
         with torch.autocast(args.device.type, dtype=half, enabled=args.bf16 or args.fp16):
             _, logits = masked_logits(model, student, inputs, model.get_output_embeddings())
             loss = masked_token_loss(logits, inputs["labels"], inputs["masked"], inputs["loss_weights"]).sum()
@@ -83,10 +130,10 @@ def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, 
 def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: int, length: int) -> None:
     """Set ``args.per_device_train_batch_size`` to the largest batch whose training step at ``length`` tokens fits on
     every process (:func:`probe_step` on ``model``, moved to ``args.device``, in training mode and with the run's
-    activation checkpointing, as ``Trainer.train`` will run it) and ``args.gradient_accumulation_steps`` so that
-    batch x accumulation x processes == ``global_batch``. Optimizer states are not allocated by the probe: for a LoRA
-    run they are a small fraction of one row's activations. Every process ends the search with the same split, or
-    with the same error (none is left waiting in a collective)."""
+    activation checkpointing, as ``Trainer.train`` will run it, beside the memory its optimizer states will take,
+    :func:`optimizer_state_bytes`) and ``args.gradient_accumulation_steps`` so that batch x accumulation x processes
+    == ``global_batch``. Every process ends the search with the same split, or with the same error (none is left
+    waiting in a collective)."""
     rows = rows_per_process(global_batch, args.world_size, args.n_gpu)
     if getattr(model, "hf_device_map", None) is None:  # a model placed by device_map stays where it is
         model.to(args.device)
@@ -98,7 +145,8 @@ def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: in
     student, training = student_spec(model), model.training
     model.train()  # checkpointing runs in training mode only; a loaded model is in eval mode
     try:
-        batch = largest_fitting_batch(lambda size: probe_step(model, student, size, length, args), rows)
+        with held(optimizer_state_bytes(model, args), args.device):
+            batch = largest_fitting_batch(lambda size: probe_step(model, student, size, length, args), rows)
     except InputError:
         batch = 0  # batch 1 does not fit here: every process learns it below
     finally:
