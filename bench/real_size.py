@@ -182,11 +182,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
                                          for mode in step_modes if mode != "graph"))
         print(f"note: --step-modes: CUDA graphs need CUDA; the decode part times {','.join(step_modes)} on the "
               f"{device.type}", file=sys.stderr)
-    block_modes = (tuple(dict.fromkeys("prefix" if mode == "dual" else mode for mode in cache_modes)), ("eager",))
-    if STUDENTS[args.student].block_size is not None and (cache_modes, step_modes) != block_modes:
-        cache_modes, step_modes = block_modes  # the block-causal decoder: no suffix to cache (dual is its prefix)
-        print(f"note: {args.student} decodes block-causally: the decode part times cache {','.join(cache_modes)}, "
-              "step eager", file=sys.stderr)
+    if STUDENTS[args.student].block_size is not None and "dual" in cache_modes:
+        # the block-causal decoder: no suffix to cache (dual is its prefix)
+        cache_modes = tuple(dict.fromkeys("prefix" if mode == "dual" else mode for mode in cache_modes))
+        print(f"note: {args.student} decodes block-causally: the decode part times cache {','.join(cache_modes)}",
+              file=sys.stderr)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     chunk = args.logits_chunk_elements or (CUDA_LOGITS_CHUNK_ELEMENTS if device.type == "cuda"
                                            else ScoringOptions.logits_chunk_elements)

@@ -331,17 +331,18 @@ def fixture_prompts(device: str, padded: bool) -> tuple[torch.Tensor, torch.Tens
 
 
 def assert_commits_of_eager(eager_model: torch.nn.Module, model: torch.nn.Module, device: str,
-                            variants: dict[str, dict[str, Any]], name: str) -> None:
-    """At every cache mode, batch 1 and a left-padded batch, early stop off and on, each variant (``DecodingConfig``
-    fields) of ``model`` commits the same positions and tokens at each step, fills the same EOS and costs the same
-    forwards as ``eager_model`` at the eager step."""
+                            variants: dict[str, dict[str, Any]], name: str,
+                            caches: tuple[str, ...] = ("none", "prefix", "dual")) -> None:
+    """At every cache mode of ``caches``, batch 1 and a left-padded batch, early stop off and on, each variant
+    (``DecodingConfig`` fields) of ``model`` commits the same positions and tokens at each step, fills the same EOS and
+    costs the same forwards as ``eager_model`` at the eager step."""
     settings = TRACES["settings"]
     base = DecodingConfig(gen_length=settings["gen_length"], block_length=settings["block_length"], threshold=0.5,
                           early_stop=False, step="eager")
     early_stops = 0
     for padded in (False, True):
         ids, mask = fixture_prompts(device, padded)
-        for cache in ("none", "prefix", "dual"):
+        for cache in caches:
             plain = generate(eager_model, ids, mask, replace(base, cache=cache))
             # A stop token the run does commit in its second block, so early stop has something to cut.
             stop = int(plain.responses[0, settings["block_length"] + 1])
@@ -370,6 +371,31 @@ def test_every_step_mode_commits_the_eager_tokens(device, kind, dtype):
     model = student(kind, device, dtype)
     assert_commits_of_eager(model, model, device, {f"step={step}": {"step": step} for step in STEP_MODES[device]},
                             f"{kind} {dtype}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["llada_moe", "llada2"])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+                         ids=["fp32", "bf16"])
+def test_moe_students_every_step_mode_commits_the_eager_tokens(original_checkpoint, device, kind, dtype):
+    """The MoE students under every step mode (grouped-GEMM experts; LLaDA 2.x's block-causal decoder with buffers
+    and graphs of its own per block, prefix cache only) commit the eager step's tokens; on CUDA the graph step
+    replays: fewer Python forwards than forwards."""
+    model = load_student(str(original_checkpoint(kind)), dtype=dtype).to(device).eval()
+    caches = ("none", "prefix") if kind == "llada2" else ("none", "prefix", "dual")
+    assert_commits_of_eager(model, model, device, {f"step={step}": {"step": step} for step in STEP_MODES[device]},
+                            f"{kind} {dtype}", caches)
+    if device == "cuda":
+        ids, mask = fixture_prompts(device, padded=False)
+        calls = []
+        handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+        try:
+            output = generate(model, ids, mask, DecodingConfig(gen_length=TRACES["settings"]["gen_length"],
+                                                               block_length=TRACES["settings"]["block_length"],
+                                                               threshold=0.5, cache="prefix", step="graph"))
+        finally:
+            handle.remove()
+        assert len(calls) < output.nfe
 
 
 @pytest.mark.slow  # compiling takes tens of seconds on a CPU

@@ -447,13 +447,15 @@ def test_llada2_real_shape_is_16b_with_1_4b_active():
 @pytest.mark.slow
 def test_llada2_trains_and_decodes_at_the_tiny_shape(tmp_path):
     """The block-diffusion student through the train and decode parts: its [noised | clean] FLOPs, and its decoder
-    timed on the model's own calls with no cache and its exact prefix cache (same tokens), the eager step only."""
+    timed on its own calls (:class:`BlockForward`) with no cache and its exact prefix cache (same tokens), eager and
+    static (the same tokens as eager)."""
     lines = student_lines(tmp_path, "llada2")
     assert {line["model"] for line in lines} == {"LLaDA2.0-mini"}
     assert all(line["forward_positions_per_token"] == 2 for line in by_part(lines, "train"))
     decodes = [line for line in by_part(lines, "decode") if line["measurement"] == "decode"]
-    assert {(line["cache"], line["step"]) for line in decodes} == {("none", "eager"), ("prefix", "eager")}
-    assert all(line["identical_tokens_vs_no_cache"] == 1.0 for line in decodes)
+    assert {(line["cache"], line["step"]) for line in decodes} == {
+        (cache, step) for cache in ("none", "prefix") for step in ("eager", "static")}
+    assert all(line["identical_tokens_vs_no_cache"] == 1.0 == line["identical_tokens_vs_eager"] for line in decodes)
     assert all(line["forward_calls"] == line["model_forwards"] > 0 for line in decodes)
 
 

@@ -31,7 +31,7 @@ from real_size_parts.common import (
     shape,
 )
 from trims_hf import student_spec
-from trims_hf.generation import DecodingConfig, StudentForward, generate
+from trims_hf.generation import BlockForward, DecodingConfig, StudentForward, generate
 from trims_hf.studies.accelerators import accelerator, weight_read_bound_ms
 
 DECODE_PROMPT_TOKENS = 128
@@ -115,11 +115,12 @@ class CallTimes:
 @contextmanager
 def forward_times(device: torch.device, model: nn.Module) -> Iterator[CallTimes]:
     """Times every decoder model call made inside the block (:class:`CallTimes`); no sampling, strategy or hooks. The
-    calls are :class:`StudentForward`'s, or, for a block-diffusion student (whose decoder calls the model itself), the
-    model's own."""
+    calls are :class:`StudentForward`'s, or, for a block-diffusion student, :class:`BlockForward`'s (a replayed graph
+    included)."""
     cuda = device.type == "cuda"
     times = CallTimes([], [])
-    owner, name = (type(model), "forward") if student_spec(model).block_size is not None else (StudentForward, "__call__")
+    owner = BlockForward if student_spec(model).block_size is not None else StudentForward
+    name = "__call__"
     call = getattr(owner, name)
 
     def timed(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -2,6 +2,7 @@
 they share (:mod:`.steps`), KV caches (:mod:`.cache`), hooks and recorders (:mod:`.hooks`) and plots (:mod:`.plots`)."""
 
 from ..settings import DecodingConfig
+from .block_causal import BlockForward
 from .cache import BlockKVCache, StudentForward
 from .decoding import generate, generate_text
 from .hooks import (
@@ -30,6 +31,7 @@ from .steps import (
 )
 
 __all__ = [
+    "BlockForward",
     "BlockKVCache",
     "ConfidenceFactor",
     "ConfidenceThreshold",

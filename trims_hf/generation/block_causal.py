@@ -12,8 +12,13 @@ can sit at other columns than its batch-mates'.
 ``cache="none"`` recomputes the canvas at every step, as the originals do. ``cache="prefix"`` runs the canvas once per
 block and then only the columns from the first current block on, against the cached keys and values of the columns
 before: exact here, not an approximation as for a bidirectional student, since under the block-causal mask those
-columns (earlier blocks, all committed) never see a later one. There is no suffix to keep (``dual`` is refused), and
-``step`` is ignored: every call is eager.
+columns (earlier blocks, all committed) never see a later one. There is no suffix to keep (``dual`` is refused).
+
+``step`` runs the calls as it does for the other students (:mod:`trims_hf.generation.cache`) and never changes a
+token: ``static`` writes a block's keys and values into buffers allocated at its first forward, at slots given as a
+tensor; ``graph`` also captures each call shape of a block (its cached steps share one) as a CUDA graph at its second
+call and replays it after. A block's buffers and graphs are its own, since the canvas a block sees grows with it:
+the attention reads exactly the keys the eager step gives it, so the numbers cannot move.
 
 Early stop (default on) is the original ``generate``'s: once a sample's current block has no masks and its response so
 far holds a stop token, it decodes no further block and everything after its first stop becomes EOS.
@@ -22,14 +27,15 @@ far holds a stop token, it decodes no further block and everything after its fir
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import nn
 
-from ..settings import DecodingConfig
-from ..students import mask_token_id
+from ..settings import DecodingConfig, StepMode
+from ..students import mask_token_id, student_spec
 from ..students.block_diffusion import block_ids
-from .cache import BlockKVCache
+from .cache import BlockKVCache, CapturedCalls, resolve_step
 from .hooks import DecodeHook, StepRecord
 from .steps import GenerationOutput, Strategy, early_stop_fill, propose, tokens_before_stop
 
@@ -45,6 +51,7 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
     mask_id, size = mask_token_id(model), config.block_length
     batch, width = input_ids.shape
     device = input_ids.device
+    step = resolve_step(config.step, device, student_spec(model))
     real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     lengths = real.sum(dim=1)
     first = width - lengths  # column of each sample's first prompt token
@@ -66,17 +73,14 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
         masked = (x.gather(1, window) == mask_id) & inside & ~done[:, None]
         initial, step_in_block = masked.sum(dim=1), 0
         end = int(window[masked.any(dim=1)].max()) + 1 if masked.any() else 0  # the block's canvas, kept to its end
-        cache = BlockKVCache(layers) if config.cache == "prefix" else None  # filled by the block's first forward
+        forward = BlockForward(model, layers, config.cache == "prefix", step)
         while masked.any():
             charged = masked.any(dim=1)
             current = int(window[charged, 0].min())  # the first column of any current block
-            begin = 0 if cache is None or step_in_block == 0 else current
-            cached = {} if cache is None else {"use_cache": True, "cache": cache}
-            if cache is not None:
-                cache.window.start = begin
-            # The head runs on the current blocks' columns only (a 157k vocabulary): logits [B, end - current, V].
-            logits = model(input_ids=x[:, begin:end], attention_mask=allowed[:, :, begin:end, :end],
-                           position_ids=positions[:, begin:end], logits_to_keep=end - current, **cached).logits
+            begin = 0 if forward.cache is None or step_in_block == 0 else current
+            inputs = {"input_ids": x[:, begin:end], "attention_mask": allowed[:, :, begin:end, :end],
+                      "position_ids": positions[:, begin:end], "slots": columns[begin:end]}
+            logits = forward(inputs, begin, current, end)
             nfe, sample_nfe = nfe + 1, sample_nfe + charged
             at = (window - current).clamp(min=0, max=end - current - 1)
             window_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
@@ -96,6 +100,33 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
                 _record(hooks, nfe, block, charged, sample_nfe, commit, confidence, window, width, filled, response)
             step_in_block += 1
     return GenerationOutput(x[:, :width + config.gen_length], width, nfe, sample_nfe, config.early_stop)
+
+
+class BlockForward:
+    """The student's calls within one block. With ``cached`` (the prefix cache) the block's first call fills key/value
+    buffers that its later calls extend; a ``graph`` step captures the block's call shapes, which write into those
+    buffers, so buffers and graphs end with the block."""
+
+    def __init__(self, model: nn.Module, layers: int, cached: bool, step: StepMode) -> None:
+        self.model = model
+        self.cache = BlockKVCache(layers, static=step != "eager") if cached else None
+        self.graphs = CapturedCalls() if step == "graph" else None
+
+    def __call__(self, inputs: dict[str, torch.Tensor], begin: int, current: int, end: int) -> torch.Tensor:
+        """Logits ``[B, end - current, V]`` of the canvas window ``inputs`` (columns ``begin`` to ``end``): the head
+        runs on the current blocks' columns only (a 157k vocabulary)."""
+        if self.cache is not None:
+            self.cache.window.start = begin
+        run = partial(self._run, end - current)
+        return run(inputs) if self.graphs is None else self.graphs((begin, current, end), inputs, run)
+
+    def _run(self, keep: int, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        cached = {}
+        if self.cache is not None:
+            self.cache.window.slots = inputs["slots"]
+            cached = {"use_cache": True, "cache": self.cache}
+        return self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                          position_ids=inputs["position_ids"], logits_to_keep=keep, **cached).logits
 
 
 def _record(hooks: Sequence[DecodeHook], nfe: int, block: int, charged: torch.Tensor, sample_nfe: torch.Tensor,

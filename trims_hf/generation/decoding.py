@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from ..prompts import Prompt, end_of_response_ids, prompt_token_ids
 from ..settings import DecodingConfig, PromptFormat, ResponseFormat
 from ..students import compile_blocks, mask_token_id, student_spec
+from .block_causal import decode_block_causal
 from .cache import StudentForward
 from .hooks import DecodeHook, GenerationStart, StepRecord, answer_text
 from .steps import GenerationOutput, build_strategy, early_stop_fill, propose, tokens_before_stop
@@ -88,8 +89,6 @@ def generate(
     for hook in hooks:
         hook.on_start(start)
     if spec.block_size is not None:
-        from .block_causal import decode_block_causal  # it builds on this module's proposals
-
         output = decode_block_causal(model, input_ids, attention_mask, config, strategy, stops, eos_id, generator, hooks)
         for hook in hooks:
             hook.on_end(output)
