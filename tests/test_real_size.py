@@ -4,6 +4,7 @@ configs. The real-size runs themselves need a GPU (README, "GPU (real size)").""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -525,3 +526,28 @@ def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch):
         assert line["forward_over_bound"] == pytest.approx(line["forward_ms"] / line["weight_read_bound_ms"], rel=1e-2)
     dual = next(line for line in lines if line["batch"] == 1 and line["cache"] == "dual")
     assert dual["weight_read_bytes"] < dual["weight_read_bytes_all_experts"]  # a 32-token window skips some experts
+
+
+def test_a_failed_routing_decode_is_an_error_line_and_the_other_modes_go_on(tmp_path, monkeypatch):
+    """An MoE student's untimed routing decode (which gives each cache mode its bound) failing on the device, here
+    for the dual cache, costs that mode's lines only: one error line saying no step of it was timed, the others'
+    lines as usual."""
+    real, calls = decoding.routed_experts, []
+
+    @contextlib.contextmanager
+    def routing(model):
+        calls.append(1)
+        with real(model) as reached:
+            if len(calls) % 2 == 0:  # the second cache mode of each batch: dual
+                raise RuntimeError("CUDA error: out of memory")
+            yield reached
+
+    monkeypatch.setattr(decoding, "routed_experts", routing)
+    output = tmp_path / "moe.jsonl"
+    real_size.main(["--part", "decode", "--student", "llada_moe", "--device", "cpu", "--cache-modes", "none,dual",
+                    "--step-modes", "eager", "--output", str(output)])
+    lines = [line for line in map(json.loads, output.read_text().splitlines()) if line["measurement"] == "decode"]
+    errors = [line for line in lines if "error" in line]
+    assert {(line["batch"], line["cache"]) for line in errors} == {(1, "dual"), (4, "dual")}
+    assert all("no step of this cache mode is timed" in line["skipped"] for line in errors)
+    assert {(line["batch"], line["cache"]) for line in lines if "error" not in line} == {(1, "none"), (4, "none")}

@@ -166,6 +166,13 @@ def uncompile(model: nn.Module) -> None:
         module._compiled_call_impl = None
 
 
+def failed(run: Run, batch: int, mode: str, step: str, error: RuntimeError, **note: str) -> None:
+    """One mode failing on the device must not cost the others' lines: an error line in its place."""
+    run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "batch": batch, "cache": mode,
+                        **step_settings(step), **note, "error": f"{type(error).__name__}: {error}"[:2000]})
+    release(run.device)
+
+
 def decode_part(run: Run) -> None:
     """Per batch, cache mode and step mode: the decoder's model calls alone (:func:`forward_times`) next to the
     weight-read bound, the whole decoding's wall time per call, tokens/s and peak memory; prompts left-padded with
@@ -199,8 +206,16 @@ def decode_part(run: Run) -> None:
             for compiled, group in enumerate(groups):
                 for mode in run.cache_modes:  # the compiled blocks last: they stay compiled until uncompile
                     if moe and not compiled:
-                        with routed_experts(model) as reached[mode]:
-                            decode_modes(model, [prompts], base, (mode,), ("eager",))
+                        try:
+                            with routed_experts(model) as reached[mode]:
+                                decode_modes(model, [prompts], base, (mode,), ("eager",))
+                        except RuntimeError as error:
+                            reached.pop(mode, None)
+                            failed(run, batch, mode, "eager", error, skipped="the routing decode failed: without the experts it "
+                                   "reaches there is no bound, so no step of this cache mode is timed")
+                            continue
+                    if moe and mode not in reached:
+                        continue
                     for step in group:
                         reset_peak_memory(run.device)
                         try:
@@ -208,11 +223,8 @@ def decode_part(run: Run) -> None:
                                 decode_modes(model, [prompts], base, (mode,), (step,))
                             with forward_times(run.device, model) as times:
                                 results |= decode_modes(model, [prompts], base, (mode,), (step,))
-                        except RuntimeError as error:  # one mode failing on the device must not cost the others' lines
-                            run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student],
-                                                "batch": batch, "cache": mode, **step_settings(step),
-                                                "error": f"{type(error).__name__}: {error}"[:2000]})
-                            release(run.device)
+                        except RuntimeError as error:
+                            failed(run, batch, mode, step, error)
                             continue
                         calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
             uncompile(model)
