@@ -528,6 +528,7 @@ def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch):
     assert dual["weight_read_bytes"] < dual["weight_read_bytes_all_experts"]  # a 32-token window skips some experts
 
 
+@pytest.mark.slow
 def test_a_failed_routing_decode_is_an_error_line_and_the_other_modes_go_on(tmp_path, monkeypatch):
     """An MoE student's untimed routing decode (which gives each cache mode its bound) failing on the device, here
     for the dual cache, costs that mode's lines only: one error line saying no step of it was timed, the others'
