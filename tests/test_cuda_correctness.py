@@ -320,8 +320,9 @@ class _AllCommits(DecodeHook):
 
 
 def fixture_prompts(device: str, padded: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The fixture's prompts left-padded with their mask, or the first one alone with no mask."""
-    prompts = [run["prompt_ids"] for run in TRACES["runs"]][:3]
+    """The fixture's prompts, cut to 10, 6 and 3 tokens (one shorter than a block), left-padded with their mask; or the
+    first one alone with no mask."""
+    prompts = [run["prompt_ids"][:length] for run, length in zip(TRACES["runs"], (10, 6, 3))]
     if not padded:
         return torch.tensor(prompts[:1], device=device), None
     width = max(map(len, prompts))

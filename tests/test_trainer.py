@@ -370,14 +370,19 @@ def test_mdlm_trainer_searches_the_batch_at_max_length(tmp_path, tokenizer, chec
     assert all(p.grad is None for p in model.parameters())  # the probes leave no gradients behind
 
 
+ZERO = {"plain": None, "zero2": {"stage": 2}, "zero0": {"stage": 0},
+        "zero2-offload": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+
+
 @pytest.mark.parametrize("optim,per_element", [("adamw_torch", 8), ("sgd", 0), ("rmsprop", 4)])
-@pytest.mark.parametrize("deepspeed_processes", [None, 4])
-def test_the_probe_reserves_the_optimizer_states(tmp_path, monkeypatch, tokenizer, optim, per_element,
-                                                 deepspeed_processes):
-    """The states the run's optimizer will keep (per element of a trainable parameter: AdamW two moments, RMSprop one,
-    plain SGD none, each in the parameter's dtype; under DeepSpeed fp32 states of fp32 master copies, which
-    half-precision parameters add, split over the processes) are measured from the optimizer itself, and held
-    allocated while every probe runs."""
+@pytest.mark.parametrize("zero", ZERO.values(), ids=ZERO.keys())
+def test_the_reserve_is_the_optimizers_states(tmp_path, monkeypatch, optim, per_element, zero):
+    """The states the run's optimizer will keep, measured from the optimizer itself: per element of a trainable
+    parameter AdamW two moments, RMSprop one, plain SGD none, each in the parameter's dtype; under DeepSpeed fp32
+    states of fp32 master copies, which half-precision parameters add, split over the processes at ZeRO stage 1-2 (not
+    at stage 0), and nothing on the device when the optimizer is offloaded to the host."""
+    from types import SimpleNamespace
+
     from trims_hf.training import batch_search
 
     model = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 20).to(torch.bfloat16))
@@ -385,26 +390,77 @@ def test_the_probe_reserves_the_optimizer_states(tmp_path, monkeypatch, tokenize
     fp32, bf16 = 30, 30 * 20 + 20
     args = TrainingArguments(output_dir=str(tmp_path), optim=optim, use_cpu=True, report_to="none")
     expected = per_element * fp32 + per_element // 2 * bf16
-    if deepspeed_processes:
-        monkeypatch.setattr(args, "deepspeed_plugin", object())
-        monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: deepspeed_processes))
-        expected = (per_element * (fp32 + bf16) + 4 * bf16) / deepspeed_processes
-    assert batch_search.optimizer_state_bytes(model, args) == pytest.approx(expected, rel=1e-3, abs=1)
+    if zero is not None:
+        monkeypatch.setattr(args, "deepspeed_plugin", SimpleNamespace(deepspeed_config={"zero_optimization": zero}))
+        monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self: 4))
+        expected = (per_element * (fp32 + bf16) + 4 * bf16) / (4 if zero["stage"] else 1)
+        expected *= "offload_optimizer" not in zero
+    reserve = batch_search.optimizer_state_bytes(model, args, batch_search.optimizer_spec(args))
+    assert set(reserve) <= {torch.device("cpu")}
+    assert sum(reserve.values()) == pytest.approx(expected, rel=1e-3, abs=1)
 
-    tiny, holding, probed = tiny_student(tokenizer), [], []
+
+def test_the_trainers_own_optimizer_is_the_one_measured_and_held_during_the_probes(tmp_path, monkeypatch, tokenizer):
+    """MDLMTrainer(optimizer_cls_and_kwargs=...) or (optimizers=(instance, None)) is what the Trainer will step, so
+    its states are the reserve, not those of ``args.optim``; the reserve is held while every probe runs."""
+    from trims_hf.training import batch_search
+
+    holding, probed, reserves = [], [], []
 
     @contextlib.contextmanager
-    def recorded(nbytes, device):
-        holding.append(nbytes)
+    def recorded(reserve):
+        holding.append(reserve)
         yield
         holding.pop()
 
     monkeypatch.setattr(batch_search, "held", recorded)
     monkeypatch.setattr(batch_search, "probe_step", lambda *args: probed.append(list(holding)))
-    batch_search.fit_global_batch(tiny, make_args(tmp_path, optim=optim), 8, 32)
-    reserve = batch_search.optimizer_state_bytes(tiny, make_args(tmp_path, optim=optim))
-    assert (reserve > 0) == (per_element > 0)
-    assert probed == [[reserve]] and not holding  # the one probe (8 rows fit) ran while the reserve was held
+    for given in ("class", "instance"):
+        model = tiny_student(tokenizer)
+        trainable = sum(p.numel() for p in model.parameters())
+        momentum = {"optimizer_cls_and_kwargs": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})} if given == "class" \
+            else {"optimizers": (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), None)}
+        MDLMTrainer(model, make_args(tmp_path, optim="adamw_torch", global_batch_size=8, max_length=32),
+                    processing_class=tokenizer, **momentum)
+        reserves.append(sum(probed[-1][0].values()))
+        assert reserves[-1] == pytest.approx(4 * trainable, rel=1e-3)  # one fp32 momentum buffer, not AdamW's two
+    assert not holding
+
+
+def test_what_the_batch_search_cannot_measure_is_refused(tmp_path, monkeypatch, tokenizer):
+    from types import SimpleNamespace
+
+    from trims_hf.errors import InputError
+    from trims_hf.training import batch_search
+
+    with pytest.raises(ValueError, match="optim galore_adamw: its optimizer is built from the model"):
+        make_args(tmp_path, optim="galore_adamw", global_batch_size=32)
+    args = make_args(tmp_path, global_batch_size=8, max_length=32)
+    def muon_factory():  # transformers calls a factory, then the result with the model
+        raise AssertionError("not called")
+
+    with pytest.raises(InputError, match="the optimizer factory muon_factory: the batch search cannot measure"):
+        batch_search.optimizer_spec(args, (muon_factory, {}))
+    monkeypatch.setattr(args, "deepspeed_plugin", SimpleNamespace(deepspeed_config={"optimizer": {"type": "Adam"}}))
+    with pytest.raises(InputError, match="DeepSpeed config that builds its own optimizer"):
+        batch_search.fit_global_batch(tiny_student(tokenizer), args, 8, 32)
+
+
+def test_optimizer_states_that_do_not_fit_are_one_error(tmp_path, monkeypatch, tokenizer):
+    """Out of memory while the reserve is allocated (the states alone do not fit beside the model) is one error line
+    naming the states' size, not a traceback, and no probe runs."""
+    from trims_hf.errors import InputError
+    from trims_hf.training import batch_search
+
+    def full(reserve):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB.")
+
+    probed = []
+    monkeypatch.setattr(batch_search, "held", full)
+    monkeypatch.setattr(batch_search, "probe_step", lambda *args: probed.append(1))
+    with pytest.raises(InputError, match=r"the optimizer's states \(0.00 GiB on cpu per process\) do not fit"):
+        batch_search.fit_global_batch(tiny_student(tokenizer), make_args(tmp_path, optim="adamw_torch"), 8, 32)
+    assert not probed
 
 
 @dataclass

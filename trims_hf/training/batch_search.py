@@ -13,11 +13,14 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from accelerate.utils import find_executable_batch_size
+from accelerate.utils.memory import should_reduce_batch_size
 from torch import nn
 from transformers import Trainer, TrainingArguments
+from transformers.trainer import is_optimizer_factory
 
 from ..errors import InputError
 from ..students import StudentSpec, mask_token_id, student_spec
@@ -66,44 +69,97 @@ def largest_fitting_batch(fits: Callable[[int], object], rows: int) -> int:
 
 
 STAND_IN = (128, 128)  # elements enough for optimizers that keep small tensors' states apart (8-bit Adam: 4,096)
+MODEL_BOUND_OPTIMIZERS = ("galore", "apollo", "lomo")
+"""``optim`` names whose optimizer is built from the model itself (transformers: GaLore, APOLLO, LOMO), so a stand-in
+cannot measure its states."""
+OptimizerSpec = tuple[type, dict[str, Any]]
 
 
-def optimizer_state_bytes(model: nn.Module, args: TrainingArguments) -> int:
-    """The bytes of optimizer state each process will hold for ``model``'s trainable parameters once training steps.
-    The run's optimizer (the Trainer's choice for ``args``) steps once on a stand-in of each trainable dtype, which
-    gives its state per element: two fp32 moments for AdamW, about a quarter of that for 8-bit Adam, nothing for plain
-    SGD. Under DeepSpeed (accelerate's plugin, as ``recipes/accelerate/zero2.yaml`` launches it) the optimizer steps
-    fp32 master copies (4 bytes more per element of a half-precision parameter), and ZeRO splits both over the
-    processes."""
-    counts = Counter()
+def check_measurable(optim: str) -> None:
+    """One-line :class:`InputError` for an ``optim`` built from the model, whose states a stand-in cannot measure."""
+    optim = getattr(optim, "value", optim)  # TrainingArguments keeps an OptimizerNames member
+    if any(name in optim for name in MODEL_BOUND_OPTIMIZERS):
+        raise InputError(f"global_batch_size with optim {optim}: its optimizer is built from the model, so the batch "
+                         "search cannot measure its states; set the split yourself (per_device_train_batch_size, "
+                         "gradient_accumulation_steps).")
+
+
+def optimizer_spec(args: TrainingArguments, given: OptimizerSpec | None = None,
+                   optimizer: torch.optim.Optimizer | None = None) -> OptimizerSpec:
+    """The class and settings of the optimizer the Trainer will build: its ``optimizers=`` instance, else its
+    ``optimizer_cls_and_kwargs=``, else the one ``args.optim`` names. One-line :class:`InputError` for what a stand-in
+    parameter cannot measure (an optimizer factory, or one built from the model)."""
+    if optimizer is not None:
+        return type(optimizer), dict(optimizer.defaults)
+    if given is None:
+        check_measurable(args.optim)
+        given = Trainer.get_optimizer_cls_and_kwargs(args)
+    optimizer_class, settings = given
+    if is_optimizer_factory(optimizer_class):
+        name = getattr(optimizer_class, "__name__", type(optimizer_class).__name__)
+        raise InputError(f"global_batch_size with the optimizer factory {name}: the batch search "
+                         "cannot measure its states; set the split yourself (per_device_train_batch_size, "
+                         "gradient_accumulation_steps).")
+    return optimizer_class, {key: value for key, value in settings.items()
+                             if key not in ("params", "model", "optimizer_dict")}
+
+
+def deepspeed_zero(args: TrainingArguments) -> tuple[int, bool] | None:
+    """(ZeRO stage, optimizer offloaded to the host) of a DeepSpeed run (accelerate's plugin); None without DeepSpeed.
+    A DeepSpeed config that builds its own optimizer is refused: its states are not the Trainer's optimizer's."""
+    plugin = getattr(args, "deepspeed_plugin", None)
+    if plugin is None:
+        return None
+    config = getattr(plugin, "deepspeed_config", None) or {}
+    if "optimizer" in config:
+        raise InputError("global_batch_size with a DeepSpeed config that builds its own optimizer (its \"optimizer\" "
+                         "block): the batch search measures the Trainer's; drop the block (the recipe's zero2.json has "
+                         "none) or set the split yourself.")
+    zero = config.get("zero_optimization") or {}
+    offload = (zero.get("offload_optimizer") or {}).get("device", "none") in ("cpu", "nvme")
+    return int(zero.get("stage", 0)), offload
+
+
+def optimizer_state_bytes(model: nn.Module, args: TrainingArguments, spec: OptimizerSpec) -> dict[torch.device, int]:
+    """Per device, the bytes of optimizer state each process will hold there for ``model``'s trainable parameters
+    once training steps. The run's optimizer (``spec``, :func:`optimizer_spec`) steps once on a stand-in of each
+    trainable dtype, which gives its state per element: two moments in the parameter's dtype for AdamW, about a quarter
+    of that for 8-bit Adam (embeddings at 32 bits, as the Trainer sets bitsandbytes for them), nothing for plain SGD.
+    Under DeepSpeed the optimizer steps fp32 master copies (4 bytes more per element of a half-precision parameter),
+    ZeRO stage 1 or 2 splits both over the processes, and an optimizer offloaded to the host holds nothing on the
+    device."""
+    zero = deepspeed_zero(args)
+    if zero is not None and zero[1]:
+        return {}
+    optimizer_class, settings = spec
+    eight_bit = "bitsandbytes" in str(optimizer_class) and settings.get("optim_bits") == 8
+    embeddings = {id(p) for module in model.modules() if isinstance(module, nn.Embedding) for p in module.parameters()}
+    counts: Counter = Counter()
     for parameter in model.parameters():
         if parameter.requires_grad:
-            counts[parameter.dtype] += parameter.numel()
-    if not counts:
-        return 0
-    deepspeed = getattr(args, "deepspeed_plugin", None) is not None
-    optimizer_class, settings = Trainer.get_optimizer_cls_and_kwargs(args, model)
-    total = 0.0
-    for dtype, count in counts.items():
-        stand_in = nn.Parameter(torch.zeros(STAND_IN, dtype=torch.float32 if deepspeed else dtype, device=args.device))
+            counts[parameter.device, parameter.dtype, eight_bit and id(parameter) in embeddings] += parameter.numel()
+    split = args.world_size if zero is not None and zero[0] >= 1 else 1
+    reserve: Counter = Counter()
+    for (device, dtype, full_bits), count in counts.items():
+        stand_in = nn.Parameter(torch.zeros(STAND_IN, dtype=torch.float32 if zero else dtype, device=device))
         stand_in.grad = torch.zeros_like(stand_in)
-        optimizer = optimizer_class([stand_in], **settings)
+        optimizer = optimizer_class([stand_in], **(settings | ({"optim_bits": 32} if full_bits else {})))
         optimizer.step()
         state = sum(value.numel() * value.element_size() for values in optimizer.state.values()
                     for value in values.values() if torch.is_tensor(value))
-        master = 4 if deepspeed and dtype != torch.float32 else 0
-        total += (state / stand_in.numel() + master) * count
-    return int(total / args.world_size) if deepspeed else int(total)
+        master = 4 if zero and dtype != torch.float32 else 0
+        reserve[device] += (state / stand_in.numel() + master) * count / split
+    return {device: int(nbytes) for device, nbytes in reserve.items()}
 
 
 @contextmanager
-def held(nbytes: int, device: torch.device) -> Iterator[None]:
-    """``nbytes`` of device memory kept allocated (not written) while the block runs."""
-    reserve = torch.empty(nbytes, dtype=torch.uint8, device=device)
+def held(reserve: dict[torch.device, int]) -> Iterator[None]:
+    """``reserve`` bytes of memory on each device kept allocated (not written) while the block runs."""
+    tensors = [torch.empty(nbytes, dtype=torch.uint8, device=device) for device, nbytes in reserve.items()]
     try:
         yield
     finally:
-        del reserve
+        del tensors
 
 
 def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, args: TrainingArguments) -> None:
@@ -127,14 +183,17 @@ def probe_step(model: nn.Module, student: StudentSpec, batch: int, length: int, 
         model.zero_grad(set_to_none=True)
 
 
-def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: int, length: int) -> None:
+def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: int, length: int,
+                     optimizer: OptimizerSpec | None = None) -> None:
     """Set ``args.per_device_train_batch_size`` to the largest batch whose training step at ``length`` tokens fits on
     every process (:func:`probe_step` on ``model``, moved to ``args.device``, in training mode and with the run's
-    activation checkpointing, as ``Trainer.train`` will run it, beside the memory its optimizer states will take,
-    :func:`optimizer_state_bytes`) and ``args.gradient_accumulation_steps`` so that batch x accumulation x processes
-    == ``global_batch``. Every process ends the search with the same split, or with the same error (none is left
-    waiting in a collective)."""
+    activation checkpointing, as ``Trainer.train`` will run it, beside the states of the run's optimizer, ``optimizer``
+    or the one ``args`` names: :func:`optimizer_state_bytes`) and ``args.gradient_accumulation_steps`` so that batch x
+    accumulation x processes == ``global_batch``. Every process ends the search with the same split, or with the same
+    error (none is left waiting in a collective)."""
     rows = rows_per_process(global_batch, args.world_size, args.n_gpu)
+    optimizer = optimizer_spec(args, optimizer)
+    deepspeed_zero(args)  # refuses a DeepSpeed optimizer before the model moves
     if getattr(model, "hf_device_map", None) is None:  # a model placed by device_map stays where it is
         model.to(args.device)
     if args.activation_checkpointing:  # as Trainer.train enables it, which runs after the search
@@ -143,18 +202,28 @@ def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: in
                                               offload=settings.pop("offload", False),
                                               activation_checkpointing_kwargs=settings or None)
     student, training = student_spec(model), model.training
+    reserve = optimizer_state_bytes(model, args, optimizer)
     model.train()  # checkpointing runs in training mode only; a loaded model is in eval mode
     try:
-        with held(optimizer_state_bytes(model, args), args.device):
+        with held(reserve):
             batch = largest_fitting_batch(lambda size: probe_step(model, student, size, length, args), rows)
     except InputError:
         batch = 0  # batch 1 does not fit here: every process learns it below
+    except RuntimeError as error:  # the probes' out-of-memory errors end inside the search: this is the reserve's
+        if not should_reduce_batch_size(error):
+            raise
+        batch = -1
     finally:
         model.train(training)
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process trains the same split
         smallest = torch.tensor(batch, device=args.device)
         torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN)
         batch = int(smallest.item())
+    if batch == -1:
+        states = ", ".join(f"{nbytes / 2**30:.2f} GiB on {device}" for device, nbytes in reserve.items())
+        raise InputError(f"the optimizer's states ({states} per process) do not fit beside the model: train LoRA "
+                         "adapters, shard them with ZeRO-2 over more processes (recipes/accelerate/zero2.yaml), use an "
+                         "8-bit optimizer, or a device with more memory.")
     if batch == 0:
         raise InputError(NOTHING_FITS)
     args.per_device_train_batch_size, args.gradient_accumulation_steps = batch, rows // batch

@@ -58,8 +58,9 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
     def _check_global_batch(self) -> None:
         """What cannot go with a searched split, refused before anything loads: a split given as well (it would be
         replaced), transformers' own search (it shrinks the global batch on out-of-memory), a DeepSpeed config given
-        here (filled in with the split before the search changes it; accelerate's config is filled after), and
-        sharded parameters (the probe runs the whole model on one device)."""
+        here (filled in with the split before the search changes it; accelerate's config is filled after), an
+        optimizer built from the model (its states cannot be measured), and sharded parameters (the probe runs the
+        whole model on one device)."""
         name = f"global_batch_size {self.global_batch_size}"
         if self.global_batch_size < 1:
             raise ValueError(f"{name}: must be at least 1.")
@@ -75,6 +76,9 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
         if self.deepspeed:
             raise ValueError(f"{name} with deepspeed {self.deepspeed}: launch DeepSpeed through accelerate's config "
                              "(recipes/accelerate/zero2.yaml), which is filled in after the search.")
+        from .batch_search import check_measurable  # torch and the students: only when a search is asked for
+
+        check_measurable(self.optim)
         if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true") or \
                 os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
             raise ValueError(f"{name} under FSDP or ZeRO-3: the search probes the whole model on one device; set the "

@@ -25,7 +25,7 @@ from ..data.preparation import is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
 from ..students.loss import NORMALIZATIONS, masked_token_loss, normaliser, per_unit_loss
-from .batch_search import fit_global_batch
+from .batch_search import fit_global_batch, optimizer_spec
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
 from .masked_forward import masked_logits
@@ -105,7 +105,9 @@ class MDLMTrainer(Trainer):
         if self.loss_normalization not in NORMALIZATIONS:
             raise ValueError(f"loss_normalization must be 'token' or 'sequence', got {self.loss_normalization!r}.")
         if getattr(args, "global_batch_size", None) is not None:  # eager: compiled, each probed shape would compile
-            fit_global_batch(model, args, args.global_batch_size, args.max_length)
+            built = (kwargs.get("optimizers") or (None, None))[0]
+            fit_global_batch(model, args, args.global_batch_size, args.max_length,
+                             optimizer_spec(args, kwargs.get("optimizer_cls_and_kwargs"), built))
         if getattr(args, "compile_blocks", False):
             compile_blocks(model)
         super().__init__(
