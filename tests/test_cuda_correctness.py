@@ -381,7 +381,7 @@ def test_every_step_mode_commits_the_eager_tokens(device, kind, dtype):
 def test_moe_students_every_step_mode_commits_the_eager_tokens(original_checkpoint, device, kind, dtype):
     """The MoE students under every step mode (grouped-GEMM experts; LLaDA 2.x's block-causal decoder with buffers
     and graphs of its own per block, prefix cache only) commit the eager step's tokens; on CUDA the graph step
-    replays: fewer Python forwards than forwards."""
+    replays every cached step after a block's third."""
     model = load_student(str(original_checkpoint(kind)), dtype=dtype).to(device).eval()
     caches = ("none", "prefix") if kind == "llada2" else ("none", "prefix", "dual")
     assert_commits_of_eager(model, model, device, {f"step={step}": {"step": step} for step in STEP_MODES[device]},
@@ -396,7 +396,9 @@ def test_moe_students_every_step_mode_commits_the_eager_tokens(original_checkpoi
                                                                threshold=0.5, cache="prefix", step="graph"))
         finally:
             handle.remove()
-        assert len(calls) < output.nfe
+        # Per block at most: its first call, the cached steps' first call, their warm-up and capture; then replays.
+        blocks = TRACES["settings"]["gen_length"] // TRACES["settings"]["block_length"]
+        assert len(calls) <= 4 * blocks and len(calls) < output.nfe
 
 
 @pytest.mark.slow  # compiling takes tens of seconds on a CPU
