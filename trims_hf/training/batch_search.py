@@ -20,7 +20,6 @@ from accelerate.utils import find_executable_batch_size
 from accelerate.utils.memory import should_reduce_batch_size
 from torch import nn
 from transformers import Trainer, TrainingArguments
-from transformers.trainer import is_optimizer_factory
 
 from ..errors import InputError
 from ..students import StudentSpec, mask_token_id, student_spec
@@ -95,7 +94,7 @@ def optimizer_spec(args: TrainingArguments, given: OptimizerSpec | None = None,
         check_measurable(args.optim)
         given = Trainer.get_optimizer_cls_and_kwargs(args)
     optimizer_class, settings = given
-    if is_optimizer_factory(optimizer_class):
+    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):  # a factory
         name = getattr(optimizer_class, "__name__", type(optimizer_class).__name__)
         raise InputError(f"global_batch_size with the optimizer factory {name}: the batch search "
                          "cannot measure its states; set the split yourself (per_device_train_batch_size, "
