@@ -72,6 +72,9 @@ MODEL_BOUND_OPTIMIZERS = ("galore", "apollo", "lomo")
 """``optim`` names whose optimizer is built from the model itself (transformers: GaLore, APOLLO, LOMO), so a stand-in
 cannot measure its states."""
 OptimizerSpec = tuple[type, dict[str, Any]]
+STATES_DO_NOT_FIT = -1
+"""The batch a process reports when the optimizer's states alone do not fit (below 0, the "nothing fits" batch, so
+the all-reduce's minimum carries it to every process)."""
 
 
 def check_measurable(optim: str) -> None:
@@ -211,14 +214,14 @@ def fit_global_batch(model: nn.Module, args: TrainingArguments, global_batch: in
     except RuntimeError as error:  # the probes' out-of-memory errors end inside the search: this is the reserve's
         if not should_reduce_batch_size(error):
             raise
-        batch = -1
+        batch = STATES_DO_NOT_FIT
     finally:
         model.train(training)
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # every process trains the same split
         smallest = torch.tensor(batch, device=args.device)
         torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN)
         batch = int(smallest.item())
-    if batch == -1:
+    if batch == STATES_DO_NOT_FIT:
         states = ", ".join(f"{nbytes / 2**30:.2f} GiB on {device}" for device, nbytes in reserve.items())
         raise InputError(f"the optimizer's states ({states} per process) do not fit beside the model: train LoRA "
                          "adapters, shard them with ZeRO-2 over more processes (recipes/accelerate/zero2.yaml), use an "
