@@ -195,10 +195,13 @@ def test_training_variants_and_the_profile_summary(tmp_path):
     assert {line["gradient_checkpointing"] for line in lines} == {False}
     text = profile.read_text()
     assert text.startswith("== train (tiny, CPU: ") and "variant eager, batch 2 x 256" in text
-    shares = {line.split()[0]: float(line.split()[-1].rstrip("%")) for line in text.splitlines()
-              if line.startswith("  ") and line.split()[0] in train_profile.CATEGORIES}
+    rows = {line.split()[0]: line.split() for line in text.splitlines()
+            if line.startswith("  ") and line.split()[0] in train_profile.CATEGORIES}
+    shares = {name: float(row[-1].rstrip("%")) for name, row in rows.items()}
     assert set(shares) == set(train_profile.CATEGORIES) and sum(shares.values()) == pytest.approx(100, abs=0.5)
-    assert shares["frozen_matmul"] > 0 and shares["lora"] > 0 and shares["attention"] > 0 and shares["loss"] > 0
+    # Times, not shares: a step stalled by a busy machine can round a small category's share down to 0.0%.
+    milliseconds = {name: float(row[1]) for name, row in rows.items()}
+    assert all(milliseconds[name] > 0 for name in ("frozen_matmul", "lora", "attention", "loss"))
 
 
 def test_profile_categories_read_an_operator_and_its_ancestors():
