@@ -281,7 +281,7 @@ def build_scored_dataset(
         "num_buckets": buckets.num_buckets,
         "bucket_ordering": buckets.bucket_ordering,
         "metric": buckets.metric,
-        "bucket_seed": buckets.bucket_seed,
+        "bucket_seed": buckets.bucket_seed if buckets.bucket_ordering == "random" else None,
         "quantile_tokens": buckets.quantile_tokens,
         "train_max_length": options.train_max_length if kept is not None else None,
         "thresholds": thresholds,
