@@ -265,8 +265,14 @@ ERRORS = {
                             "(see `trims eval --help`)", None),
     "system prompt without a chat template": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--prompt-format", "plain",
                                                "--system-prompt", "Be brief."],
-                                              "--system-prompt goes into the chat template, and this run has none "
-                                              "(--prompt-format plain, tokenizer with one).", None),
+                                              "--system-prompt goes into the chat template, and --prompt-format "
+                                              "'plain' renders none; drop --system-prompt, or use --prompt-format "
+                                              "'chat_template'. (see `trims eval --help`)", None),
+    "system prompt with a tokenizer without a chat template": (
+        ["--tokenizer", "{tmp}/no-template-tokenizer", "--task", "gsm8k", "--data-file", GSM8K_TEST, "--system-prompt",
+         "Be brief."],
+        "--system-prompt goes into the chat template, and the tokenizer has none (--prompt-format 'chat_template' "
+        "renders plain text with it); drop --system-prompt.", None),
     "cuda without a GPU": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "cuda"],
                            "--device cuda: no CUDA device is available here; use --device cpu.", no_cuda),
     "end of response not a token": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--end-of-response", "<|nope|>"],
@@ -287,6 +293,9 @@ def test_input_errors_are_one_line_before_any_model_loads(case, saved_student, p
     no_mask = tokenizer.__class__.from_pretrained(plain_llama)
     no_mask.mask_token = None
     no_mask.save_pretrained(tmp_path / "no-mask-tokenizer")
+    no_template = tokenizer.__class__.from_pretrained(saved_student)
+    no_template.chat_template = None
+    no_template.save_pretrained(tmp_path / "no-template-tokenizer")
     names = {"model": saved_student, "llama": plain_llama, "tmp": str(tmp_path), "adapter": adapter}
     output = tmp_path / "out" / "r.json"
     arguments = ["eval", "--model", saved_student, "--output", str(output), *[f.format(**names) for f in flags]]

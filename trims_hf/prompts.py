@@ -13,6 +13,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from .errors import InputError
 from .settings import PromptFormat
 
 Prompt = str | Sequence[dict[str, str]]
@@ -33,6 +34,14 @@ def resolved_format(tokenizer: Any, fmt: PromptFormat) -> str:
     if fmt.prompt_format == "chat_template" and not uses_chat_template(tokenizer, fmt):
         return "plain"
     return fmt.prompt_format
+
+
+def check_system_prompt(tokenizer: Any, fmt: PromptFormat) -> None:
+    """A system prompt goes into the chat template (:class:`~trims_hf.settings.PromptFormat` refuses it with another
+    format); ``chat_template`` with a tokenizer that has none renders plain, which would drop it silently."""
+    if fmt.system_prompt is not None and not uses_chat_template(tokenizer, fmt):
+        raise InputError("system_prompt goes into the chat template, and the tokenizer has none (prompt_format="
+                         f"{fmt.prompt_format!r} renders plain text with it); drop system_prompt.")
 
 
 def _messages(prompt: Prompt, fmt: PromptFormat) -> list[dict[str, str]]:

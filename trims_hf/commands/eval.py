@@ -157,7 +157,7 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
     """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
     from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
     from ..evaluation.tasks import CodeExecutionDisabled, CodeTask, get_task
-    from ..prompts import end_of_response_ids, uses_chat_template
+    from ..prompts import check_system_prompt, end_of_response_ids
 
     check_sandbox(args)
     try:
@@ -181,9 +181,10 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
     _check_data_source(args, task)
     student = resolve_student(model, flag_name)
     tokenizer = student.tokenizer
-    if prompt_format.system_prompt is not None and not uses_chat_template(tokenizer, prompt_format):
-        raise InputError("--system-prompt goes into the chat template, and this run has none (--prompt-format "
-                         f"{prompt_format.prompt_format}, tokenizer with{'' if tokenizer.chat_template else 'out'} one).")
+    try:
+        check_system_prompt(tokenizer, prompt_format)
+    except InputError as error:
+        raise InputError(parser().in_flag_terms(str(error))) from None
     try:
         end_of_response_ids(tokenizer, prompt_format.end_of_response)
     except ValueError as error:
