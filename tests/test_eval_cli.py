@@ -60,6 +60,7 @@ def without_timings(result: dict) -> dict:
 
 def test_eval_writes_result_json(saved_student, tmp_path, capsys):
     output = tmp_path / "results.json"
+    output.write_text("{}")  # an earlier run's results: a rerun replaces them
     code = main(["eval", "--model_name_or_path", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST,
                  "--output", str(output), *SMALL])
     assert code == 0
@@ -260,6 +261,13 @@ ERRORS = {
     "output is a folder": (["--task", "gsm8k", "--output", "{tmp}"],
                            "--output {tmp}: a folder; name the file to write, e.g. {tmp}/results.json. "
                            "(see `trims eval --help`)", None),
+    "output is the sweep's plot": (["--task", "gsm8k", "--sweep", "0.5,0.9", "--output", "{tmp}/r.png"],
+                                   "--output {tmp}/r.png: the results and the --sweep frontier plot would both be "
+                                   "written to {tmp}/r.png; name a .json file, e.g. {tmp}/r.json. "
+                                   "(see `trims eval --help`)", None),
+    "sweep's plot is a folder": (["--task", "gsm8k", "--sweep", "0.5,0.9", "--output", "{tmp}/plot.json"],
+                                 "--output {tmp}/plot.json (the --sweep frontier plot: {tmp}/plot.png): a folder; name "
+                                 "the file to write. (see `trims eval --help`)", None),
     "output under a file": (["--task", "gsm8k", "--output", "{tmp}/empty.jsonl/r.json"],
                             "--output {tmp}/empty.jsonl/r.json: {tmp}/empty.jsonl is a file, not a folder. "
                             "(see `trims eval --help`)", None),
@@ -284,6 +292,7 @@ def test_input_errors_are_one_line_before_any_model_loads(case, saved_student, p
     if environment is not None:
         environment(monkeypatch)
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "plot.png").mkdir()
     no_mask = tokenizer.__class__.from_pretrained(plain_llama)
     no_mask.mask_token = None
     no_mask.save_pretrained(tmp_path / "no-mask-tokenizer")

@@ -37,7 +37,9 @@ class EvalArguments:
     :class:`~trims_hf.model_config.ModelConfig`)."""
 
     task: str = field(metadata={"help": "Benchmark: gsm8k, math500, humaneval or mbpp."})
-    output: str = field(metadata={"help": "JSON file to write the result(s) to."})
+    output: str = field(metadata={"help": "JSON file to write the result(s) to; an existing one is replaced once the new "
+                                  "results are complete (an interrupted run keeps it and resumes from its own "
+                                  "progress file)."})
     mbpp_style: Literal["instruct", "3shot"] = field(
         default="instruct",
         metadata={"help": "MBPP prompt: the instruction with its asserts, or the classic 3-shot [BEGIN]...[DONE] format."},
@@ -75,6 +77,7 @@ class EvalArguments:
         self.published()
         check_output_path(self.output, f"--output {self.output}", folder=False,
                           advice=f", e.g. {Path(self.output) / 'results.json'}")
+        self.check_derived_files()
 
     def sweep_values(self) -> list[float] | None:
         """The ``--sweep`` values as numbers (None without a sweep)."""
@@ -100,6 +103,24 @@ class EvalArguments:
     def records_file(self) -> Path:
         """Where graded problems are saved as they finish (removed once the results are written)."""
         return Path(self.output).with_suffix(".progress.jsonl")
+
+    def plot_file(self) -> Path:
+        """Where a sweep's frontier plot goes."""
+        return Path(self.output).with_suffix(".png")
+
+    def check_derived_files(self) -> None:
+        """The files named after ``--output`` (the progress records, a sweep's plot) are other files than it and each
+        other, and can be written: else one would overwrite another (``--output r.png --sweep ...`` wrote the plot
+        over the results)."""
+        files = {"the results": Path(self.output), "the progress records": self.records_file(),
+                 **({"the --sweep frontier plot": self.plot_file()} if self.sweep is not None else {})}
+        seen: dict[Path, str] = {}
+        for what, path in files.items():
+            if (other := seen.setdefault(path.absolute(), what)) != what:
+                raise ValueError(f"--output {self.output}: {other} and {what} would both be written to {path}; "
+                                 f"name a .json file, e.g. {Path(self.output).with_suffix('.json')}.")
+            if path != Path(self.output):
+                check_output_path(path, f"--output {self.output} ({what}: {path})", folder=False)
 
 
 @dataclass
@@ -246,8 +267,8 @@ def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseF
     output = save_results(results, args.output, published)
     print(format_table(results, published))
     if args.sweep is not None:
-        plot_frontier(results, output.with_suffix(".png"), published)
-        print(f"Frontier plot written to {output.with_suffix('.png')}")
+        plot_frontier(results, args.plot_file(), published)
+        print(f"Frontier plot written to {args.plot_file()}")
     for path in records_files(records):  # the results file holds every record now
         path.unlink(missing_ok=True)
     print(f"Results written to {output}")
