@@ -186,13 +186,15 @@ ERRORS = {
                            "--model-name-or-path ./no-such-model: no such file or folder.", None),
     "model id, Hub unreachable": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                                   "--model-name-or-path me/student: not a local path, and the Hugging Face Hub is "
-                                  "unreachable (Failed to resolve 'huggingface.co'); pass a local model folder or .gguf "
-                                  "file to --model-name-or-path.",
+                                  "unreachable (Failed to resolve 'huggingface.co'); pass a local folder to "
+                                  "--model-name-or-path.",
                                   unreachable_hub),
     "model id, offline mode": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                                "--model-name-or-path me/student: not a local path and not in the Hugging Face cache, "
-                               "and HF_HUB_OFFLINE is set; pass a local model folder or .gguf file to "
-                               "--model-name-or-path.", hub_offline),
+                               "and HF_HUB_OFFLINE is set; pass a local folder to --model-name-or-path.",
+                               hub_offline),
+    "model is a file": (["--model", "{tmp}/empty.jsonl", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                        "--model-name-or-path {tmp}/empty.jsonl: a file; pass a folder or a Hub id.", None),
     "task data, Hub unreachable": (["--task", "gsm8k"],
                                    "--task gsm8k reads openai/gsm8k: not a local path, and the Hugging Face Hub is "
                                    "unreachable (Failed to resolve 'huggingface.co'); pass a local copy of the benchmark "

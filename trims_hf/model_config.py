@@ -113,7 +113,7 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
     if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
         raise InputError(f"{name('model_name_or_path')} {model.model_name_or_path} is a peft adapter; pass it to "
                          f"{name('adapter')} and its base model to {name('model_name_or_path')}.")
-    check_model_source(name("model_name_or_path"), model.model_name_or_path, revision=model.model_revision)
+    check_model_source(name("model_name_or_path"), model.model_name_or_path, revision=model.model_revision, gguf=False)
     if model.adapter is not None:
         adapter = Path(model.adapter).expanduser()
         if adapter.is_dir():
@@ -121,7 +121,7 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
                 raise InputError(f"{name('adapter')} {model.adapter}: the folder has no adapter_config.json (a full "
                                  f"model goes to {name('model_name_or_path')}).")
         else:
-            check_model_source(name("adapter"), model.adapter)
+            check_model_source(name("adapter"), model.adapter, gguf=False)
         from .students.adapters import AdapterError, adapter_folder, check_adapter_base, read_adapter
 
         try:
@@ -130,7 +130,7 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
         except AdapterError as error:
             raise InputError(str(error)) from None
     if model.tokenizer_name_or_path is not None and not Path(model.tokenizer_name_or_path).expanduser().is_dir():
-        check_model_source(name("tokenizer_name_or_path"), model.tokenizer_name_or_path)
+        check_model_source(name("tokenizer_name_or_path"), model.tokenizer_name_or_path, gguf=False)
 
 
 def load_tokenizer(model: ModelConfig, name: FieldName = field_name) -> Any:
