@@ -254,6 +254,32 @@ ERRORS = {
                   "--sweep 0.5,nan: entropy_threshold=nan: must be a finite number >= 0.", None),
     "fractional step sweep": (["--task", "gsm8k", "--strategy", "fixed_steps", "--sweep", "32,2.5"],
                               "--sweep 32,2.5: fixed_steps sweeps steps, whole numbers; got 2.5.", None),
+    "sweep value twice": (["--task", "gsm8k", "--sweep", "0.5,0.5"],
+                          "--sweep 0.5,0.5: 0.5 is given twice; each value is one setting to decode.", None),
+    "threshold with a sweep": (["--task", "gsm8k", "--threshold=0.5", "--sweep", "0.9"],
+                               "--threshold 0.5 does nothing with --sweep 0.9, which sets --threshold of each run; "
+                               "drop it.", None),
+    "steps with the threshold strategy": (["--task", "gsm8k", "--steps", "3"],
+                                          "--steps 3 does nothing with --strategy 'threshold': only fixed_steps and "
+                                          "threshold_quota read it; drop it or choose a strategy that does. "
+                                          "(see `trims eval --help`)", None),
+    "entropy threshold with the threshold strategy": (["--task", "gsm8k", "--strategy", "threshold",
+                                                       "--entropy_threshold", "0.1"],
+                                                      "--entropy-threshold 0.1 does nothing with --strategy "
+                                                      "'threshold': only entropy reads it; drop it or choose a strategy "
+                                                      "that does.", None),
+    "mbpp style on gsm8k": (["--task", "gsm8k", "--mbpp-style", "3shot"],
+                            "--mbpp-style 3shot does nothing with --task gsm8k: only mbpp has prompt styles; drop it.",
+                            None),
+    "code execution on gsm8k": (["--task", "gsm8k", "--allow-code-execution"],
+                                "--allow-code-execution does nothing with --task gsm8k, which is graded without running "
+                                "code; drop it.", None),
+    "isolation on gsm8k": (["--task", "gsm8k", "--isolation", "process"],
+                           "--isolation process does nothing with --task gsm8k, which is graded without running code; "
+                           "drop it.", None),
+    "stop id outside the vocabulary": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--stop-token-ids", "2", "99999"],
+                                       "--stop-token-ids: 99999 is outside the model's vocabulary (400 tokens), so it "
+                                       "is never generated and stops nothing.", None),
     "compare": (["--task", "gsm8k", "--compare", "trims:llada"],
                 ("--compare: 'trims:llada' is not a published table; choose paper:llada or paper:dream (the TRIMS "
                  "paper's Tables 1-2, LLaDA-Instruct and Dream-Instruct). (see `trims eval --help`)"), None),

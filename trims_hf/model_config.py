@@ -104,6 +104,13 @@ class ResolvedStudent:
     config: dict[str, Any]
     """The ``config.json`` dict (for checks such as the sequence length)."""
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary the student generates from, read from its config (token ids are checked against it)."""
+        from .students.registry import student_config
+
+        return getattr(student_config(self.config, self.kind).get_text_config(), "vocab_size", None)
+
 
 def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> None:
     """Student, adapter and tokenizer exist locally or on the Hub (seconds), and none is given in another's place."""

@@ -14,7 +14,8 @@ processes (:func:`trims_hf.evaluation.evaluate.evaluate_settings`), each process
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ from ..model_config import (
     resolve_student,
 )
 from ..settings import DecodingConfig, ResponseFormat
-from . import INTERRUPTED, CommandParser, fail
+from . import INTERRUPTED, CommandParser, fail, flag_terms
 
 
 @dataclass
@@ -174,17 +175,50 @@ def check_sandbox(args: EvalArguments) -> None:
                          "isolation (plain resource-limited processes, docs/sandbox.md).")
 
 
-def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig, prompt_format: ResponseFormat) -> Inputs:
-    """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
+def _decoding_terms(message: str) -> str:
+    """A :class:`DecodingConfig` message with its settings named by their flags."""
+    return flag_terms(message, (f.name for f in fields(DecodingConfig)))
+
+
+def check_flags_do_something(args: EvalArguments, config: DecodingConfig, task: Any, given: Collection[str]) -> None:
+    """Refuse a flag the user gave (``given``: defaults are not the user's) that changes nothing with the others: the
+    run would look like it used it."""
+    from ..evaluation.evaluate import SWEEP_PARAMETER
+    from ..evaluation.tasks import CodeTask
+
+    try:
+        config.check_given(given)
+    except ValueError as error:
+        raise InputError(_decoding_terms(str(error))) from None
+    knob = SWEEP_PARAMETER[config.strategy]
+    if args.sweep is not None and knob in given:
+        raise InputError(f"{flag_name(knob)} {getattr(config, knob)} does nothing with --sweep {args.sweep}, which sets "
+                         f"{flag_name(knob)} of each run; drop it.")
+    if "mbpp_style" in given and task.name != "mbpp":
+        raise InputError(f"--mbpp-style {args.mbpp_style} does nothing with --task {task.name}: only mbpp has prompt "
+                         "styles; drop it.")
+    if not isinstance(task, CodeTask):
+        for flag, name in (("--allow-code-execution", "allow_code_execution"),
+                           (f"--isolation {args.isolation}", "isolation")):
+            if name in given:
+                raise InputError(f"{flag} does nothing with --task {task.name}, which is graded without running "
+                                 "code; drop it.")
+
+
+def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig, prompt_format: ResponseFormat,
+                 given: Collection[str] = ()) -> Inputs:
+    """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag.
+    ``given`` names the settings the user set by a flag (:meth:`CommandParser.given`)."""
     from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
     from ..evaluation.tasks import CodeExecutionDisabled, CodeTask, get_task
     from ..prompts import end_of_response_ids, uses_chat_template
 
-    check_sandbox(args)
     try:
         task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
     except KeyError as error:
         raise InputError(f"--task {args.task}: {error.args[0]}") from None
+    check_flags_do_something(args, config, task, given)
+    check_sandbox(args)
     if isinstance(task, CodeTask):
         task.isolation = args.isolation
     values = args.sweep_values()
@@ -201,6 +235,11 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
     check_model_sources(model, flag_name)
     _check_data_source(args, task)
     student = resolve_student(model, flag_name)
+    if student.vocab_size is not None:
+        try:
+            config.check_token_ids(student.vocab_size)
+        except ValueError as error:
+            raise InputError(_decoding_terms(str(error))) from None
     tokenizer = student.tokenizer
     if prompt_format.system_prompt is not None and not uses_chat_template(tokenizer, prompt_format):
         raise InputError("--system-prompt goes into the chat template, and this run has none (--prompt-format "
@@ -220,11 +259,12 @@ def parser() -> CommandParser:
 
 
 def main(argv: list[str]) -> int:
-    model, args, config, prompt_format = parser().parse(argv)
+    command = parser()
+    model, args, config, prompt_format = command.parse(argv)
     from ..evaluation.tasks import TaskDataError
 
     try:
-        inputs = check_inputs(model, args, config, prompt_format)
+        inputs = check_inputs(model, args, config, prompt_format, command.given(argv))
     except (InputError, TaskDataError) as error:
         return fail(str(error))
     except KeyboardInterrupt:
