@@ -708,7 +708,8 @@ def test_an_optional_setting_takes_none_after_hf_argument_parser_resolved_its_ty
 
     HfArgumentParser((DecodingConfig, MaskingConfig))
     assert {f.name: f.type for f in dataclasses.fields(DecodingConfig)}["steps"] is int  # what the parser left
-    p = protocol_module.with_overrides(smollm2.SMOKE, ["decoding.steps=12", "masking.pad_to_multiple_of=8"])
+    p = protocol_module.with_overrides(smollm2.SMOKE, ["decoding.strategy=fixed_steps", "decoding.steps=12",
+                                                      "masking.pad_to_multiple_of=8"])
     p = protocol_module.with_overrides(p, ["decoding.steps=none", "masking.pad_to_multiple_of=None"])
     assert (p.decoding.steps, p.masking.pad_to_multiple_of) == (None, None)
     with pytest.raises(ValueError, match="decoding.gen_length=none: 'none' is not a valid int"):
