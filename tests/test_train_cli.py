@@ -153,7 +153,7 @@ MISTAKES = [
      r"^model_name_or_path .*scored: the folder has no config\.json\.$"),
     ("model-hub-unreachable", None, {"model_name_or_path": "org/student"}, [],
      r"^model_name_or_path org/student: not a local path, and the Hugging Face Hub is unreachable .*"
-     r"pass a local folder to model_name_or_path\\.$"),
+     r"pass a local folder to model_name_or_path\.$"),
     ("model-kind-unknown", None, {"model_kind": None}, [],
      r"^model_name_or_path .*student is a plain causal LM \('llama'\); say how it was trained as a diffusion student: "
      r"model_kind llada \(logits unshifted\) or model_kind dream"),
