@@ -13,7 +13,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from .settings import PromptFormat
+from .settings import PromptFormat, response_tokens
 
 Prompt = str | Sequence[dict[str, str]]
 
@@ -89,10 +89,11 @@ def end_of_turn_token(tokenizer: Any) -> str | None:
     return token if token in special else None
 
 
-def end_of_response_ids(tokenizer: Any, end_of_response: Sequence[str] | None) -> list[int]:
-    """Ids that end a response (:attr:`~trims_hf.settings.ResponseFormat.end_of_response`): the given tokens, each a
-    single token of the vocabulary, or by default the chat template's end of turn followed by the EOS token."""
-    tokens = list(end_of_response) if end_of_response is not None else list(
+def end_of_response_ids(tokenizer: Any, end_of_response: str | Sequence[str] | None) -> list[int]:
+    """Ids that end a response (:attr:`~trims_hf.settings.ResponseFormat.end_of_response`): the given tokens (one
+    string is one token), each a single token of the vocabulary, or by default the chat template's end of turn
+    followed by the EOS token."""
+    tokens = response_tokens(end_of_response) if end_of_response is not None else list(
         dict.fromkeys(t for t in (end_of_turn_token(tokenizer), tokenizer.eos_token) if t is not None))
     ids = []
     for token in tokens:
