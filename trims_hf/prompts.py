@@ -13,6 +13,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from .errors import InputError
 from .settings import PromptFormat, response_tokens
 
 Prompt = str | Sequence[dict[str, str]]
@@ -102,3 +103,12 @@ def end_of_response_ids(tokenizer: Any, end_of_response: str | Sequence[str] | N
             raise ValueError(f"End-of-response token {token!r} is not a single token of the student tokenizer.")
         ids.append(int(token_id))
     return ids
+
+
+def check_end_of_response(tokenizer: Any, end_of_response: str | Sequence[str] | None, label: str) -> None:
+    """A command's check of its end-of-response setting against the student tokenizer, before any model loads:
+    an :class:`~trims_hf.errors.InputError` naming ``label`` (the flag or recipe key as the user typed it)."""
+    try:
+        end_of_response_ids(tokenizer, end_of_response)
+    except ValueError as error:
+        raise InputError(f"{label}: {error}") from None

@@ -157,7 +157,7 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
     """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
     from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
     from ..evaluation.tasks import CodeExecutionDisabled, CodeTask, get_task
-    from ..prompts import end_of_response_ids, uses_chat_template
+    from ..prompts import check_end_of_response, uses_chat_template
 
     check_sandbox(args)
     try:
@@ -184,10 +184,7 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
     if prompt_format.system_prompt is not None and not uses_chat_template(tokenizer, prompt_format):
         raise InputError("--system-prompt goes into the chat template, and this run has none (--prompt-format "
                          f"{prompt_format.prompt_format}, tokenizer with{'' if tokenizer.chat_template else 'out'} one).")
-    try:
-        end_of_response_ids(tokenizer, prompt_format.end_of_response)
-    except ValueError as error:
-        raise InputError(f"--end-of-response: {error}") from None
+    check_end_of_response(tokenizer, prompt_format.end_of_response, "--end-of-response")
     examples = load_examples(task, args.data_file, args.limit, args.allow_code_execution)
     return Inputs(task, examples, configs, student, device)
 
