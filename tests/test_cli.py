@@ -151,3 +151,23 @@ def test_a_command_that_ends_leaves_the_process_group_it_ran_in_and_one_that_rai
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_an_output_file_may_exist_and_is_checked_in_its_folder(tmp_path):
+    from trims_hf.errors import InputError, check_output_path
+
+    existing = tmp_path / "results.json"
+    existing.write_text("{}")
+    assert check_output_path(existing, "--output r", folder=False) == existing  # a rerun replaces it
+    assert check_output_path(tmp_path / "new" / "r.json", "--output r", folder=False) == tmp_path / "new" / "r.json"
+    with pytest.raises(InputError, match=f"^--output r: {existing} is a file, not a folder.$"):
+        check_output_path(existing / "r.json", "--output r", folder=False)
+    with pytest.raises(InputError, match="^--output r: a folder; name the file to write.$"):
+        check_output_path(tmp_path, "--output r", folder=False)
+    with pytest.raises(InputError, match="^--output r: a file, not a folder.$"):
+        check_output_path(existing, "--output r")
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "locked").mkdir(mode=0o500)
+        (tmp_path / "locked" / "r.json").write_text("{}")
+        with pytest.raises(InputError, match="locked is not writable"):
+            check_output_path(tmp_path / "locked" / "r.json", "--output r", folder=False)

@@ -80,19 +80,14 @@ def same_results(one: Path, two: Path) -> None:
            [without_timings(r) | {"num_processes": 0} for r in ones]
 
 
-def test_two_process_eval_writes_the_one_process_result(saved_student, tmp_path):
-    one, two, err = one_and_two_processes(saved_student, tmp_path)
-    same_results(one, two)
-    assert [s["prompt_id"] for s in read(two)[0]["samples"]] == ["0", "1", "2", "3", "4"]
-    assert "trims eval: running on 2 processes (multi_cpu, gloo)" in err
-    assert sorted(p.name for p in two.parent.iterdir()) == ["results.json"]  # no progress files left
-
-
-def test_two_process_sweep_shares_the_settings_and_writes_the_one_process_results(saved_student, tmp_path):
-    one, two, _ = one_and_two_processes(saved_student, tmp_path, "--sweep", "0.5,0.9")
+def test_two_process_sweep_writes_the_one_process_results(saved_student, tmp_path):
+    """Each setting of a sweep shards the prompts over the processes; every record equals the one-process run's."""
+    one, two, err = one_and_two_processes(saved_student, tmp_path, "--sweep", "0.5,0.9")
     same_results(one, two)
     assert [r["decoding"]["threshold"] for r in read(two)] == [0.5, 0.9]
-    assert sorted(p.name for p in two.parent.iterdir()) == ["results.json", "results.png"]
+    assert [[s["prompt_id"] for s in r["samples"]] for r in read(two)] == [["0", "1", "2", "3", "4"]] * 2
+    assert "trims eval: running on 2 processes (multi_cpu, gloo)" in err
+    assert sorted(p.name for p in two.parent.iterdir()) == ["results.json", "results.png"]  # no progress files left
 
 
 @pytest.mark.parametrize("kind", ["llada_moe", "llada2"])

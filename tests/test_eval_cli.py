@@ -60,6 +60,7 @@ def without_timings(result: dict) -> dict:
 
 def test_eval_writes_result_json(saved_student, tmp_path, capsys):
     output = tmp_path / "results.json"
+    output.write_text("{}")  # an earlier run's results: a rerun replaces them
     code = main(["eval", "--model_name_or_path", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST,
                  "--output", str(output), *SMALL])
     assert code == 0
@@ -185,13 +186,15 @@ ERRORS = {
                            "--model-name-or-path ./no-such-model: no such file or folder.", None),
     "model id, Hub unreachable": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                                   "--model-name-or-path me/student: not a local path, and the Hugging Face Hub is "
-                                  "unreachable (Failed to resolve 'huggingface.co'); pass a local model folder or .gguf "
-                                  "file to --model-name-or-path.",
+                                  "unreachable (Failed to resolve 'huggingface.co'); pass a local folder to "
+                                  "--model-name-or-path.",
                                   unreachable_hub),
     "model id, offline mode": (["--model", "me/student", "--task", "gsm8k", "--data-file", GSM8K_TEST],
                                "--model-name-or-path me/student: not a local path and not in the Hugging Face cache, "
-                               "and HF_HUB_OFFLINE is set; pass a local model folder or .gguf file to "
-                               "--model-name-or-path.", hub_offline),
+                               "and HF_HUB_OFFLINE is set; pass a local folder to --model-name-or-path.",
+                               hub_offline),
+    "model is a file": (["--model", "{tmp}/empty.jsonl", "--task", "gsm8k", "--data-file", GSM8K_TEST],
+                        "--model-name-or-path {tmp}/empty.jsonl: a file; pass a folder or a Hub id.", None),
     "task data, Hub unreachable": (["--task", "gsm8k"],
                                    "--task gsm8k reads openai/gsm8k: not a local path, and the Hugging Face Hub is "
                                    "unreachable (Failed to resolve 'huggingface.co'); pass a local copy of the benchmark "
@@ -251,6 +254,32 @@ ERRORS = {
                   "--sweep 0.5,nan: entropy_threshold=nan: must be a finite number >= 0.", None),
     "fractional step sweep": (["--task", "gsm8k", "--strategy", "fixed_steps", "--sweep", "32,2.5"],
                               "--sweep 32,2.5: fixed_steps sweeps steps, whole numbers; got 2.5.", None),
+    "sweep value twice": (["--task", "gsm8k", "--sweep", "0.5,0.5"],
+                          "--sweep 0.5,0.5: 0.5 is given twice; each value is one setting to decode.", None),
+    "threshold with a sweep": (["--task", "gsm8k", "--threshold=0.5", "--sweep", "0.9"],
+                               "--threshold 0.5 does nothing with --sweep 0.9, which sets --threshold of each run; "
+                               "drop it.", None),
+    "steps with the threshold strategy": (["--task", "gsm8k", "--steps", "3"],
+                                          "--steps 3 does nothing with --strategy 'threshold': only fixed_steps and "
+                                          "threshold_quota read it; drop it or choose a strategy that does. "
+                                          "(see `trims eval --help`)", None),
+    "entropy threshold with the threshold strategy": (["--task", "gsm8k", "--strategy", "threshold",
+                                                       "--entropy_threshold", "0.1"],
+                                                      "--entropy-threshold 0.1 does nothing with --strategy "
+                                                      "'threshold': only entropy reads it; drop it or choose a strategy "
+                                                      "that does.", None),
+    "mbpp style on gsm8k": (["--task", "gsm8k", "--mbpp-style", "3shot"],
+                            "--mbpp-style 3shot does nothing with --task gsm8k: only mbpp has prompt styles; drop it.",
+                            None),
+    "code execution on gsm8k": (["--task", "gsm8k", "--allow-code-execution"],
+                                "--allow-code-execution does nothing with --task gsm8k, which is graded without running "
+                                "code; drop it.", None),
+    "isolation on gsm8k": (["--task", "gsm8k", "--isolation", "process"],
+                           "--isolation process does nothing with --task gsm8k, which is graded without running code; "
+                           "drop it.", None),
+    "stop id outside the vocabulary": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--stop-token-ids", "2", "99999"],
+                                       "--stop-token-ids: 99999 is outside the model's vocabulary (400 tokens), so it "
+                                       "is never generated and stops nothing.", None),
     "compare": (["--task", "gsm8k", "--compare", "trims:llada"],
                 ("--compare: 'trims:llada' is not a published table; choose paper:llada or paper:dream (the TRIMS "
                  "paper's Tables 1-2, LLaDA-Instruct and Dream-Instruct). (see `trims eval --help`)"), None),
@@ -260,13 +289,26 @@ ERRORS = {
     "output is a folder": (["--task", "gsm8k", "--output", "{tmp}"],
                            "--output {tmp}: a folder; name the file to write, e.g. {tmp}/results.json. "
                            "(see `trims eval --help`)", None),
+    "output is the sweep's plot": (["--task", "gsm8k", "--sweep", "0.5,0.9", "--output", "{tmp}/r.png"],
+                                   "--output {tmp}/r.png: the results and the --sweep frontier plot would both be "
+                                   "written to {tmp}/r.png; name a .json file, e.g. {tmp}/r.json. "
+                                   "(see `trims eval --help`)", None),
+    "sweep's plot is a folder": (["--task", "gsm8k", "--sweep", "0.5,0.9", "--output", "{tmp}/plot.json"],
+                                 "--output {tmp}/plot.json (the --sweep frontier plot: {tmp}/plot.png): a folder; name "
+                                 "the file to write. (see `trims eval --help`)", None),
     "output under a file": (["--task", "gsm8k", "--output", "{tmp}/empty.jsonl/r.json"],
                             "--output {tmp}/empty.jsonl/r.json: {tmp}/empty.jsonl is a file, not a folder. "
                             "(see `trims eval --help`)", None),
     "system prompt without a chat template": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--prompt-format", "plain",
                                                "--system-prompt", "Be brief."],
-                                              "--system-prompt goes into the chat template, and this run has none "
-                                              "(--prompt-format plain, tokenizer with one).", None),
+                                              "--system-prompt goes into the chat template, and --prompt-format "
+                                              "'plain' renders none; drop --system-prompt, or use --prompt-format "
+                                              "'chat_template'. (see `trims eval --help`)", None),
+    "system prompt with a tokenizer without a chat template": (
+        ["--tokenizer", "{tmp}/no-template-tokenizer", "--task", "gsm8k", "--data-file", GSM8K_TEST, "--system-prompt",
+         "Be brief."],
+        "--system-prompt goes into the chat template, and the tokenizer has none (--prompt-format 'chat_template' "
+        "renders plain text with it); drop --system-prompt.", None),
     "cuda without a GPU": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "cuda"],
                            "--device cuda: no CUDA device is available here; use --device cpu.", no_cuda),
     "end of response not a token": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--end-of-response", "<|nope|>"],
@@ -284,9 +326,13 @@ def test_input_errors_are_one_line_before_any_model_loads(case, saved_student, p
     if environment is not None:
         environment(monkeypatch)
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "plot.png").mkdir()
     no_mask = tokenizer.__class__.from_pretrained(plain_llama)
     no_mask.mask_token = None
     no_mask.save_pretrained(tmp_path / "no-mask-tokenizer")
+    no_template = tokenizer.__class__.from_pretrained(saved_student)
+    no_template.chat_template = None
+    no_template.save_pretrained(tmp_path / "no-template-tokenizer")
     names = {"model": saved_student, "llama": plain_llama, "tmp": str(tmp_path), "adapter": adapter}
     output = tmp_path / "out" / "r.json"
     arguments = ["eval", "--model", saved_student, "--output", str(output), *[f.format(**names) for f in flags]]

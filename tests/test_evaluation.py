@@ -19,7 +19,7 @@ from trims_hf.evaluation.evaluate import EvalResult, EvaluationInterrupted, eval
 from trims_hf.evaluation.published import published_results
 from trims_hf.evaluation.results import format_table, plot_frontier, save_results
 from trims_hf.evaluation.tasks import CodeExecutionDisabled, GSM8KTask
-from trims_hf.generation import DecodingConfig, TrajectoryRecorder, cut_at_stop_strings
+from trims_hf.generation import DecodingConfig, TrajectoryRecorder, cut_at_stop_strings, generate_text
 from trims_hf.reports import library_versions
 
 GSM8K_TEST = DATA / "gsm8k" / "test.jsonl"
@@ -270,6 +270,40 @@ def test_decoding_settings_out_of_range_are_refused_where_declared(setting):
     if knob is not None and name != "steps":
         with pytest.raises(ValueError, match=rf"^{name}="):
             sweep_configs(DecodingConfig(strategy=knob), [0.5, setting[name]])
+
+
+@pytest.mark.parametrize("strategy,setting", [
+    ("threshold", "steps"), ("threshold", "entropy_threshold"), ("entropy", "threshold"), ("factor", "steps"),
+    ("fixed_steps", "factor"), ("threshold_quota", "entropy_threshold"),
+])
+def test_a_strategy_setting_the_strategy_does_not_read_is_refused(strategy, setting):
+    """A knob of another strategy does nothing: refused when given (steps, None by default, always; the others when a
+    caller says they were given, as `trims eval` does for its flags), never for a default."""
+    config = DecodingConfig(strategy=strategy)
+    config.check_given(["gen_length", "temperature", *DecodingConfig.STRATEGY_SETTINGS[strategy]])  # what it reads
+    with pytest.raises(ValueError, match=rf"^{setting}=\S+ does nothing with strategy='{strategy}': only "):
+        config.check_given([setting])
+    if setting == "steps":
+        with pytest.raises(ValueError, match=rf"^steps=4 does nothing with strategy='{strategy}'"):
+            DecodingConfig(strategy=strategy, steps=4)
+
+
+def test_stop_ids_outside_the_vocabulary_are_refused_before_decoding(scripted, tokenizer):
+    vocab = scripted.model.config.vocab_size
+    DecodingConfig(stop_token_ids=[vocab - 1], eos_token_id=vocab - 1).check_token_ids(vocab)
+    with pytest.raises(ValueError, match=rf"^stop_token_ids: {vocab} is outside the model's vocabulary \({vocab} "
+                                         r"tokens\), so it is never generated"):
+        generate_text(scripted.model, tokenizer, ["hi"], DecodingConfig(stop_token_ids=[1, vocab], gen_length=4,
+                                                                   block_length=4))
+    with pytest.raises(ValueError, match=rf"^eos_token_id={vocab + 5}: outside the model's vocabulary"):
+        DecodingConfig(eos_token_id=vocab + 5).check_token_ids(vocab)
+
+
+def test_a_sweep_value_given_twice_is_refused():
+    with pytest.raises(ValueError, match="^0.5 is given twice"):
+        sweep_configs(DecodingConfig(), [0.5, 0.9, 0.5])
+    with pytest.raises(ValueError, match="^32 is given twice"):
+        sweep_configs(DecodingConfig(strategy="fixed_steps"), [32, 32.0])
 
 
 def count_decoded(monkeypatch) -> list[int]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import DATA, FULL_DATA, needs_full_data, read_jsonl, tiny_student
 from torch import nn
-from transformers import PreTrainedConfig
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig
 
 from trims_hf import prepare_student, student_logits
 from trims_hf.evaluation.harness import TASKS_DIR
@@ -219,8 +219,96 @@ def test_bad_arguments_fail_before_loading(monkeypatch):
     with pytest.raises(ValueError, match="batch size"):
         TrimsLM("/nonexistent/model", batch_size="auto")
     monkeypatch.delenv("TRIMS_HARNESS_DATA", raising=False)
-    with pytest.raises(FileNotFoundError, match="TRIMS_HARNESS_DATA"):
-        main(["--model", "trims", "--model_args", "pretrained=/nonexistent", "--tasks", "gsm8k_cot_local"])
+    assert main(["--model", "trims", "--model_args", "pretrained=/nonexistent", "--tasks", "gsm8k_cot_local"]) == 2
+
+
+@pytest.fixture
+def harness_builds_no_model(monkeypatch):
+    """The command's checks must come before the harness builds (and loads) a model."""
+    from lm_eval._cli import HarnessCLI
+
+    from trims_hf.evaluation.harness import model as harness_model
+
+    def never(*args, **kwargs):
+        raise AssertionError("the harness ran before the input error was found")
+
+    monkeypatch.setattr(HarnessCLI, "execute", never)
+    monkeypatch.setattr(harness_model, "load_model", never)
+
+
+# model_args after pretrained={model} (or instead of it, with no pretrained), and the error line without "error: "
+LM_EVAL_ERRORS = {
+    "threshold above 1": ("{model},threshold=1.5", "--model_args: threshold=1.5: must be in [0, 1]."),
+    "misspelt argument": ("{model},treshold=0.5", "--model_args: unknown model argument(s) ['treshold'] (did you mean "
+                          "threshold?); accepted: pretrained, tokenizer, the ModelConfig fields"),
+    "no pretrained": ("dtype=float32", "--model_args: pretrained is missing: pass the student (a folder or Hub id) as "
+                      "pretrained=PATH."),
+    "plain Llama without model_kind": ("{llama}", "--model_args: pretrained {llama_path} is a plain causal LM ('llama'); "
+                                       "say how it was trained"),
+    "another strategy's knob": ("{model},entropy_threshold=0.1", "--model_args: entropy_threshold=0.1 does nothing with "
+                                "strategy='threshold': only entropy reads it"),
+    "stop id outside the vocabulary": ("{model},stop_token_ids=2 99999", "--model_args: stop_token_ids: 99999 is outside "
+                                       "the model's vocabulary (400 tokens)"),
+    "stop id not a number": ("{model},stop_token_ids=eos", "--model_args: stop_token_ids=eos: token ids are whole "
+                             "numbers, separated by spaces."),
+    "batch size auto": ("{model},batch_size=auto", "--model_args: batch_size='auto': the trims model takes a positive "
+                        "integer batch size"),
+}
+
+
+@pytest.mark.parametrize("case", list(LM_EVAL_ERRORS))
+def test_lm_eval_mistakes_are_one_error_line_before_the_model_loads(case, saved_student, tokenizer, tmp_path, capsys,
+                                                                    harness_builds_no_model):
+    from trims_hf.cli import main
+
+    llama = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2)).save_pretrained(llama)
+    tokenizer.save_pretrained(llama)
+    model_args, message = LM_EVAL_ERRORS[case]
+    names = {"model": f"pretrained={saved_student}", "llama": f"pretrained={llama}", "llama_path": llama}
+    capsys.readouterr()
+    # a task file is not looked up in the task index: only the model's arguments are checked here
+    code = main(["lm-eval", "--model", "trims", "--model_args", model_args.format(**names), "--tasks",
+                 str(tmp_path / "task.yaml"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {message.format(**names)}") and err.count("\n") == 1, err
+
+
+def test_lm_eval_unknown_task_is_one_error_line_before_the_model_loads(saved_student, capsys, monkeypatch,
+                                                                      harness_builds_no_model):
+    import lm_eval.tasks
+    from lm_eval.tasks import TaskManager
+
+    from trims_hf.cli import main
+
+    # the harness's index without its thousands of own tasks (seconds to read): the package's *_local tasks only
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda include_path: TaskManager(include_path=include_path,
+                                                                                       include_defaults=False))
+    monkeypatch.setenv("TRIMS_HARNESS_DATA", str(DATA))
+    code = main(["lm-eval", "--model", "trims", "--model_args", f"pretrained={saved_student}", "--tasks",
+                 "gsm8k_local,gsm8k_locall"])
+    assert code == 2
+    assert capsys.readouterr().err == "error: --tasks gsm8k_locall: no such task (did you mean gsm8k_local?) " \
+                                      "(`lm-eval ls tasks` lists them).\n"
+
+
+def test_lm_eval_data_that_cannot_be_fetched_is_one_error_line(saved_student, tmp_path, capsys, monkeypatch):
+    from lm_eval._cli import HarnessCLI
+
+    from trims_hf.cli import main
+
+    def offline(self, args):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(HarnessCLI, "execute", offline)
+    code = main(["lm-eval", "--model", "trims", "--model_args", f"pretrained={saved_student}", "--tasks",
+                 str(tmp_path / "gsm8k.yaml"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: --tasks {tmp_path / 'gsm8k.yaml'}: a task's data could not be fetched (Couldn't reach "
+                          "'openai/gsm8k' on the Hub (OfflineModeIsEnabled)); connect to the Hugging Face Hub, or run "
+                          "with the data set in the Hugging Face cache and HF_DATASETS_OFFLINE=1")
 
 
 def test_student_arguments_are_the_model_config_and_end_of_response_is_checked_first(tokenizer, tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 
@@ -11,7 +12,7 @@ from trims_hf.data.preparation import tokenize_example
 from trims_hf.data.teacher import encode_row
 from trims_hf.evaluation.tasks import Example, Task
 from trims_hf.generation import decoding
-from trims_hf.prompts import prompt_token_ids, render_prompt
+from trims_hf.prompts import check_system_prompt, prompt_token_ids, render_prompt
 from trims_hf.settings import ScoringOptions
 
 
@@ -118,3 +119,23 @@ def test_system_prompt_and_format_strings(tokenizer):
         render_prompt(tokenizer, [{"role": "user", "content": "Hi"}], PromptFormat("Q: {prompt}"))
     with pytest.raises(ValueError, match="prompt_format must be one of"):
         PromptFormat("nonsense")
+
+
+@pytest.mark.parametrize("cls", [PromptFormat, StudentFormat, ScoringOptions])
+@pytest.mark.parametrize("prompt_format", ["plain", "verbatim", "Q: {prompt}"])
+def test_a_system_prompt_needs_the_chat_template(cls, prompt_format):
+    """Every other format drops the system prompt, while the records (data card, model card) would still name it."""
+    with pytest.raises(ValueError, match=rf"^system_prompt goes into the chat template, and prompt_format="
+                                         rf"{re.escape(repr(prompt_format))} renders none; drop system_prompt"):
+        cls(prompt_format, system_prompt="Be brief.")
+
+
+def test_a_system_prompt_needs_a_tokenizer_with_a_chat_template(tokenizer):
+    """chat_template falls back to plain text for a tokenizer without one, which would drop the system prompt."""
+    fmt = PromptFormat(system_prompt="Be brief.")
+    check_system_prompt(tokenizer, fmt)  # the test tokenizer has a chat template
+    bare = copy.copy(tokenizer)
+    bare.chat_template = None
+    check_system_prompt(bare, PromptFormat())
+    with pytest.raises(ValueError, match="^system_prompt goes into the chat template, and the tokenizer has none"):
+        check_system_prompt(bare, fmt)

@@ -118,6 +118,47 @@ CASES = {
     "chunk size": (["--rows-per-work-chunk", "0"], {}, "--rows-per-work-chunk 0: must be at least 1. (see `trims score --help`)"),
     "push offline": (["--push-to-hub", "me/x"], {},
                      "Cannot push to me/x: HF_HUB_OFFLINE is set. Unset it, or drop --push-to-hub."),
+    "scored already": (["--dataset", "{tmp}/s.jsonl"],
+                       {"s.jsonl": '{"question": "q", "answer": "a", "teacher_token_start": [0], "teacher_token_end": [1], '
+                                   '"teacher_nll": [1.0], "teacher_entropy": [1.0], "teacher_bucket": [0]}\n'},
+                       "the data set already has the scored column(s) teacher_token_start, teacher_token_end, teacher_nll, "
+                       "teacher_entropy, teacher_bucket: it was scored already; pass the unscored rows (or drop those "
+                       "columns to score it again)."),
+    "bucket column only": (["--dataset", "{tmp}/b.jsonl"],
+                           {"b.jsonl": '{"question": "q", "answer": "a", "teacher_bucket": [0]}\n'},
+                           "the data set already has the scored column(s) teacher_bucket: it was scored already; pass the "
+                           "unscored rows (or drop those columns to score it again)."),
+    "number as prompt": (["--dataset", "{tmp}/p.jsonl"], {"p.jsonl": '{"question": 5, "answer": "a"}\n'},
+                         "row 0: column 'question' (--prompt-column) is 5; a prompt is a text or a list of chat messages "
+                         "{{role, content}}."),
+    "mapping as prompt": (["--dataset", "{tmp}/p.jsonl"], {"p.jsonl": '{"question": {"a": 1}, "answer": "a"}\n'},
+                          "row 0: column 'question' (--prompt-column) is {{'a': 1}}; a prompt is a text or a list of chat "
+                          "messages {{role, content}}."),
+    "texts as prompt": (["--dataset", "{tmp}/p.jsonl"], {"p.jsonl": '{"question": ["a", "b"], "answer": "a"}\n'},
+                        "row 0: column 'question' (--prompt-column) has 'a' as message 0; a chat message is "
+                        "{{role, content}}, both text."),
+    "message without content": (["--dataset", "{tmp}/p.jsonl"],
+                                {"p.jsonl": '{"question": [{"role": "user", "content": "q"}], "answer": "a"}\n'
+                                            '{"question": [{"role": "user"}], "answer": "a"}\n'},
+                                "row 1: column 'question' (--prompt-column) has {{'role': 'user'}} as message 0; a chat "
+                                "message is {{role, content}}, both text."),
+    "system prompt with the plain format": (["--prompt-format", "plain", "--system-prompt", "be nice"], {},
+                                            "--system-prompt goes into the chat template, and --prompt-format 'plain' "
+                                            "renders none; drop --system-prompt, or use --prompt-format "
+                                            "'chat_template'. (see `trims score --help`)"),
+    "bucket seed of no random ordering": (["--bucket-seed", "3"], {},
+                                          "--bucket-seed 3 seeds the random ordering only, and --bucket-ordering is "
+                                          "hard_to_easy; drop --bucket-seed, or pass --bucket-ordering random."),
+    "output is the dataset": (["--dataset", "{tmp}/d", "--output", "{tmp}/d", "--overwrite"], {"d/": ""},
+                              "--output {tmp}/d is --dataset {tmp}/d, the data it is made from; write it to a folder "
+                              "apart."),
+    "output holds the dataset": (["--dataset", "{tmp}/d/rows.jsonl", "--output", "{tmp}/d", "--overwrite"],
+                                 {"d/": "", "d/rows.jsonl": '{"question": "q", "answer": "a"}\n'},
+                                 "--output {tmp}/d holds --dataset {tmp}/d/rows.jsonl, the data it is made from; write "
+                                 "it to a folder apart."),
+    "output inside the dataset": (["--dataset", "{tmp}/d", "--output", "{tmp}/d/scored"], {"d/": ""},
+                                  "--output {tmp}/d/scored lies inside --dataset {tmp}/d, the data it is made from; "
+                                  "write it to a folder apart."),
 }
 
 
@@ -236,3 +277,20 @@ def test_ctrl_c_on_the_command(teacher_dir, gsm8k_rows, tmp_path):
     match = re.search(r"^interrupted: (\d+) of 16 chunks saved in (\S+); rerun the same command to resume\.$", err, re.M)
     assert match and 1 <= int(match[1]) < 16 and Path(match[2]).parent == work_dir_for(out)
     assert "Traceback" not in err and not out.exists()
+
+
+def test_an_output_scored_already_is_refused_as_input_before_the_teacher_loads(teacher_dir, data_file, tmp_path, capsys,
+                                                                              monkeypatch):
+    """Rescoring a `trims score` output would clash its old scored columns with the new ones at the merge, after the
+    whole run: the rows are refused first, and nothing (no work folder) is left to trip a rerun."""
+    scored = tmp_path / "scored"
+    assert trims_main(score_args(teacher_dir, data_file, scored)) == 0
+    monkeypatch.setattr(job, "load_teacher", lambda *args, **kwargs: pytest.fail("the teacher loaded"))
+    capsys.readouterr()
+    again = tmp_path / "again"
+    assert trims_main(["score", "--teacher", str(teacher_dir), "--dataset", str(scored), "--output", str(again)]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "error: the data set already has the scored column(s) teacher_token_start, teacher_token_end, teacher_nll, "
+        "teacher_entropy, teacher_bucket: it was scored already; pass the unscored rows (or drop those columns to score "
+        "it again)."]
+    assert not again.exists() and not work_dir_for(again).exists()

@@ -170,10 +170,17 @@ def bad_rows(gsm8k_rows):
         "empty_completion": ([good, good, {"prompt": "x", "completion": "  "}], "row 2: field 'completion' is empty"),
         "too_long": ([good, {"prompt": "x", "completion": " ".join(["word"] * 3000)}], "row 1: field 'completion' is too long"),
         "no_rows": ([], "the data set has no rows"),
+        "scored_already": ([{**good, "teacher_nll": [1.0]}], "the data set already has the scored column\\(s\\) teacher_nll: "
+                           "it was scored already"),
+        "number_prompt": ([{"prompt": 5, "completion": "a"}], "row 0: field 'prompt' is 5; a prompt is a text"),
+        "message_without_content": ([{"prompt": [{"role": "user"}], "completion": "a"}],
+                                    "row 0: field 'prompt' has {'role': 'user'} as message 0; a chat message is "
+                                    "{role, content}, both text"),
     }
 
 
-@pytest.mark.parametrize("case", ["missing_column", "empty_completion", "too_long", "no_rows", "nan_scores"])
+@pytest.mark.parametrize("case", ["missing_column", "empty_completion", "too_long", "no_rows", "nan_scores",
+                                  "scored_already", "number_prompt", "message_without_content"])
 def test_bad_input_names_row_and_field_and_writes_nothing(teacher, tokenizer, gsm8k_rows, tmp_path, case):
     model = teacher
     if case == "nan_scores":
@@ -240,11 +247,15 @@ def test_teacher_buckets_are_cut_over_tokens_within_the_training_length(teacher,
     assert meta["quantile_tokens"] == "all" and meta["train_max_length"] is None
 
 
-def test_card_names_the_teacher_and_holds_the_statistics(teacher, tokenizer, dataset, tmp_path):
+@pytest.mark.parametrize("ordering, seed", [("hard_to_easy", None), ("random", 3)])
+def test_card_names_the_teacher_and_holds_the_statistics(teacher, tokenizer, dataset, tmp_path, ordering, seed):
+    """The card holds what made the buckets: a bucket seed only under the random ordering, the one it seeds."""
     folder = tmp_path / "teacher-folder"
     folder.mkdir()
-    out = build_scored_dataset(dataset, tmp_path / "out", str(folder), loaded_teacher=(teacher, tokenizer))
+    out = build_scored_dataset(dataset, tmp_path / "out", str(folder), loaded_teacher=(teacher, tokenizer),
+                               buckets=BucketConfig(bucket_ordering=ordering, bucket_seed=3))
     meta, scored = read_card_metadata(out), load_dataset(str(out), split="train")
+    assert (meta["bucket_ordering"], meta["bucket_seed"]) == (ordering, seed)
     assert (meta["teacher"], meta["teacher_source"], meta["teacher_gguf_file"]) == ("teacher-folder", "local folder", None)
     assert str(tmp_path) not in (out / "README.md").read_text()  # no path of this machine
     nll, ids = np.concatenate(scored["teacher_nll"]), np.concatenate(scored["teacher_bucket"])

@@ -628,8 +628,9 @@ def test_an_empty_tuple_setting_takes_values_of_its_declared_type():
 
 
 def test_a_setting_takes_its_own_type_bools_from_true_false_and_an_optional_one_none():
-    p = protocol_module.with_overrides(smollm2.SMOKE, ["masking.train_on_padding=false", "decoding.steps=12",
-                                                      "decoding.early_stop=True", "student_format.system_prompt=Be brief"])
+    p = protocol_module.with_overrides(smollm2.SMOKE, ["masking.train_on_padding=false", "decoding.strategy=fixed_steps",
+                                                      "decoding.steps=12", "decoding.early_stop=True",
+                                                      "student_format.system_prompt=Be brief"])
     assert (p.masking.train_on_padding, p.decoding.steps, p.decoding.early_stop) == (False, 12, True)
     assert p.student_format.system_prompt == "Be brief"
     assert protocol_module.with_overrides(p, ["decoding.steps=none"]).decoding.steps is None
@@ -707,7 +708,8 @@ def test_an_optional_setting_takes_none_after_hf_argument_parser_resolved_its_ty
 
     HfArgumentParser((DecodingConfig, MaskingConfig))
     assert {f.name: f.type for f in dataclasses.fields(DecodingConfig)}["steps"] is int  # what the parser left
-    p = protocol_module.with_overrides(smollm2.SMOKE, ["decoding.steps=12", "masking.pad_to_multiple_of=8"])
+    p = protocol_module.with_overrides(smollm2.SMOKE, ["decoding.strategy=fixed_steps", "decoding.steps=12",
+                                                      "masking.pad_to_multiple_of=8"])
     p = protocol_module.with_overrides(p, ["decoding.steps=none", "masking.pad_to_multiple_of=None"])
     assert (p.decoding.steps, p.masking.pad_to_multiple_of) == (None, None)
     with pytest.raises(ValueError, match="decoding.gen_length=none: 'none' is not a valid int"):

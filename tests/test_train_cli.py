@@ -9,6 +9,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -164,7 +165,8 @@ MISTAKES = [
     ("model-folder-without-config", None, {"model_name_or_path": "{w}/scored"}, [],
      r"^model_name_or_path .*scored: the folder has no config\.json\.$"),
     ("model-hub-unreachable", None, {"model_name_or_path": "org/student"}, [],
-     r"^model_name_or_path org/student: not a local path, and the Hugging Face Hub is unreachable .*pass a local model folder"),
+     r"^model_name_or_path org/student: not a local path, and the Hugging Face Hub is unreachable .*"
+     r"pass a local folder to model_name_or_path\.$"),
     ("model-kind-unknown", None, {"model_kind": None}, [],
      r"^model_name_or_path .*student is a plain causal LM \('llama'\); say how it was trained as a diffusion student: "
      r"model_kind llada \(logits unshifted\) or model_kind dream"),
@@ -207,6 +209,15 @@ MISTAKES = [
     ("span-outside-the-completion", None, {"dataset_name": "{w}/bad-outside.parquet"}, [],
      (r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span \d+ "
       r"= \[\d+, \d+\) does not match the completion text \(length \d+,")),
+    ("system-prompt-plain-format", None, {"system_prompt": "hi", "prompt_format": "plain"}, [],
+     r"^system_prompt goes into the chat template, and prompt_format='plain' renders none; drop system_prompt, or use "
+     r"prompt_format='chat_template'\.$"),
+    ("system-prompt-no-chat-template", None, {"system_prompt": "hi", "model_name_or_path": "{w}/student-no-template"}, [],
+     r"^system_prompt goes into the chat template, and the tokenizer has none \(prompt_format='chat_template' renders "
+     r"plain text with it\); drop system_prompt\.$"),
+    ("prompt-not-a-text", None, {"dataset_name": "{w}/number-prompt.jsonl", "trajectory_ratio": "0"}, [],
+     (r"^dataset_name .*number-prompt\.jsonl, train_split train: row 0: field 'prompt' is 5; a prompt is a text or a "
+      r"list of chat messages \{role, content\}\.$")),
     ("output-is-a-file", None, {"output_dir": "{w}/a-file"}, [], r"^output_dir .*a-file: a file, not a folder\.$"),
     ("output-under-a-file", None, {"output_dir": "{w}/a-file/run"}, [],
      r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
@@ -294,6 +305,7 @@ def workspace(toy_inputs) -> Path:
     folder = Path(toy_inputs["model_name_or_path"]).parent
     (folder / "gsm8k.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "#### 2"}) + "\n")
     (folder / "plain.jsonl").write_text(json.dumps({"prompt": "1 + 1?", "completion": "2"}) + "\n")
+    (folder / "number-prompt.jsonl").write_text(json.dumps({"prompt": 5, "completion": "2"}) + "\n")
     (folder / "rows.csv").write_text("prompt,completion\n")
     Dataset.from_dict({"prompt": [], "completion": []}).to_parquet(str(folder / "no-rows.parquet"))
     (folder / "a-file").write_text("")
@@ -307,6 +319,11 @@ def workspace(toy_inputs) -> Path:
         rows = synthetic_scored_rows(arithmetic_rows(2), tokenizer)
         corrupt(rows[1])
         Dataset.from_list(rows).to_parquet(str(folder / f"bad-{name}.parquet"))
+    no_template = folder / "student-no-template"
+    shutil.copytree(student, no_template, ignore=shutil.ignore_patterns("chat_template*"))
+    bare = AutoTokenizer.from_pretrained(student)
+    bare.chat_template = None
+    bare.save_pretrained(no_template)
     tokenizer.mask_token = None
     tokenizer.save_pretrained(no_mask)
     config = json.loads((student / "config.json").read_text())

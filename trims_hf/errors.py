@@ -38,7 +38,9 @@ def check_output_path(path: str | os.PathLike, label: str, *, folder: bool = Tru
 
     ``label`` is how the user named it (``--output out``, ``output_dir out``). An existing folder is kept
     (``reuse``: caches, resumable runs), must be empty (``empty``: a new run never mixes with an earlier one's
-    files) or is refused (``refuse``: outputs replaced only on request); ``advice`` ends those two messages.
+    files) or is refused (``refuse``: outputs replaced only on request); ``advice`` ends those two messages. An
+    existing file (``folder=False``) is one the caller replaces: its folder must be writable, as files are
+    replaced through a sibling and a rename (:func:`trims_hf.reports.write_atomic`).
     """
     path = Path(path)
     if path.exists() and path.is_dir() != folder:
@@ -49,12 +51,24 @@ def check_output_path(path: str | os.PathLike, label: str, *, folder: bool = Tru
     if folder and path.is_dir() and existing == "empty" and (content := sorted(p.name for p in path.iterdir())):
         raise InputError(f"{label} is not empty ({', '.join(content[:3])}{', ...' if len(content) > 3 else ''}); "
                          f"choose a new folder, delete it{advice}.")
-    nearest = next(parent for parent in (path.absolute(), *path.absolute().parents) if parent.exists())
+    start = path.absolute() if folder else path.absolute().parent  # a file is written into its folder
+    nearest = next(parent for parent in (start, *start.parents) if parent.exists())
     if not nearest.is_dir():
         raise InputError(f"{label}: {nearest} is a file, not a folder.")
     if not os.access(nearest, os.W_OK | os.X_OK):
         raise InputError(f"{label}: {nearest} is not writable.")
     return path
+
+
+def check_apart(output: str | os.PathLike, label: str, source: str, source_label: str) -> None:
+    """An output folder lies apart from the local data it is made from: one that is the data, holds it or lies
+    inside it would replace the input (with an overwrite) or mix the output into it. ``source`` may be a Hub id."""
+    out, data = Path(output).expanduser().resolve(), Path(source).expanduser().resolve()
+    if not data.exists():
+        return
+    relation = "is" if out == data else "holds" if out in data.parents else "lies inside" if data in out.parents else ""
+    if relation:
+        raise InputError(f"{label} {relation} {source_label}, the data it is made from; write it to a folder apart.")
 
 
 def check_output_folder(folder: str | os.PathLike, overwrite: bool = False) -> None:

@@ -104,6 +104,13 @@ class ResolvedStudent:
     config: dict[str, Any]
     """The ``config.json`` dict (for checks such as the sequence length)."""
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary the student generates from, read from its config (token ids are checked against it)."""
+        from .students.registry import student_config
+
+        return getattr(student_config(self.config, self.kind).get_text_config(), "vocab_size", None)
+
 
 def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> None:
     """Student, adapter and tokenizer exist locally or on the Hub (seconds), and none is given in another's place."""
@@ -113,7 +120,7 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
     if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
         raise InputError(f"{name('model_name_or_path')} {model.model_name_or_path} is a peft adapter; pass it to "
                          f"{name('adapter')} and its base model to {name('model_name_or_path')}.")
-    check_model_source(name("model_name_or_path"), model.model_name_or_path, revision=model.model_revision)
+    check_model_source(name("model_name_or_path"), model.model_name_or_path, revision=model.model_revision, gguf=False)
     if model.adapter is not None:
         adapter = Path(model.adapter).expanduser()
         if adapter.is_dir():
@@ -121,7 +128,7 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
                 raise InputError(f"{name('adapter')} {model.adapter}: the folder has no adapter_config.json (a full "
                                  f"model goes to {name('model_name_or_path')}).")
         else:
-            check_model_source(name("adapter"), model.adapter)
+            check_model_source(name("adapter"), model.adapter, gguf=False)
         from .students.adapters import AdapterError, adapter_folder, check_adapter_base, read_adapter
 
         try:
@@ -130,7 +137,7 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
         except AdapterError as error:
             raise InputError(str(error)) from None
     if model.tokenizer_name_or_path is not None and not Path(model.tokenizer_name_or_path).expanduser().is_dir():
-        check_model_source(name("tokenizer_name_or_path"), model.tokenizer_name_or_path)
+        check_model_source(name("tokenizer_name_or_path"), model.tokenizer_name_or_path, gguf=False)
 
 
 def load_tokenizer(model: ModelConfig, name: FieldName = field_name) -> Any:

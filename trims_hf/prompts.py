@@ -36,6 +36,14 @@ def resolved_format(tokenizer: Any, fmt: PromptFormat) -> str:
     return fmt.prompt_format
 
 
+def check_system_prompt(tokenizer: Any, fmt: PromptFormat) -> None:
+    """A system prompt goes into the chat template (:class:`~trims_hf.settings.PromptFormat` refuses it with another
+    format); ``chat_template`` with a tokenizer that has none renders plain, which would drop it silently."""
+    if fmt.system_prompt is not None and not uses_chat_template(tokenizer, fmt):
+        raise InputError("system_prompt goes into the chat template, and the tokenizer has none (prompt_format="
+                         f"{fmt.prompt_format!r} renders plain text with it); drop system_prompt.")
+
+
 def _messages(prompt: Prompt, fmt: PromptFormat) -> list[dict[str, str]]:
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     if fmt.system_prompt and (not messages or messages[0].get("role") != "system"):

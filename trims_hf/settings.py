@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 from typing import Any, ClassVar, Literal, TypeVar, get_args
@@ -114,9 +114,14 @@ class PromptFormat:
     )
 
     def __post_init__(self) -> None:
+        """The format is known, and a system prompt goes with the one format that renders it: the others would drop
+        it silently while every record still names it."""
         if self.prompt_format not in PROMPT_FORMATS and "{prompt}" not in self.prompt_format:
             raise ValueError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)} or contain '{{prompt}}', "
                              f"got {self.prompt_format!r}.")
+        if self.system_prompt is not None and self.prompt_format != "chat_template":
+            raise ValueError(f"system_prompt goes into the chat template, and prompt_format={self.prompt_format!r} "
+                             "renders none; drop system_prompt, or use prompt_format='chat_template'.")
 
 
 @dataclass
@@ -309,6 +314,10 @@ class DecodingConfig:
 
     RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("compile_blocks",)
     """Settings added after records existed (:func:`settings_record`)."""
+    STRATEGY_SETTINGS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "threshold": ("threshold",), "fixed_steps": ("steps",), "entropy": ("entropy_threshold",),
+        "factor": ("factor",), "threshold_quota": ("threshold", "steps")}
+    """The settings each strategy reads (:func:`trims_hf.generation.steps.build_strategy`); another's does nothing."""
 
     strategy: StrategyName = field(
         default="threshold",
@@ -369,6 +378,7 @@ class DecodingConfig:
             _check_non_negative(name, getattr(self, name))
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps={self.steps}: must be at least 1.")
+        self.check_given(["steps"] if self.steps is not None else [])
         for name, ids in (("eos_token_id", [self.eos_token_id]), ("stop_token_ids", self.stop_token_ids or [])):
             if any(i is not None and i < 0 for i in ids):
                 raise ValueError(f"{name}={getattr(self, name)}: token ids are >= 0.")
@@ -376,6 +386,26 @@ class DecodingConfig:
             raise ValueError(f"steps={self.total_steps} must be a multiple of the number of blocks ({self.num_blocks}).")
         if self.stop_token_ids is not None:
             self.stop_token_ids = tuple(int(i) for i in self.stop_token_ids)  # hashable, as the decoder keeps it
+
+    def check_given(self, names: Iterable[str]) -> None:
+        """Refuse a strategy's setting among ``names`` (the settings the user gave: a default is not given) that this
+        strategy does not read: it would change nothing, while the user believes it does."""
+        own = self.STRATEGY_SETTINGS[self.strategy]
+        for name in names:
+            readers = [strategy for strategy, settings in self.STRATEGY_SETTINGS.items() if name in settings]
+            if readers and name not in own:
+                raise ValueError(f"{name}={getattr(self, name)} does nothing with strategy={self.strategy!r}: only "
+                                 f"{' and '.join(readers)} read{'' if len(readers) > 1 else 's'} it; drop it or choose "
+                                 "a strategy that does.")
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """``eos_token_id`` and ``stop_token_ids`` are tokens of the model's vocabulary (``vocab_size`` tokens): a stop
+        id outside it is never generated, so it would never stop a response."""
+        if self.eos_token_id is not None and self.eos_token_id >= vocab_size:
+            raise ValueError(f"eos_token_id={self.eos_token_id}: outside the model's vocabulary ({vocab_size} tokens).")
+        if outside := [i for i in self.stop_token_ids or () if i >= vocab_size]:
+            raise ValueError(f"stop_token_ids: {outside[0]} is outside the model's vocabulary ({vocab_size} tokens), "
+                             "so it is never generated and stops nothing.")
 
     @property
     def num_blocks(self) -> int:

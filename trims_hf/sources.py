@@ -79,16 +79,19 @@ def _check_hub(name: str, value: str, revision: str | None, repo_type: str, offl
 
 
 def check_model_source(flag: str, value: str, revision: str | None = None, gguf_file: str | None = None,
-                       default: str | None = None, gguf_flag: str = "--gguf-file") -> None:
-    """``value`` (a Hub id, a local folder, or a ``.gguf`` file) can be loaded as a model, or one line says why not.
+                       default: str | None = None, gguf_flag: str = "--gguf-file", gguf: bool = True) -> None:
+    """``value`` (a Hub id, a local folder, or with ``gguf`` a ``.gguf`` file) can be loaded as a model, or one line
+    says why not.
 
     ``default`` is the flag's default value: a message about it says so, since the user may not know it was used.
+    ``gguf=False`` where GGUF cannot load (a student, its adapter or tokenizer: only the teacher reads GGUF), so
+    that no message offers it.
     """
     path = Path(value).expanduser()
     name = _named(flag, value, default)
-    offline_hint = f"pass a local model folder or .gguf file to {flag}"
+    offline_hint = f"pass a local {'model folder or .gguf file' if gguf else 'folder'} to {flag}"
     if path.is_dir():
-        found = sorted(p.name for p in path.glob("*.gguf"))
+        found = sorted(p.name for p in path.glob("*.gguf")) if gguf else []
         listing = f"; it holds {', '.join(found)}" if found else ""
         if gguf_file and not (path / gguf_file).is_file():
             raise SourceError(f"{gguf_flag} {gguf_file}: no such file in {value}{listing}.")
@@ -96,6 +99,8 @@ def check_model_source(flag: str, value: str, revision: str | None = None, gguf_
             raise SourceError(f"{name}: the folder has no config.json{listing + ': pass one of them' if found else ''}.")
         return
     if path.is_file():
+        if not gguf:
+            raise SourceError(f"{name}: a file; pass a folder or a Hub id.")
         if path.suffix != ".gguf":
             raise SourceError(f"{name}: a file, but not a .gguf model file; pass a model folder, a .gguf file or a Hub id.")
         return

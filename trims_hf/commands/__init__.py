@@ -130,6 +130,17 @@ class CommandParser(HfArgumentParser):
             self.error(self.in_flag_terms(str(error)))
         return tuple(parsed), rest
 
+    def given(self, argv: Iterable[str]) -> set[str]:
+        """The settings (field names) ``argv`` sets by a flag: what the user chose, as opposed to the defaults, so that
+        a command can refuse a flag that does nothing with the others given without refusing a default."""
+        names = set()
+        for arg in argv:
+            if arg == "--":
+                break
+            if (action := self._option_string_actions.get(arg.split("=", 1)[0])) is not None:
+                names.add(action.dest)
+        return names
+
     def in_flag_terms(self, message: str) -> str:
         """A library message as the command-line user reads it: the parsed settings named by their flags."""
         return flag_terms(message, (f.name for cls in self.dataclass_types for f in dataclasses.fields(cls)))

@@ -14,7 +14,8 @@ processes (:func:`trims_hf.evaluation.evaluate.evaluate_settings`), each process
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ from ..model_config import (
     resolve_student,
 )
 from ..settings import DecodingConfig, ResponseFormat
-from . import INTERRUPTED, CommandParser, fail
+from . import INTERRUPTED, CommandParser, fail, flag_terms
 
 
 @dataclass
@@ -37,7 +38,9 @@ class EvalArguments:
     :class:`~trims_hf.model_config.ModelConfig`)."""
 
     task: str = field(metadata={"help": "Benchmark: gsm8k, math500, humaneval or mbpp."})
-    output: str = field(metadata={"help": "JSON file to write the result(s) to."})
+    output: str = field(metadata={"help": "JSON file to write the result(s) to; an existing one is replaced once the new "
+                                  "results are complete (an interrupted run keeps it and resumes from its own "
+                                  "progress file)."})
     mbpp_style: Literal["instruct", "3shot"] = field(
         default="instruct",
         metadata={"help": "MBPP prompt: the instruction with its asserts, or the classic 3-shot [BEGIN]...[DONE] format."},
@@ -75,6 +78,7 @@ class EvalArguments:
         self.published()
         check_output_path(self.output, f"--output {self.output}", folder=False,
                           advice=f", e.g. {Path(self.output) / 'results.json'}")
+        self.check_derived_files()
 
     def sweep_values(self) -> list[float] | None:
         """The ``--sweep`` values as numbers (None without a sweep)."""
@@ -100,6 +104,24 @@ class EvalArguments:
     def records_file(self) -> Path:
         """Where graded problems are saved as they finish (removed once the results are written)."""
         return Path(self.output).with_suffix(".progress.jsonl")
+
+    def plot_file(self) -> Path:
+        """Where a sweep's frontier plot goes."""
+        return Path(self.output).with_suffix(".png")
+
+    def check_derived_files(self) -> None:
+        """The files named after ``--output`` (the progress records, a sweep's plot) are other files than it and each
+        other, and can be written: else one would overwrite another (``--output r.png --sweep ...`` wrote the plot
+        over the results)."""
+        files = {"the results": Path(self.output), "the progress records": self.records_file(),
+                 **({"the --sweep frontier plot": self.plot_file()} if self.sweep is not None else {})}
+        seen: dict[Path, str] = {}
+        for what, path in files.items():
+            if (other := seen.setdefault(path.absolute(), what)) != what:
+                raise ValueError(f"--output {self.output}: {other} and {what} would both be written to {path}; "
+                                 f"name a .json file, e.g. {Path(self.output).with_suffix('.json')}.")
+            if path != Path(self.output):
+                check_output_path(path, f"--output {self.output} ({what}: {path})", folder=False)
 
 
 @dataclass
@@ -153,17 +175,50 @@ def check_sandbox(args: EvalArguments) -> None:
                          "isolation (plain resource-limited processes, docs/sandbox.md).")
 
 
-def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig, prompt_format: ResponseFormat) -> Inputs:
-    """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag."""
+def _decoding_terms(message: str) -> str:
+    """A :class:`DecodingConfig` message with its settings named by their flags."""
+    return flag_terms(message, (f.name for f in fields(DecodingConfig)))
+
+
+def check_flags_do_something(args: EvalArguments, config: DecodingConfig, task: Any, given: Collection[str]) -> None:
+    """Refuse a flag the user gave (``given``: defaults are not the user's) that changes nothing with the others: the
+    run would look like it used it."""
+    from ..evaluation.evaluate import SWEEP_PARAMETER
+    from ..evaluation.tasks import CodeTask
+
+    try:
+        config.check_given(given)
+    except ValueError as error:
+        raise InputError(_decoding_terms(str(error))) from None
+    knob = SWEEP_PARAMETER[config.strategy]
+    if args.sweep is not None and knob in given:
+        raise InputError(f"{flag_name(knob)} {getattr(config, knob)} does nothing with --sweep {args.sweep}, which sets "
+                         f"{flag_name(knob)} of each run; drop it.")
+    if "mbpp_style" in given and task.name != "mbpp":
+        raise InputError(f"--mbpp-style {args.mbpp_style} does nothing with --task {task.name}: only mbpp has prompt "
+                         "styles; drop it.")
+    if not isinstance(task, CodeTask):
+        for flag, name in (("--allow-code-execution", "allow_code_execution"),
+                           (f"--isolation {args.isolation}", "isolation")):
+            if name in given:
+                raise InputError(f"{flag} does nothing with --task {task.name}, which is graded without running "
+                                 "code; drop it.")
+
+
+def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig, prompt_format: ResponseFormat,
+                 given: Collection[str] = ()) -> Inputs:
+    """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag.
+    ``given`` names the settings the user set by a flag (:meth:`CommandParser.given`)."""
     from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
     from ..evaluation.tasks import CodeExecutionDisabled, CodeTask, get_task
-    from ..prompts import check_end_of_response, uses_chat_template
+    from ..prompts import check_end_of_response, check_system_prompt
 
-    check_sandbox(args)
     try:
         task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
     except KeyError as error:
         raise InputError(f"--task {args.task}: {error.args[0]}") from None
+    check_flags_do_something(args, config, task, given)
+    check_sandbox(args)
     if isinstance(task, CodeTask):
         task.isolation = args.isolation
     values = args.sweep_values()
@@ -180,10 +235,16 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
     check_model_sources(model, flag_name)
     _check_data_source(args, task)
     student = resolve_student(model, flag_name)
+    if student.vocab_size is not None:
+        try:
+            config.check_token_ids(student.vocab_size)
+        except ValueError as error:
+            raise InputError(_decoding_terms(str(error))) from None
     tokenizer = student.tokenizer
-    if prompt_format.system_prompt is not None and not uses_chat_template(tokenizer, prompt_format):
-        raise InputError("--system-prompt goes into the chat template, and this run has none (--prompt-format "
-                         f"{prompt_format.prompt_format}, tokenizer with{'' if tokenizer.chat_template else 'out'} one).")
+    try:
+        check_system_prompt(tokenizer, prompt_format)
+    except InputError as error:
+        raise InputError(parser().in_flag_terms(str(error))) from None
     check_end_of_response(tokenizer, prompt_format.end_of_response, "--end-of-response")
     examples = load_examples(task, args.data_file, args.limit, args.allow_code_execution)
     return Inputs(task, examples, configs, student, device)
@@ -196,11 +257,12 @@ def parser() -> CommandParser:
 
 
 def main(argv: list[str]) -> int:
-    model, args, config, prompt_format = parser().parse(argv)
+    command = parser()
+    model, args, config, prompt_format = command.parse(argv)
     from ..evaluation.tasks import TaskDataError
 
     try:
-        inputs = check_inputs(model, args, config, prompt_format)
+        inputs = check_inputs(model, args, config, prompt_format, command.given(argv))
     except (InputError, TaskDataError) as error:
         return fail(str(error))
     except KeyboardInterrupt:
@@ -243,8 +305,8 @@ def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseF
     output = save_results(results, args.output, published)
     print(format_table(results, published))
     if args.sweep is not None:
-        plot_frontier(results, output.with_suffix(".png"), published)
-        print(f"Frontier plot written to {output.with_suffix('.png')}")
+        plot_frontier(results, args.plot_file(), published)
+        print(f"Frontier plot written to {args.plot_file()}")
     for path in records_files(records):  # the results file holds every record now
         path.unlink(missing_ok=True)
     print(f"Results written to {output}")

@@ -86,6 +86,17 @@ def _job_messages() -> logging.Handler:
     return handler
 
 
+def check_bucket_seed(buckets: BucketConfig) -> None:
+    """``--bucket-seed`` seeds the random ordering only: refused with another, whose buckets it would not change.
+    (A study's settings keep one seed for all its orderings, so the rule is the command's, not the setting's; the seed
+    left at its default cannot be told from one given.)"""
+    from ..errors import InputError
+
+    if buckets.bucket_seed != BucketConfig.bucket_seed and buckets.bucket_ordering != "random":
+        raise InputError(f"--bucket-seed {buckets.bucket_seed} seeds the random ordering only, and --bucket-ordering is "
+                         f"{buckets.bucket_ordering}; drop --bucket-seed, or pass --bucket-ordering random.")
+
+
 @dataclass
 class DataSource:
     """The data set the rows come from, as the command names it."""
@@ -104,12 +115,14 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
     User mistakes exit with code 2 and one line in the user's terms (``fields`` names the schema fields as the
     user knows them); Ctrl-C exits with 130 and says what was kept.
     """
-    from ..errors import InputError, check_output_path
+    from ..errors import InputError, check_apart, check_output_path
     from ..sources import check_dataset_source, check_model_source
 
     try:
+        check_bucket_seed(buckets)
         check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
         check_dataset_source(data.flag, data.value, default=data.default)
+        check_apart(out.output, f"--output {out.output}", data.value, f"{data.flag} {data.value}")
         check_output_path(out.output, f"--output {out.output}", existing="reuse" if out.overwrite else "refuse",
                           advice=" or pass --overwrite")
     except InputError as error:

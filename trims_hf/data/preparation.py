@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from datasets import Dataset
 
-from ..prompts import end_of_response_ids, prompt_token_ids
+from ..prompts import check_system_prompt, end_of_response_ids, prompt_token_ids
 from ..settings import BucketConfig, StudentFormat
 from . import schema
 from .buckets import bucket_rows, project_scores, teacher_coverage
@@ -90,6 +90,7 @@ def prepare_dataset(
     default to the paper's settings.
     """
     fmt, buckets = fmt or StudentFormat(), buckets or BucketConfig()
+    check_system_prompt(tokenizer, fmt)
     scored = schema.has_teacher_scores(dataset.column_names, buckets.metric)
     score_column = schema.METRIC_COLUMNS[buckets.metric] if scored else None
 

@@ -9,6 +9,7 @@ one bucket id per completion token.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -84,14 +85,37 @@ def _where(index: int | None) -> str:
     return f"row {index}" if index is not None else "row"
 
 
+def _check_messages(messages: Any, field: str, index: int | None) -> None:
+    """``messages`` is a list of chat messages, each a ``{role, content}`` mapping of texts: anything else would fail
+    deep inside the prompt renderer, and a message without its content would be scored as an empty one."""
+    if not isinstance(messages, (list, tuple)):
+        raise SchemaError(f"{_where(index)}: field '{field}' is {reprlib.repr(messages)}; expected a list of chat "
+                          "messages {role, content}.")
+    for position, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not all(isinstance(message.get(key), str) for key in ("role", "content")):
+            raise SchemaError(f"{_where(index)}: field '{field}' has {reprlib.repr(message)} as message {position}; a "
+                              "chat message is {role, content}, both text.")
+
+
+def _check_prompt(prompt: Any, field: str, index: int | None) -> None:
+    """A prompt is a text or a list of chat messages (:func:`_check_messages`)."""
+    if isinstance(prompt, str):
+        return
+    if not isinstance(prompt, (list, tuple)):
+        raise SchemaError(f"{_where(index)}: field '{field}' is {reprlib.repr(prompt)}; a prompt is a text or a list "
+                          "of chat messages {role, content}.")
+    _check_messages(prompt, field, index)
+
+
 def split_prompt_completion(row: Mapping[str, Any], index: int | None = None) -> tuple[Any, str]:
     """Return ``(prompt, completion_text)`` from a prompt/completion row or a chat ``messages`` row.
 
-    ``prompt`` is a string or a list of chat messages; for ``messages`` rows the last message must be
-    the assistant's and is the completion.
+    ``prompt`` is a string or a list of chat messages, checked (:func:`_check_prompt`); for ``messages`` rows the
+    last message must be the assistant's and is the completion.
     """
     if MESSAGES in row and row[MESSAGES] is not None and PROMPT not in row:
         messages = row[MESSAGES]
+        _check_messages(messages, MESSAGES, index)
         if not messages or messages[-1].get("role") != "assistant":
             raise SchemaError(f"{_where(index)}: field '{MESSAGES}' must end with an assistant message.")
         prompt, completion = list(messages[:-1]), messages[-1].get("content")
@@ -100,7 +124,9 @@ def split_prompt_completion(row: Mapping[str, Any], index: int | None = None) ->
             if field not in row or row[field] is None:
                 raise SchemaError(f"{_where(index)}: field '{field}' is missing or null.")
         prompt, completion = row[PROMPT], row[COMPLETION]
+        _check_prompt(prompt, PROMPT, index)
         if isinstance(completion, list):  # conversational completion: one assistant message
+            _check_messages(completion, COMPLETION, index)
             if len(completion) != 1 or completion[0].get("role") != "assistant":
                 raise SchemaError(f"{_where(index)}: field '{COMPLETION}' must be a string or one assistant message.")
             completion = completion[0].get("content")

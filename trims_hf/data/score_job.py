@@ -25,7 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..distributed import balanced_shards, process_state
 from ..errors import check_output_folder
-from ..prompts import prompt_template, resolved_format
+from ..prompts import check_system_prompt, prompt_template, resolved_format
 from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
 from .buckets import bucket_rows, bucket_statistics
 from .hub import (
@@ -253,6 +253,7 @@ def build_scored_dataset(
         dataset = dataset()
     tokenizer, config = (loaded_teacher[1], loaded_teacher[0].config) if loaded_teacher else load_teacher_tokenizer(
         teacher, gguf_file, revision)
+    check_system_prompt(tokenizer, options)
     max_length = context_length(config, options.teacher_max_length)
     rows = encode_dataset(dataset, tokenizer, options, max_length)
     kept = kept_completion_tokens(rows, options) if buckets.quantile_tokens == "kept" else None
@@ -280,7 +281,7 @@ def build_scored_dataset(
         "num_buckets": buckets.num_buckets,
         "bucket_ordering": buckets.bucket_ordering,
         "metric": buckets.metric,
-        "bucket_seed": buckets.bucket_seed,
+        "bucket_seed": buckets.bucket_seed if buckets.bucket_ordering == "random" else None,
         "quantile_tokens": buckets.quantile_tokens,
         "train_max_length": options.train_max_length if kept is not None else None,
         "thresholds": thresholds,

@@ -28,6 +28,7 @@ from .schema import (
     PROMPT,
     TEACHER_END,
     TEACHER_ENTROPY,
+    TEACHER_LIST_COLUMNS,
     TEACHER_NLL,
     TEACHER_START,
     SchemaError,
@@ -166,9 +167,15 @@ def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, option
 def encode_dataset(
     dataset: Dataset, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int
 ) -> list[EncodedRow]:
-    """Tokenise and validate every row before any scoring, so bad input fails before anything is written."""
+    """Tokenise and validate every row before any scoring, so bad input fails before anything is written.
+
+    A data set that already holds the scorer's columns is refused: its old scores would clash with the new ones
+    when they are merged, after the whole run."""
     if len(dataset) == 0:
         raise SchemaError("the data set has no rows, hence no completion tokens to score.")
+    if scored := [name for name in TEACHER_LIST_COLUMNS if name in dataset.column_names]:
+        raise SchemaError(f"the data set already has the scored column(s) {', '.join(scored)}: it was scored already; "
+                          "pass the unscored rows (or drop those columns to score it again).")
     return [encode_row(row, index, tokenizer, options, max_length) for index, row in enumerate(dataset)]
 
 

@@ -425,10 +425,13 @@ def _decode_and_grade(model: nn.Module, tokenizer: PreTrainedTokenizerBase, task
 
 
 def sweep_configs(config: DecodingConfig, values: Sequence[float]) -> list[DecodingConfig]:
-    """``config`` once per value of its strategy's knob (:data:`SWEEP_PARAMETER`), each validated."""
+    """``config`` once per value of its strategy's knob (:data:`SWEEP_PARAMETER`), each validated; a value given twice
+    is refused, as it would decode the same setting twice."""
     parameter = SWEEP_PARAMETER[config.strategy]
     if parameter == "steps" and (fractional := [v for v in values if v != int(v)]):
         raise ValueError(f"{config.strategy} sweeps steps, whole numbers; got {fractional[0]}.")
+    if repeated := [v for index, v in enumerate(values) if v in values[:index]]:
+        raise ValueError(f"{repeated[0]:g} is given twice; each value is one setting to decode.")
     return [replace(config, **{parameter: int(v) if parameter == "steps" else float(v)}) for v in values]
 
 

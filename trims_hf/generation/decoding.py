@@ -67,6 +67,8 @@ def generate(
     """
     config = config or DecodingConfig()
     _check_left_padded(attention_mask)
+    if (vocab_size := getattr(model.config.get_text_config(), "vocab_size", None)) is not None:
+        config.check_token_ids(vocab_size)
     spec, mask_id = student_spec(model), mask_token_id(model)
     if config.compile_blocks:
         # Symbolic lengths from the start: one compile serves every window and prompt length (specialised to the first

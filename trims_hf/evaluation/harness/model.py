@@ -32,8 +32,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ...distributed import announce, gather, process_state
+from ...errors import InputError, did_you_mean
 from ...generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text
-from ...model_config import ModelConfig, check_model_sources, load_model, resolve_student
+from ...model_config import ModelConfig, ResolvedStudent, check_model_sources, load_model, resolve_student
 from ...prompts import end_of_response_ids
 from ...settings import ResponseFormat
 from ...students import student_spec
@@ -57,10 +58,86 @@ def harness_name(field: str) -> str:
 ESTIMATOR = "LLaDA Monte Carlo ELBO: l ~ U{1..L} masks on the continuation, (L/l)-weighted log-probs, mean"
 
 
+OWN_ARGS = ("pretrained", "tokenizer", "device", "batch_size", "max_batch_size", "mc_samples", "mc_batch_size", "mc_seed",
+            "end_of_response")
+"""The :class:`TrimsLM` arguments that are neither a :class:`ModelConfig` nor a :class:`DecodingConfig` field."""
+
+
 def _decoding_config(arguments: dict[str, Any], base: DecodingConfig | None = None) -> DecodingConfig:
-    """A :class:`DecodingConfig` from harness arguments (lists become tuples)."""
+    """A :class:`DecodingConfig` from harness arguments (lists become tuples; ``stop_token_ids`` are space-separated,
+    as model_args are comma-separated); a value it refuses is an :class:`InputError` naming the argument
+    (``threshold=1.5: must be in [0, 1].``)."""
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in arguments.items()}
-    return replace(base, **values) if base is not None else DecodingConfig(**values)
+    if isinstance(stop := values.get("stop_token_ids"), (int, str)):
+        if not all(i.isdigit() for i in str(stop).split()):
+            raise InputError(f"stop_token_ids={stop}: token ids are whole numbers, separated by spaces.")
+        values["stop_token_ids"] = tuple(int(i) for i in str(stop).split())
+    try:
+        config = replace(base, **values) if base is not None else DecodingConfig(**values)
+        config.check_given(values)
+    except (TypeError, ValueError) as error:
+        raise InputError(str(error)) from None
+    return config
+
+
+def check_arguments(arguments: dict[str, Any]) -> tuple[dict[str, Any], DecodingConfig]:
+    """The :class:`ModelConfig` arguments and the :class:`DecodingConfig` of a model's ``arguments`` (the model
+    arguments less :data:`OWN_ARGS`); an unknown name is an :class:`InputError` with the closest known one."""
+    if unknown := sorted(set(arguments) - MODEL_ARGS - DECODING_ARGS):
+        known = {*OWN_ARGS, *MODEL_ARGS, *DECODING_ARGS}
+        raise InputError(f"unknown model argument(s) {unknown}{did_you_mean(unknown[0], known)}; accepted: pretrained, "
+                         f"tokenizer, the ModelConfig fields {sorted(MODEL_ARGS)}, end_of_response, and the "
+                         f"DecodingConfig fields {sorted(DECODING_ARGS)}.")
+    return ({k: v for k, v in arguments.items() if k in MODEL_ARGS},
+            _decoding_config({k: v for k, v in arguments.items() if k in DECODING_ARGS}))
+
+
+def resolve(pretrained: str, tokenizer: str | PreTrainedTokenizerBase | None, model_args: dict[str, Any],
+            end_of_response: list[str] | None, decoding: DecodingConfig) -> tuple[ModelConfig, ResolvedStudent]:
+    """The student of ``pretrained`` as ``trims eval`` resolves it, from its config and tokenizer (no weights), with
+    ``end_of_response`` and the decoder's token ids checked against them; a mistake is an :class:`InputError` naming
+    the argument."""
+    given_tokenizer = tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else None
+    try:
+        config = ModelConfig(pretrained, tokenizer_name_or_path=None if given_tokenizer else tokenizer, **model_args)
+    except (TypeError, ValueError) as error:
+        raise InputError(str(error)) from None
+    check_model_sources(config, harness_name)
+    student = resolve_student(config, harness_name, given_tokenizer)
+    try:
+        end_of_response_ids(student.tokenizer, end_of_response)
+    except ValueError as error:
+        raise InputError(f"end_of_response: {error}") from None
+    if student.vocab_size is not None:
+        try:
+            decoding.check_token_ids(student.vocab_size)
+        except ValueError as error:
+            raise InputError(str(error)) from None
+    return config, student
+
+
+def check_batches(batch_size: int | str = 1, mc_samples: int = 128, mc_batch_size: int = 32) -> None:
+    """The batch sizes and Monte Carlo draws are positive integers (``batch_size=auto`` is not supported)."""
+    if not str(batch_size).isdigit() or int(batch_size) < 1:
+        raise InputError(f"batch_size={batch_size!r}: the trims model takes a positive integer batch size")
+    if int(mc_samples) < 1 or int(mc_batch_size) < 1:
+        raise InputError(f"mc_samples={mc_samples} and mc_batch_size={mc_batch_size} must be positive")
+
+
+def check_model_args(arguments: dict[str, Any]) -> None:
+    """Every check :class:`TrimsLM` makes of its ``--model_args`` before it loads the weights, for the command to make
+    before the harness starts; a mistake is an :class:`InputError` naming the argument."""
+    if not arguments.get("pretrained"):
+        raise InputError("pretrained is missing: pass the student (a folder or Hub id) as pretrained=PATH.")
+    own = {k: v for k, v in arguments.items() if k in OWN_ARGS}
+    model_args, decoding = check_arguments({k: v for k, v in arguments.items() if k not in OWN_ARGS})
+    check_batches(**{k: v for k, v in own.items() if k in ("batch_size", "mc_samples", "mc_batch_size")})
+    resolve(str(own["pretrained"]), own.get("tokenizer"), model_args, end_tokens(own.get("end_of_response")), decoding)
+
+
+def end_tokens(end_of_response: str | list[str] | None) -> list[str] | None:
+    """``end_of_response`` as tokens: lm-eval's model_args are comma-separated, so several are separated by spaces."""
+    return end_of_response.split() if isinstance(end_of_response, str) else end_of_response
 
 
 @register_model("trims")
@@ -82,22 +159,12 @@ class TrimsLM(TemplateLM):
     ) -> None:
         super().__init__()
         # Every argument is checked before the (possibly 8B) model is loaded.
-        unknown = sorted(set(arguments) - MODEL_ARGS - DECODING_ARGS)
-        if unknown:
-            raise ValueError(f"unknown model argument(s) {unknown}; accepted: pretrained, tokenizer, the ModelConfig "
-                             f"fields {sorted(MODEL_ARGS)}, end_of_response, and the DecodingConfig fields "
-                             f"{sorted(DECODING_ARGS)}")
-        model_args = {k: v for k, v in arguments.items() if k in MODEL_ARGS}
-        self.decoding = _decoding_config({k: v for k, v in arguments.items() if k in DECODING_ARGS})
-        if not str(batch_size).isdigit() or int(batch_size) < 1:
-            raise ValueError(f"batch_size={batch_size!r}: the trims model takes a positive integer batch size")
-        if int(mc_samples) < 1 or int(mc_batch_size) < 1:
-            raise ValueError(f"mc_samples={mc_samples} and mc_batch_size={mc_batch_size} must be positive")
+        model_args, self.decoding = check_arguments(arguments)
+        check_batches(batch_size, mc_samples, mc_batch_size)
         self.batch_size = int(batch_size)
         self.mc_samples, self.mc_batch_size = int(mc_samples), int(mc_batch_size)
         self.generator = torch.Generator().manual_seed(int(mc_seed))
-        # lm-eval's model_args are comma-separated, so several end tokens are separated by spaces.
-        ends = end_of_response.split() if isinstance(end_of_response, str) else end_of_response
+        ends = end_tokens(end_of_response)
         self.response_format = ResponseFormat("verbatim", end_of_response=ends)
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             # The harness CLI asks for cuda by default; like its hf model, run where the machine can.
@@ -109,10 +176,7 @@ class TrimsLM(TemplateLM):
         self._device = self.state.device if self._world_size > 1 and self.state.device.type != "cpu" else torch.device(device)
         given_tokenizer = tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else None
         if isinstance(pretrained, str):
-            config = ModelConfig(pretrained, tokenizer_name_or_path=None if given_tokenizer else tokenizer, **model_args)
-            check_model_sources(config, harness_name)
-            student = resolve_student(config, harness_name, given_tokenizer)
-            end_of_response_ids(student.tokenizer, ends)
+            config, student = resolve(pretrained, tokenizer, model_args, ends, self.decoding)
             model, self.tokenizer = load_model(config, student), student.tokenizer
         elif given_tokenizer is None or model_args:
             raise ValueError(f"a model object needs its tokenizer object and no model arguments ({sorted(MODEL_ARGS)})")
