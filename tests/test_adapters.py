@@ -11,6 +11,7 @@ from conftest import FIXTURES
 from original_reference import load_reference
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from trims_hf import AdapterError, load_student, lora_config
 from trims_hf.cli import main as cli
@@ -145,3 +146,61 @@ def test_push_to_hub_uploads_the_export_with_its_card(tmp_path: Path, monkeypatc
     card = (tmp_path / "out" / "README.md").read_text()
     assert "base_model:" in card and 'PeftModel.from_pretrained(base, "me/llada-trims")' in card
     assert 'load_student("' + fixture("llada") + '", adapter="me/llada-trims")' in card
+
+
+@pytest.fixture
+def plain_llama(tokenizer, tmp_path: Path) -> str:
+    """A plain Llama checkpoint (its config names no student family), as a user's own causal LM is saved."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    return str(tmp_path / "llama")
+
+
+@pytest.fixture
+def plain_llama_adapter(plain_llama: str, tmp_path: Path) -> str:
+    """An adapter trained on the plain Llama as a LLaDA-style student (``trims train --model_kind llada``)."""
+    student = load_student(plain_llama, "llada")
+    get_peft_model(student, lora_config(student, r=4)).save_pretrained(tmp_path / "adapter")
+    return str(tmp_path / "adapter")
+
+
+def test_plain_causal_lm_student_exports_with_model_kind(plain_llama, plain_llama_adapter, tmp_path, capsys):
+    export = ["export", "--model", plain_llama, "--adapter", plain_llama_adapter, "--output"]
+    assert cli([*export, str(tmp_path / "unsaid")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --model {plain_llama} is a plain causal LM ('llama'); say how it was trained as a diffusion student: "
+        "--model-kind llada (logits unshifted) or --model-kind dream (logits shifted by one)."]
+    assert not (tmp_path / "unsaid").exists()
+    assert cli([*export, str(tmp_path / "merged"), "--model-kind", "llada"]) == 0
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+    (tmp_path / "empty").mkdir()  # new or empty, as --help says
+    assert cli([*export, str(tmp_path / "empty"), "--model-kind", "llada", "--format", "adapter"]) == 0
+    # the base has no original layout: the adapter keeps the names of the model it goes on
+    assert set(load_file(tmp_path / "empty" / "adapter_model.safetensors")) == set(
+        load_file(Path(plain_llama_adapter) / "adapter_model.safetensors"))
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--output", "{w}/full"], "--output {w}/full is not empty (notes.txt); choose a new folder, delete it or pass "
+                               "--overwrite."),
+    (["--model", "{w}/nope"], "--model {w}/nope: no such file or folder."),
+    (["--adapter", "{w}/nope"], "--adapter {w}/nope: no such file or folder."),
+])
+def test_export_mistakes_are_one_line_in_the_commands_terms_before_any_model_loads(
+        argv, expected, plain_llama, plain_llama_adapter, tmp_path, capsys, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the export ran before its inputs were checked")
+
+    monkeypatch.setattr("trims_hf.export.export", never)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("")
+    given = dict(zip(argv[::2], argv[1::2]))
+    flags = {"--model": plain_llama, "--adapter": plain_llama_adapter, "--output": "{w}/out", "--model-kind": "llada",
+             **given}
+    assert cli(["export", *(arg.format(w=tmp_path) for pair in flags.items() for arg in pair)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {expected.format(w=tmp_path)}"]
+    assert not (tmp_path / "out").exists()

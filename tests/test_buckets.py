@@ -42,6 +42,8 @@ def test_bad_scores_rejected():
         equal_mass_buckets(np.zeros(0), 8)
     with pytest.raises(ValueError, match="score 2"):
         equal_mass_buckets(np.array([1.0, 2.0, np.nan]), 2)
+    with pytest.raises(ValueError, match=r"score 1 \(flattened over the data set\) is -3\.0; a teacher score .* >= 0"):
+        equal_mass_buckets(np.array([1.0, -3.0, 2.0]), 2)
 
 
 def test_projection_rules():

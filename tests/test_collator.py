@@ -154,11 +154,26 @@ def test_padding_to_max_length(prepared, tokenizer):
     with pytest.raises(SchemaError, match=rf"row {longest_row['example_id']}: {len(longest_row['input_ids'])} tokens, "
                                           "more than max_length=200"):
         short(prepared[:8])
+    longest = TrimsDataCollator(tokenizer, max_length=8)  # padding="longest" too: never passed on uncut
+    with pytest.raises(SchemaError, match=rf"row {longest_row['example_id']}: {len(longest_row['input_ids'])} tokens, "
+                                          "more than max_length=8; prepare the rows with the same max_length"):
+        longest(prepared[:8])
     rounded = TrimsDataCollator(tokenizer, masking=MaskingConfig(padding="max_length", pad_to_multiple_of=64),
                                 max_length=1000)
     assert rounded(prepared[:2])["input_ids"].shape == (2, 1024)
     with pytest.raises(ValueError, match="padding='middle'; choose one of longest, max_length"):
         MaskingConfig(padding="middle")
+
+
+@pytest.mark.parametrize("max_length", [0, -5, 1, 8.0, True])
+def test_max_length_is_a_prepared_length(tokenizer, max_length):
+    with pytest.raises(ValueError, match=rf"^max_length={max_length!r}: must be a whole number of at least 2"):
+        TrimsDataCollator(tokenizer, max_length=max_length)
+
+
+def test_an_empty_batch_is_one_clear_error(tokenizer):
+    with pytest.raises(ValueError, match="^The collator got an empty batch; a batch holds at least one row"):
+        collator(tokenizer)([])
 
 
 def test_fixed_subset_needs_example_id(prepared, tokenizer):

@@ -10,7 +10,15 @@ from datasets import Dataset, load_dataset
 from helpers_teachers import make_teacher
 from helpers_tokenizers import make_tokenizer
 
-from trims_hf import MaskingConfig, MDLMConfig, MDLMTrainer, TrimsDataCollator, build_scored_dataset, prepare_dataset
+from trims_hf import (
+    MaskingConfig,
+    MDLMConfig,
+    MDLMTrainer,
+    StudentFormat,
+    TrimsDataCollator,
+    build_scored_dataset,
+    prepare_dataset,
+)
 
 
 def test_score_folder_collate_train(tmp_path, tokenizer):
@@ -34,7 +42,8 @@ def test_score_folder_collate_train(tmp_path, tokenizer):
     model = tiny_student(student_tokenizer, "dream")
     args = MDLMConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=1, report_to="none",
                       use_cpu=True, save_strategy="no", disable_tqdm=True, max_length=512)
-    for train_set in (scored, prepared):  # raw scored rows and prepared rows both train
+    # raw scored rows and rows prepared with the trainer's max_length both train (longer rows are refused by name)
+    for train_set in (scored, prepare_dataset(scored, student_tokenizer, StudentFormat(max_length=args.max_length))):
         before = [p.detach().clone() for p in model.parameters()]
         trainer = MDLMTrainer(model, args, train_dataset=train_set, processing_class=student_tokenizer)
         trainer.train()

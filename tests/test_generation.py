@@ -505,6 +505,41 @@ def test_end_of_response_defaults_to_the_chat_templates_end_of_turn_then_eos():
     assert end_of_response_ids(tokenizer, ["a"]) == [2]
 
 
+def test_one_end_of_response_string_is_one_token_not_its_characters():
+    """``end_of_response="<end>"`` in Python means the token, as ``end_of_response: <end>`` in a recipe does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from trims_hf import MDLMConfig, StudentFormat
+    from trims_hf.data.preparation import tokenize_example
+    from trims_hf.prompts import end_of_response_ids
+
+    vocab = {"<eos>": 0, "<end>": 1, "a": 2, "<": 3, "e": 4, "n": 5, "d": 6, ">": 7}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    assert end_of_response_ids(tokenizer, "<end>") == [1]
+    for fmt in (StudentFormat(prompt_format="plain", end_of_response="<end>"),
+                MDLMConfig(prompt_format="plain", end_of_response="<end>", report_to="none")):
+        assert fmt.end_of_response == ["<end>"]
+        assert tokenize_example(tokenizer, "a", "a", fmt).input_ids[-2:] == [2, 1]
+    with pytest.raises(TypeError, match=r"end_of_response=\['<end>', 3\]: must be a token or a list of tokens"):
+        StudentFormat(end_of_response=["<end>", 3])
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"stop_token_ids": "5"}, r"^stop_token_ids='5': must be a list of token ids \(ints\)\.$"),
+    ({"stop_token_ids": 5}, r"^stop_token_ids=5: must be a list of token ids"),
+    ({"stop_token_ids": [5, 2.0]}, r"^stop_token_ids=\[5, 2\.0\]: must be a list of token ids"),
+    ({"gen_length": 256.0}, r"^gen_length=256\.0: must be a whole number \(int\), not float\.$"),
+    ({"steps": "8"}, r"^steps='8': must be a whole number"),
+    ({"threshold": "0.9"}, r"^threshold='0\.9': must be a number, not str\.$"),
+])
+def test_decoding_settings_of_the_wrong_type_are_named(settings, match):
+    with pytest.raises(TypeError, match=match):
+        DecodingConfig(**settings)
+
+
 def test_every_strategy_name_has_a_builder():
     from typing import get_args
 

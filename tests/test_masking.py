@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,6 +76,30 @@ def test_trajectory_context_and_future_rates():
     assert torch.allclose(out.loss_weights, 1 / out.t)
 
 
+@pytest.mark.parametrize("settings,error,match", [
+    ({"p_future": 0.0}, ValueError, r"^p_future=0\.0: trajectory samples would mask nothing \(p_context may not exceed it\)"),
+    ({"p_context": 0.99, "p_future": 0.01}, ValueError,
+     r"^p_context=0\.99 above p_future=0\.01: a trajectory sample keeps its context .* swap them\.$"),
+    ({"pad_to_multiple_of": -8}, ValueError, r"^pad_to_multiple_of=-8: must be at least 1 \(or unset\)\.$"),
+    ({"pad_to_multiple_of": 0}, ValueError, r"^pad_to_multiple_of=0: must be at least 1"),
+    ({"num_buckets": 2.5}, TypeError, r"^num_buckets=2\.5: must be a whole number \(int\), not float\.$"),
+    ({"num_buckets": "8"}, TypeError, r"^num_buckets='8': must be a whole number \(int\), not str\.$"),
+    ({"num_buckets": True}, TypeError, r"^num_buckets=True: must be a whole number \(int\), not bool\.$"),
+    ({"pad_to_multiple_of": 8.0}, TypeError, r"^pad_to_multiple_of=8\.0: must be a whole number"),
+    ({"bucket_seed": None}, TypeError, r"^bucket_seed=None: must be a whole number"),
+    ({"p_context": "0.05"}, TypeError, r"^p_context='0\.05': must be a number, not str\.$"),
+])
+def test_masking_settings_refused_when_set(settings, error, match):
+    with pytest.raises(error, match=match):
+        MaskingConfig(**settings)
+
+
+def test_masking_settings_accepted_at_their_edges():
+    """Equal rates are the control without an ordering; numpy whole numbers are whole numbers."""
+    assert MaskingConfig(p_context=0.5, p_future=0.5).p_future == 0.5
+    assert MaskingConfig(p_context=0, p_future=1, num_buckets=np.int64(4), pad_to_multiple_of=1).num_buckets == 4
+
+
 def test_trajectory_weight_options():
     ids, maskable, buckets = batch(batch_size=64)
     flags = torch.ones(len(ids), dtype=torch.bool)
@@ -86,9 +111,9 @@ def test_trajectory_weight_options():
     none_out = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
                            config=MaskingConfig(trajectory_loss_weight="none"), generator=torch.Generator().manual_seed(4))
     assert torch.all(none_out.loss_weights == 1)
-    # nothing masked -> weight 0 under inverse_mask_ratio (no inf)
-    empty = noise_batch(ids, maskable, buckets, flags, mask_token_id=MASK,
-                        config=MaskingConfig(p_context=0.0, p_future=0.0, trajectory_loss_weight="inverse_mask_ratio"),
+    # nothing masked (every token in bucket 0, so context, with p_context 0) -> weight 0 under inverse_mask_ratio (no inf)
+    empty = noise_batch(ids, maskable, torch.zeros_like(buckets), flags, mask_token_id=MASK,
+                        config=MaskingConfig(p_context=0.0, trajectory_loss_weight="inverse_mask_ratio"),
                         generator=torch.Generator().manual_seed(4))
     assert not empty.masked.any() and torch.all(empty.loss_weights == 0)
 

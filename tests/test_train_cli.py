@@ -91,6 +91,19 @@ def test_overrides_win_and_are_typed():
     assert not model_args.init_from_config and data_args.dataset_name == "outputs/toy/score/scored"
 
 
+@pytest.mark.parametrize("settings,match", [
+    ({"per_device_train_batch_size": 0}, r"^per_device_train_batch_size=0: must be at least 1\.$"),
+    ({"per_device_eval_batch_size": -1}, r"^per_device_eval_batch_size=-1: must be at least 1\.$"),
+    ({"learning_rate": float("nan")}, r"^learning_rate=nan: must be a finite number > 0"),
+    ({"learning_rate": 0.0}, r"^learning_rate=0\.0: must be a finite number > 0 \(0 would train nothing\)"),
+    ({"num_train_epochs": 0, "max_steps": 0}, r"^num_train_epochs=0: must be > 0 unless max_steps > 0"),
+])
+def test_mdlm_config_refuses_what_training_would_fail_on_or_train_nothing_with(settings, match):
+    with pytest.raises(ValueError, match=match):
+        MDLMConfig(report_to="none", **settings)
+    assert MDLMConfig(report_to="none", num_train_epochs=0, max_steps=3).max_steps == 3  # max_steps decides
+
+
 def test_recipe_values_are_parser_defaults_typed_as_on_the_command_line(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model_name_or_path: m\ndataset_name: d\nlearning_rate: 1e-4\nuse_lora: false\nlora_r: 8\n"
@@ -234,6 +247,31 @@ MISTAKES = [
     ("global-batch-zero", None, {"global_batch_size": "0"}, [], r"^global_batch_size 0: must be at least 1\.$"),
     ("global-batch-and-split", None, {"global_batch_size": "32", "gradient_accumulation_steps": "2"}, [],
      r"^global_batch_size 32 chooses gradient_accumulation_steps itself \(the largest per-device batch that fits\)"),
+    ("batch-size-zero", None, {"per_device_train_batch_size": "0"}, [],
+     r"^per_device_train_batch_size=0: must be at least 1\.$"),
+    ("batch-size-negative", None, {"per_device_train_batch_size": "-3"}, [],
+     r"^per_device_train_batch_size=-3: must be at least 1\.$"),
+    ("accumulation-zero", None, {"gradient_accumulation_steps": "0"}, [],
+     r"^gradient_accumulation_steps=0: must be at least 1\.$"),
+    ("learning-rate-negative", None, {"learning_rate": "-1"}, [],
+     r"^learning_rate=-1\.0: must be a finite number > 0 \(0 would train nothing\)\.$"),
+    ("no-epochs", None, {"num_train_epochs": "0"}, [],
+     r"^num_train_epochs=0\.0: must be > 0 unless max_steps > 0 .*0 would train nothing\.$"),
+    ("lora-rank-zero", None, {"lora_r": "0"}, [], r"^lora_r=0: the adapter's rank must be at least 1\.$"),
+    ("lora-rank-negative", None, {"lora_r": "-4"}, [], r"^lora_r=-4: the adapter's rank must be at least 1\.$"),
+    ("lora-alpha-zero", None, {"lora_alpha": "0"}, [], r"^lora_alpha=0: must be > 0 "),
+    ("lora-dropout-above-one", None, {"lora_dropout": "2"}, [], r"^lora_dropout=2\.0: must be in \[0, 1\)\.$"),
+    ("recipe-lora-targets-a-mapping", edit_recipe("lora_target_modules", "lora_target_modules: {a: 1}"), {}, [],
+     r"^lora_target_modules in .*\.yaml: expected a list of str, got \{'a': 1\}\.$"),
+    ("recipe-repeated-key", lambda text: text + "num_buckets: 4\n", {}, [],
+     r"^--config .*\.yaml: key 'num_buckets' is set twice \(lines \d+ and \d+\); keep one\.$"),
+    ("end-of-response-not-a-token", None, {"end_of_response": "<notatoken>"}, [],
+     r"^end_of_response: End-of-response token '<notatoken>' is not a single token of the student tokenizer\.$"),
+    ("p-future-zero", None, {"p_future": "0"}, [], r"^p_future=0\.0: trajectory samples would mask nothing"),
+    ("inverted-trajectory-rates", None, {"p_context": "0.99", "p_future": "0.01"}, [],
+     r"^p_context=0\.99 above p_future=0\.01: .*swap them\.$"),
+    ("pad-to-negative-multiple", None, {"pad_to_multiple_of": "-8"}, [],
+     r"^pad_to_multiple_of=-8: must be at least 1 \(or unset\)\.$"),
     ("decode-eval-compiled", None, {"decode_eval_decoding": "{{compile_blocks: true}}", "decode_eval_task": "gsm8k",
                                     **UNSCHEDULED}, [],
      r"^decode_eval_decoding compile_blocks: the evaluation decodes the model being trained"),
@@ -323,6 +361,16 @@ def test_user_mistakes_are_one_line_before_any_model_loads(edit, changes, extra,
     assert len(errors) == 1, errors
     assert re.search(expected, errors[0].removeprefix("error: ")), errors[0]
     assert not output_dir.exists()  # nothing half-written
+
+
+def test_lora_target_modules_the_student_lacks_are_one_line_naming_its_layers(tmp_path, toy, capsys):
+    """A name matching nothing is refused even beside one that matches (peft would wrap q_proj and ignore foo). The
+    names are the built model's, so this check runs once the (tiny) student is built: still one line, nothing written."""
+    assert train_cli(toy, tmp_path / "run", "--lora_target_modules", "foo", "q_proj") == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: lora_target_modules foo: no module of the student has that name; its linear layers "
+                      "are down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj."]
+    assert not (tmp_path / "run").exists()
 
 
 def test_unwritable_output_parent(toy, tmp_path, capsys, offline_hub, monkeypatch):

@@ -32,25 +32,30 @@ FORMATS = ("merged", "adapter")
 CARD = "README.md"
 
 
-def export_merged(base: str, adapter: str, output: Path, *, allow_base_mismatch: bool = False, **load_kwargs: Any) -> Path:
+def export_merged(base: str, adapter: str, output: Path, *, model_kind: str | None = None,
+                  allow_base_mismatch: bool = False, **load_kwargs: Any) -> Path:
     """Merge ``adapter`` into ``base`` and save it in the base's layout (original for LLaDA / Dream checkpoints)."""
     from .students import load_student
 
-    model = load_student(base, adapter=adapter, allow_base_mismatch=allow_base_mismatch, **load_kwargs)
+    model = load_student(base, model_kind, adapter=adapter, allow_base_mismatch=allow_base_mismatch, **load_kwargs)
     model.merge_and_unload().save_pretrained(output)
     return output
 
 
-def export_adapter(base: str, adapter: str, output: Path, *, allow_base_mismatch: bool = False) -> Path:
-    """Write ``adapter`` with the original module names of ``base``'s family (tensors, ``target_modules``)."""
+def export_adapter(base: str, adapter: str, output: Path, *, model_kind: str | None = None,
+                   allow_base_mismatch: bool = False) -> Path:
+    """Write ``adapter`` with the original module names of ``base``'s family (tensors, ``target_modules``); a base that
+    is no original checkpoint of its family (a plain causal LM trained as a student) has the native names as its own,
+    so they stay."""
     from transformers import PreTrainedConfig
 
     config_dict, _ = PreTrainedConfig.get_config_dict(base)
-    spec = STUDENTS[detect_student_kind(config_dict)]
+    spec = STUDENTS[model_kind or detect_student_kind(config_dict)]
     adapter_config, tensors = read_adapter(adapter_folder(adapter))
     check_adapter_base(adapter_config, base, adapter, allow_base_mismatch)
     native_config, native = renamed_adapter(adapter_config, tensors, spec.module_names.to_native)
-    original_config, original = renamed_adapter(native_config, native, spec.module_names.to_original)
+    original_config, original = (renamed_adapter(native_config, native, spec.module_names.to_original)
+                                 if spec.is_original(config_dict) else (native_config, native))
     # The original classes' forwards take neither peft's causal-LM arguments nor (Dream) its generation hooks.
     original_config["task_type"] = None
     output.mkdir(parents=True, exist_ok=True)
@@ -120,15 +125,16 @@ def push_folder(folder: Path, repo_id: str, token: str | None = None) -> str:
     return str(api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message="Export with trims_hf"))
 
 
-def export(base: str, adapter: str, output: str | Path, export_format: str = "merged", *,
+def export(base: str, adapter: str, output: str | Path, export_format: str = "merged", *, model_kind: str | None = None,
            allow_base_mismatch: bool = False, push_to_hub: str | None = None, token: str | None = None) -> Path:
     """Export base + adapter as ``export_format`` (:data:`FORMATS`) into ``output`` with its card; push it to
-    ``push_to_hub`` when given."""
+    ``push_to_hub`` when given. ``model_kind`` is the student family (detected from ``base``'s config; a plain causal
+    LM trained as a student needs it, as :func:`~trims_hf.load_student`'s ``kind``)."""
     if export_format not in FORMATS:
         raise ValueError(f"format={export_format!r}: choose one of {', '.join(FORMATS)}")
     output = Path(output)
     writer = export_merged if export_format == "merged" else export_adapter
-    writer(base, adapter, output, allow_base_mismatch=allow_base_mismatch)
+    writer(base, adapter, output, model_kind=model_kind, allow_base_mismatch=allow_base_mismatch)
     export_card(base, adapter, output, export_format, push_to_hub).save(output / CARD)
     if push_to_hub:
         push_folder(output, push_to_hub, token)

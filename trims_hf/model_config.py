@@ -157,24 +157,26 @@ def load_tokenizer(model: ModelConfig, name: FieldName = field_name) -> Any:
         raise InputError(f"{name(key)} {source}: cannot load a tokenizer ({reason}){hint}.") from None
 
 
+def student_kind(model: ModelConfig, config: dict[str, Any], name: FieldName = field_name) -> str:
+    """The student's family: ``model_kind``, else detected from its ``config`` (a plain causal LM cannot be)."""
+    from .students import StudentKindError, detect_student_kind
+
+    try:
+        return model.model_kind or detect_student_kind(config)
+    except StudentKindError as error:
+        raise InputError(f"{name('model_name_or_path')} {model.model_name_or_path} is a plain causal LM "
+                         f"('{error.model_type}'); say how it was trained as a diffusion student: {name('model_kind')} "
+                         f"llada (logits unshifted) or {name('model_kind')} dream (logits shifted by one).") from None
+
+
 def resolve_student(model: ModelConfig, name: FieldName = field_name, tokenizer: Any = None) -> ResolvedStudent:
     """The student's kind (``model_kind`` or detected), tokenizer (``tokenizer`` if given, else :func:`load_tokenizer`)
     and mask id (``mask_token_id``, its config's or its tokenizer's, within the vocabulary), from its config alone."""
-    from .students import (
-        MaskTokenError,
-        StudentKindError,
-        detect_student_kind,
-        student_mask_token_id,
-    )
+    from .students import MaskTokenError, student_mask_token_id
 
     config = model.config_dict()
     path = f"{name('model_name_or_path')} {model.model_name_or_path}"
-    try:
-        kind = model.model_kind or detect_student_kind(config)
-    except StudentKindError as error:
-        raise InputError(f"{path} is a plain causal LM ('{error.model_type}'); say how it was trained as a diffusion "
-                         f"student: {name('model_kind')} llada (logits unshifted) or {name('model_kind')} dream (logits "
-                         "shifted by one).") from None
+    kind = student_kind(model, config, name)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model, name)
     try:
         mask_id = student_mask_token_id(config, kind, model.mask_token_id, tokenizer)

@@ -14,7 +14,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from .errors import InputError
-from .settings import PromptFormat
+from .settings import PromptFormat, response_tokens
 
 Prompt = str | Sequence[dict[str, str]]
 
@@ -98,10 +98,11 @@ def end_of_turn_token(tokenizer: Any) -> str | None:
     return token if token in special else None
 
 
-def end_of_response_ids(tokenizer: Any, end_of_response: Sequence[str] | None) -> list[int]:
-    """Ids that end a response (:attr:`~trims_hf.settings.ResponseFormat.end_of_response`): the given tokens, each a
-    single token of the vocabulary, or by default the chat template's end of turn followed by the EOS token."""
-    tokens = list(end_of_response) if end_of_response is not None else list(
+def end_of_response_ids(tokenizer: Any, end_of_response: str | Sequence[str] | None) -> list[int]:
+    """Ids that end a response (:attr:`~trims_hf.settings.ResponseFormat.end_of_response`): the given tokens (one
+    string is one token), each a single token of the vocabulary, or by default the chat template's end of turn
+    followed by the EOS token."""
+    tokens = response_tokens(end_of_response) if end_of_response is not None else list(
         dict.fromkeys(t for t in (end_of_turn_token(tokenizer), tokenizer.eos_token) if t is not None))
     ids = []
     for token in tokens:
@@ -110,3 +111,12 @@ def end_of_response_ids(tokenizer: Any, end_of_response: Sequence[str] | None) -
             raise ValueError(f"End-of-response token {token!r} is not a single token of the student tokenizer.")
         ids.append(int(token_id))
     return ids
+
+
+def check_end_of_response(tokenizer: Any, end_of_response: str | Sequence[str] | None, label: str) -> None:
+    """A command's check of its end-of-response setting against the student tokenizer, before any model loads:
+    an :class:`~trims_hf.errors.InputError` naming ``label`` (the flag or recipe key as the user typed it)."""
+    try:
+        end_of_response_ids(tokenizer, end_of_response)
+    except ValueError as error:
+        raise InputError(f"{label}: {error}") from None

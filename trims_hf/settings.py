@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from typing import Any, ClassVar, Literal, TypeVar, get_args
 
 Ordering = Literal["hard_to_easy", "easy_to_hard", "random"]
@@ -57,6 +58,34 @@ def settings_record(value: Any) -> Any:
 def check_choice(name: str, value: Any, kind: Any) -> None:
     if value not in get_args(kind):
         raise ValueError(f"{name}={value!r}; choose one of {', '.join(get_args(kind))}.")
+
+
+_NUMBER_KINDS = {"int": (Integral, "a whole number (int)"), "float": (Real, "a number")}
+
+
+def check_number_types(settings: Any, cls: type) -> None:
+    """Each ``int`` and ``float`` field that ``cls`` itself declares holds a number of that kind (a bool is neither
+    here): a string or a fraction given in Python (``num_buckets=2.5``, ``"8"``) would otherwise pass or fail far
+    from the setting, in a comparison or a shape. Called first in each class's ``__post_init__``, before the ranges."""
+    for name, hint in cls.__annotations__.items():
+        kind, optional = hint.removesuffix(" | None"), hint.endswith(" | None")
+        value = getattr(settings, name)
+        if kind not in _NUMBER_KINDS or (optional and value is None):
+            continue
+        types, what = _NUMBER_KINDS[kind]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise TypeError(f"{name}={value!r}: must be {what}, not {type(value).__name__}.")
+
+
+def response_tokens(end_of_response: str | Sequence[str] | None) -> list[str] | None:
+    """``end_of_response`` as a list of tokens: one string is one token (``"<eos>"``), never its characters, as the
+    YAML and command-line spellings of a single token already read it."""
+    if end_of_response is None:
+        return None
+    tokens = [end_of_response] if isinstance(end_of_response, str) else list(end_of_response)
+    if not all(isinstance(token, str) and token for token in tokens):
+        raise TypeError(f"end_of_response={end_of_response!r}: must be a token or a list of tokens (non-empty strings).")
+    return tokens
 
 
 def _check_probability(name: str, value: float) -> None:
@@ -106,6 +135,10 @@ class ResponseFormat(PromptFormat):
                   "<|endoftext|>; Dream: <|im_end|> <|endoftext|>)."},
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.end_of_response = response_tokens(self.end_of_response)
+
 
 @dataclass
 class StudentFormat(ResponseFormat):
@@ -117,6 +150,7 @@ class StudentFormat(ResponseFormat):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_number_types(self, StudentFormat)
         if self.max_length < 2:
             raise ValueError(f"max_length must be at least 2, got {self.max_length}.")
 
@@ -157,6 +191,7 @@ class ScoringOptions(PromptFormat):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_number_types(self, ScoringOptions)
         if self.teacher_max_length is not None and self.teacher_max_length < 2:
             raise ValueError(f"teacher_max_length={self.teacher_max_length}: must be at least 2 (one prompt and one "
                              "completion token).")
@@ -191,6 +226,7 @@ class BucketConfig:
     )
 
     def __post_init__(self) -> None:
+        check_number_types(self, BucketConfig)
         if not 1 <= self.num_buckets <= MAX_BUCKETS:
             raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {self.num_buckets}.")
         check_choice("bucket_ordering", self.bucket_ordering, Ordering)
@@ -212,6 +248,10 @@ class MaskingConfig(BucketConfig):
     """The forward process: standard MDLM masking, and TRIMS trajectory masking for a share of samples.
 
     Defaults are the paper's (§4): ratio 0.1, p_context 0.05, p_future 0.95, linear schedule.
+
+    A trajectory sample shows its context (the buckets revealed so far) and hides its future, so ``p_context`` may not
+    exceed ``p_future`` and ``p_future`` is above 0 (docs/decisions.md). They may be equal: the sample then masks every
+    response token at that one rate whatever its bucket, the control that removes the ordering from the objective.
     """
 
     p_context: float = field(
@@ -248,8 +288,18 @@ class MaskingConfig(BucketConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_number_types(self, MaskingConfig)
         for name in ("p_context", "p_future", "trajectory_ratio"):
             _check_probability(name, getattr(self, name))
+        if self.p_future == 0:
+            raise ValueError(f"p_future={self.p_future}: trajectory samples would mask nothing (p_context may not exceed "
+                             "it), so they would teach nothing; the future buckets are the ones masked heavily (paper: 0.95).")
+        if self.p_context > self.p_future:
+            raise ValueError(f"p_context={self.p_context} above p_future={self.p_future}: a trajectory sample keeps its "
+                             "context (buckets revealed so far) mostly visible and masks its future buckets heavily "
+                             "(paper: 0.05 and 0.95); swap them.")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be at least 1 (or unset).")
         check_choice("trajectory_selection", self.trajectory_selection, TrajectorySelection)
         check_choice("trajectory_loss_weight", self.trajectory_loss_weight, TrajectoryLossWeight)
         check_choice("noise_schedule", self.noise_schedule, NoiseScheduleName)
@@ -313,6 +363,11 @@ class DecodingConfig:
     )
 
     def __post_init__(self) -> None:
+        check_number_types(self, DecodingConfig)
+        ids = self.stop_token_ids
+        if ids is not None and not (isinstance(ids, (list, tuple)) and all(
+                isinstance(i, Integral) and not isinstance(i, bool) for i in ids)):
+            raise TypeError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (ints).")
         check_choice("strategy", self.strategy, StrategyName)
         check_choice("cache", self.cache, CacheMode)
         check_choice("step", self.step, StepMode)

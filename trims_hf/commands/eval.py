@@ -211,7 +211,7 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
     ``given`` names the settings the user set by a flag (:meth:`CommandParser.given`)."""
     from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
     from ..evaluation.tasks import CodeExecutionDisabled, CodeTask, get_task
-    from ..prompts import check_system_prompt, end_of_response_ids
+    from ..prompts import check_end_of_response, check_system_prompt
 
     try:
         task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
@@ -245,10 +245,7 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
         check_system_prompt(tokenizer, prompt_format)
     except InputError as error:
         raise InputError(parser().in_flag_terms(str(error))) from None
-    try:
-        end_of_response_ids(tokenizer, prompt_format.end_of_response)
-    except ValueError as error:
-        raise InputError(f"--end-of-response: {error}") from None
+    check_end_of_response(tokenizer, prompt_format.end_of_response, "--end-of-response")
     examples = load_examples(task, args.data_file, args.limit, args.allow_code_execution)
     return Inputs(task, examples, configs, student, device)
 

@@ -33,12 +33,34 @@ def _did_you_mean(key: str, prefix: str = "") -> str:
     return did_you_mean(prefix + key.split("=")[0].lstrip("-").replace("-", "_"), (prefix + k for k in recipe_keys()))
 
 
+class _RepeatedKey(yaml.YAMLError):
+    def __init__(self, key: str, first: int, again: int) -> None:
+        super().__init__(f"key {key!r} is set twice (lines {first} and {again}); keep one.")
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key set twice in one mapping: PyYAML would keep the last one silently, and a
+    recipe edited by appending a line would then train with a value its reader may not see."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[str, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                line = key_node.start_mark.line + 1
+                if key_node.value in lines:
+                    raise _RepeatedKey(key_node.value, lines[key_node.value], line)
+                lines[key_node.value] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_recipe(path: str | Path) -> dict[str, Any]:
     """The YAML mapping of a recipe, with every key checked against the known fields."""
     try:
-        recipe = yaml.safe_load(Path(path).read_text()) or {}
+        recipe = yaml.load(Path(path).read_text(), Loader=_RecipeLoader) or {}
     except FileNotFoundError:
         raise InputError(f"--config {path}: no such file.") from None
+    except _RepeatedKey as error:
+        raise InputError(f"--config {path}: {error}") from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         raise InputError(f"--config {path}: not valid YAML ({error.problem} at line {mark.line + 1}, "
@@ -82,7 +104,11 @@ class _RecipeParser(HfArgumentParser):
         listed = action.nargs in ("+", "*")
         if isinstance(value, list) and not listed:
             raise ValueError(f"expected one {_expected(action)}, got the list {value}.")
-        words = [_scalar(item) for item in (value if isinstance(value, list) else [value])]
+        items = value if isinstance(value, list) else [value]
+        nested = next((item for item in items if isinstance(item, (dict, list))), None)
+        if nested is not None:  # never the text of a mapping or list as one value ("{'a': 1}")
+            raise ValueError(f"expected {'a list of ' if listed else 'one '}{_expected(action)}, got {nested}.")
+        words = [_scalar(item) for item in items]
         try:
             return self._get_values(action, words)
         except argparse.ArgumentError as error:

@@ -38,6 +38,10 @@ def equal_mass_buckets(
     if not np.isfinite(scores).all():
         bad = int(np.flatnonzero(~np.isfinite(scores))[0])
         raise ValueError(f"Cannot build buckets: score {bad} (flattened over the data set) is {scores[bad]}.")
+    if (scores < 0).any():  # NLL and entropy never are: a negative score is a mistake upstream, not a difficulty
+        bad = int(np.flatnonzero(scores < 0)[0])
+        raise ValueError(f"Cannot build buckets: score {bad} (flattened over the data set) is {scores[bad]}; a teacher "
+                         "score (NLL or entropy) is >= 0.")
     if ordering == "random":
         rng = np.random.default_rng(seed)
         return rng.integers(0, num_buckets, size=scores.size).astype(np.int8), np.empty(0)

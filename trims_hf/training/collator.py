@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,8 @@ class TrimsDataCollator:
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     max_length: int | None = None
     """The ``max_length`` the rows were prepared with; every batch is padded to it when ``masking.padding`` is
-    ``"max_length"`` (MDLMTrainer passes its config's)."""
+    ``"max_length"`` (MDLMTrainer passes its config's). Under either padding a longer row is an error naming it: it
+    was prepared with another ``max_length``, and is never cut or passed on."""
     seed: int = 0
     epoch: int = 0
     """Advanced at every epoch by :class:`trims_hf.CollatorEpochCallback` (MDLMTrainer adds it; a plain ``Trainer``
@@ -61,6 +63,10 @@ class TrimsDataCollator:
             raise ValueError("The tokenizer has no mask token: pass mask_token_id=trims_hf.mask_token_id(model).")
         if self.tokenizer.eos_token_id is None:
             raise ValueError("The student tokenizer needs an EOS token (used for end of response and padding).")
+        if self.max_length is not None and (isinstance(self.max_length, bool) or not isinstance(self.max_length, Integral)
+                                            or self.max_length < 2):
+            raise ValueError(f"max_length={self.max_length!r}: must be a whole number of at least 2, the max_length the "
+                             "rows were prepared with (StudentFormat.max_length).")
         if self.masking.padding == "max_length" and self.max_length is None:
             raise ValueError("padding='max_length' needs the collator's max_length (the one the rows were prepared with).")
 
@@ -107,17 +113,19 @@ class TrimsDataCollator:
     def _width(self, lengths: np.ndarray, rows: Sequence[Mapping[str, Any]]) -> int:
         masking = self.masking
         width = int(lengths.max())
+        if self.max_length is not None and width > self.max_length:
+            row = rows[int(lengths.argmax())]
+            raise schema.SchemaError(f"row {row.get(schema.EXAMPLE_ID, int(lengths.argmax()))}: {width} tokens, more "
+                                     f"than max_length={self.max_length}; prepare the rows with the same max_length.")
         if masking.padding == "max_length":
-            if width > self.max_length:
-                row = rows[int(lengths.argmax())]
-                raise schema.SchemaError(f"row {row.get(schema.EXAMPLE_ID, int(lengths.argmax()))}: {width} tokens, more "
-                                         f"than max_length={self.max_length}; prepare the rows with the same max_length.")
             width = self.max_length
         if masking.pad_to_multiple_of:
             width = -(-width // masking.pad_to_multiple_of) * masking.pad_to_multiple_of
         return width
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        if len(features) == 0:
+            raise ValueError("The collator got an empty batch; a batch holds at least one row.")
         rows = [self._checked(row, index) for index, row in enumerate(features)]
         masking = self.masking
         batch_size = len(rows)

@@ -8,6 +8,7 @@ and :meth:`student_format`.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -30,7 +31,8 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
         default=True, metadata={"help": "Kept True: evaluation needs only the loss, never the [B, L, vocab] logits."}
     )
     remove_unused_columns: bool = field(
-        default=False, metadata={"help": "Kept False: the collator needs the prepared columns."}
+        default=False, metadata={"help": "False: a plain transformers Trainer would drop the prepared columns the collator "
+                                 "reads (MDLMTrainer keeps them either way)."}
     )
     compile_blocks: bool = field(
         default=False,
@@ -52,8 +54,23 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
         TrainingArguments.__post_init__(self)
         MaskingConfig.__post_init__(self)
         StudentFormat.__post_init__(self)
+        self._check_optimisation()
         if self.global_batch_size is not None:
             self._check_global_batch()
+
+    def _check_optimisation(self) -> None:
+        """What ``TrainingArguments`` accepts and training then fails on (a DataLoader, a division, the optimizer) or
+        runs without training anything, refused before anything loads: batch sizes and accumulation below 1, a
+        learning rate that is not a positive finite number, and no epochs without ``max_steps`` (transformers trains
+        ``num_train_epochs`` unless ``max_steps > 0``: 0 would save an untrained adapter)."""
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
+        if not 0 < self.learning_rate < math.inf:  # NaN fails too
+            raise ValueError(f"learning_rate={self.learning_rate}: must be a finite number > 0 (0 would train nothing).")
+        if self.max_steps <= 0 and not self.num_train_epochs > 0:
+            raise ValueError(f"num_train_epochs={self.num_train_epochs}: must be > 0 unless max_steps > 0 (max_steps "
+                             f"{self.max_steps} leaves the length to the epochs); 0 would train nothing.")
 
     def _check_global_batch(self) -> None:
         """What cannot go with a searched split, refused before anything loads: a split given as well (it would be

@@ -48,7 +48,8 @@ from ..model_config import (
     load_model,
     resolve_student,
 )
-from ..settings import DecodingConfig
+from ..prompts import check_end_of_response
+from ..settings import DecodingConfig, check_number_types
 from ..sources import SourceError, check_dataset_source
 from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
 from .batch_search import rows_per_process
@@ -79,6 +80,23 @@ class ModelArguments(ModelConfig):
     lora_target_modules: list[str] | None = field(
         default=None, metadata={"help": "Module names LoRA wraps; default: every attention and MLP projection."}
     )
+
+    def __post_init__(self) -> None:
+        """The LoRA values peft would reject, or take and train nothing with, refused before the model loads (the
+        target modules' names are checked against the model when it is wrapped, :func:`wrap_lora`)."""
+        super().__post_init__()
+        check_number_types(self, ModelArguments)
+        if self.lora_r < 1:
+            raise ValueError(f"lora_r={self.lora_r}: the adapter's rank must be at least 1.")
+        if not self.lora_alpha > 0:
+            raise ValueError(f"lora_alpha={self.lora_alpha}: must be > 0 (alpha / r scales the adapter's update; 0 would "
+                             "train nothing).")
+        if not 0 <= self.lora_dropout < 1:  # NaN fails too
+            raise ValueError(f"lora_dropout={self.lora_dropout}: must be in [0, 1).")
+        targets = self.lora_target_modules
+        if targets is not None and not (isinstance(targets, list) and targets and
+                                        all(isinstance(name, str) and name for name in targets)):
+            raise ValueError(f"lora_target_modules={targets!r}: must be a list of module names (e.g. q_proj v_proj).")
 
 
 @dataclass
@@ -157,9 +175,23 @@ def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointi
         model.enable_input_require_grads()  # frozen embeddings would otherwise cut the checkpointed graph
     if model_args.adapter:  # build_student loaded it trainable
         return model
+    if model_args.lora_target_modules is not None:
+        check_target_modules(model, model_args.lora_target_modules)
     config = lora_config(model, r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
                          lora_dropout=model_args.lora_dropout, target_modules=model_args.lora_target_modules)
     return get_peft_model(model, config)
+
+
+def check_target_modules(model: nn.Module, targets: list[str]) -> None:
+    """Every name in ``lora_target_modules`` names modules of the student, as peft matches them (the full name or
+    its last parts): peft fails only when no name matches, and otherwise wraps the rest silently. The names are the
+    built model's, so this runs once it is built, before anything is written."""
+    names = [name for name, _ in model.named_modules()]
+    missing = [target for target in targets if not any(name == target or name.endswith(f".{target}") for name in names)]
+    if missing:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
+        raise InputError(f"lora_target_modules {' '.join(missing)}: no module of the student has that name; its linear "
+                         f"layers are {', '.join(linear)}.")
 
 
 def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> dict[str, dict[str, Any]]:
@@ -347,6 +379,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     resume = check_run(model_args, data_args, args)
     student = resolve_student(model_args)
     check_student_length(student, model_args, args)
+    check_end_of_response(student.tokenizer, args.end_of_response, "end_of_response")
     train_dataset, eval_dataset = load_data(data_args, args)
     tokenizer = student.tokenizer
     train_dataset = prepare_rows(train_dataset, "train_split", data_args.train_split, data_args.dataset_name, tokenizer, args)
