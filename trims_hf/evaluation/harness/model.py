@@ -35,7 +35,7 @@ from ...distributed import announce, gather, process_state
 from ...errors import InputError, did_you_mean
 from ...generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text
 from ...model_config import ModelConfig, ResolvedStudent, check_model_sources, load_model, resolve_student
-from ...prompts import end_of_response_ids
+from ...prompts import check_end_of_response
 from ...settings import ResponseFormat
 from ...students import student_spec
 from ..evaluate import gather_recorders
@@ -104,10 +104,7 @@ def resolve(pretrained: str, tokenizer: str | PreTrainedTokenizerBase | None, mo
         raise InputError(str(error)) from None
     check_model_sources(config, harness_name)
     student = resolve_student(config, harness_name, given_tokenizer)
-    try:
-        end_of_response_ids(student.tokenizer, end_of_response)
-    except ValueError as error:
-        raise InputError(f"end_of_response: {error}") from None
+    check_end_of_response(student.tokenizer, end_of_response, "end_of_response")
     if student.vocab_size is not None:
         try:
             decoding.check_token_ids(student.vocab_size)
