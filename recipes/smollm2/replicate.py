@@ -2,8 +2,8 @@
 
 The command line of the study in trims_hf.studies.smollm2: ``--protocol``, ``--size`` and ``--set`` choose its
 protocol, ``--output`` the study folder (a rerun resumes there; a folder started under another protocol is refused),
-``--until`` the last stage. ``--size smoke`` runs the same stages on a CPU in seconds with a tiny Llama standing in
-for SmolLM2. See recipes/smollm2/README.md for the GPU runbook.
+``--until`` the last stage; ``--read`` reads finished windows side by side. ``--size smoke`` runs the same stages on
+a CPU in seconds with a tiny Llama standing in for SmolLM2. See recipes/smollm2/README.md for the GPU runbook.
 """
 
 from __future__ import annotations
@@ -31,11 +31,14 @@ to the protocol."""
 def arguments() -> argparse.ArgumentParser:
     """The command line; nothing it needs loads torch, so that ``--help`` answers at once."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     usage="%(prog)s --output DIR [flags]  (or --budgets / --fields alone)")
+                                     usage="%(prog)s --output DIR [flags]  (or --budgets / --fields / --read DIR... alone)")
     parser.add_argument("--output", type=Path, help="Study folder (stage outputs; reruns resume here); required.")
     parser.add_argument("--budgets", action="store_true",
                         help="Print the protocol's stage budgets on an H100 (estimated from counts, and from window 1's "
                         "measured unit times) and exit.")
+    parser.add_argument("--read", type=Path, nargs="+", metavar="DIR",
+                        help="Print the reading of these windows' report folders (results.json and records.jsonl.gz, "
+                        "e.g. docs/results/smollm2/window-2 window-3), each window apart, and exit.")
     parser.add_argument("--size", choices=("full", "smoke"), default="full",
                         help="full: the pre-registered protocol; smoke: tiny sizes and a tiny Llama stand-in (CPU, seconds).")
     parser.add_argument("--protocol", type=int, choices=(1, 2), default=1,
@@ -93,9 +96,23 @@ def checked(args: argparse.Namespace) -> tuple[Protocol, Path | None, dict[str, 
     return protocol, gguf, sources
 
 
+def read(folders: Sequence[Path]) -> int:
+    """``--read``: the windows' reading on stdout; 0, or 2 with a one-line error when a folder cannot be read."""
+    from trims_hf.studies.smollm2.reading import read_windows
+
+    try:
+        print(read_windows(folders), end="")
+    except ValueError as error:
+        print(f"error: --read: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the stages up to ``--until``, skipping finished units; 0 done, 2 bad input, 3 out of time budget."""
     args = arguments().parse_args(argv)  # --help answers here, before torch loads
+    if args.read:
+        return read(args.read)
     import torch
 
     from trims_hf.studies.smollm2.budgets import budget_table

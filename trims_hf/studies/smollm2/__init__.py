@@ -17,9 +17,10 @@ under one protocol refuses another. The stages are the library's study runner's,
 * :mod:`.budgets`: the stage budgets on an H100, estimated from counts and from window 1's measured unit times;
 * :mod:`.study`: :class:`~.study.Replication`, the study in a folder; the smoke size runs its stages on a CPU in
   seconds with a tiny Llama (pretrained for a second) and a tokenizer built from the data standing in for SmolLM2;
-* :mod:`.prestudy`: the pretrained model's zero-shot autoregressive accuracy per level, before any GPU time.
+* :mod:`.prestudy`: the pretrained model's zero-shot autoregressive accuracy per level, before any GPU time;
+* :mod:`.reading`: finished windows read side by side from their committed reports, each window apart.
 
-Importing the package loads no torch: :mod:`.budgets`, :mod:`.study` and :mod:`.prestudy` (which do) are imported where
+Importing the package loads no torch: :mod:`.budgets`, :mod:`.study`, :mod:`.prestudy` and :mod:`.reading` (which do) are imported where
 they run.
 """
 

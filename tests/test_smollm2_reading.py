@@ -1,0 +1,102 @@
+"""The SmolLM2 windows' reading (``replicate.py --read``), on the committed windows' reports."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trims_hf.studies.smollm2.reading import read_window, read_windows
+
+ROOT = Path(__file__).resolve().parents[1]
+WINDOWS = ROOT / "docs" / "results" / "smollm2"
+PROTOCOL_2 = [WINDOWS / "window-2", WINDOWS / "window-3"]
+"""The windows that ran protocol 2 (seeds 0 and 1)."""
+
+
+def study_rows(folder: Path) -> dict[tuple[str, float], dict]:
+    """results.json's own per-model rows, computed on the device when the window ran."""
+    rows = json.loads((folder / "results.json").read_text())["study"]
+    return {(row["model"], row["threshold"]): row for row in rows}
+
+
+@pytest.mark.parametrize("folder", PROTOCOL_2, ids=lambda folder: folder.name)
+def test_a_window_read_back_from_its_records_gives_its_own_numbers(folder):
+    """Accuracy and tokens per step recounted from the graded problems equal what the window reported."""
+    window = read_window(folder)
+    rows = study_rows(folder)
+    assert len(window.results) == len(rows) == 20
+    for seed, result in window.results:
+        assert seed == window.seed
+        row = rows[result.model, result.decoding["threshold"]]
+        assert sum(s.correct for s in result.samples) / len(result.samples) == pytest.approx(row["accuracy"]["mean"])
+        counted = sum(s.non_eos_tokens for s in result.samples) / sum(s.nfe for s in result.samples)
+        assert counted == pytest.approx(row["tokens_per_step"]["mean"])
+
+
+def test_the_reading_gives_each_window_its_own_ratio_and_accuracy_difference():
+    text = read_windows(PROTOCOL_2)
+    for folder in PROTOCOL_2:
+        rows = study_rows(folder)
+        for (model, tau), row in rows.items():
+            if not model.startswith("TRIMS"):
+                continue
+            difference = 100 * (row["accuracy"]["mean"] - rows["MDLM", tau]["accuracy"]["mean"])
+            cell = f"{row['tokens_per_step_vs_mdlm']:.3f}x, {difference:+.1f} ("
+            line = next(line for line in text.splitlines() if line.startswith(f"| {tau} | {model} |"))
+            assert cell in line, (folder.name, line, cell)
+
+
+def copy_window(source: Path, target: Path, **protocol: object) -> Path:
+    shutil.copytree(source, target)
+    path = target / "results.json"
+    document = json.loads(path.read_text())
+    document["protocol"].update(protocol)
+    path.write_text(json.dumps(document))
+    return target
+
+
+def test_windows_that_cannot_be_read_together_are_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="same seed"):
+        read_windows([PROTOCOL_2[0], copy_window(PROTOCOL_2[0], tmp_path / "again")])
+    other = copy_window(PROTOCOL_2[1], tmp_path / "other", base_steps=700, seed=5)
+    with pytest.raises(ValueError, match=r"different protocols \(base_steps\)"):
+        read_windows([PROTOCOL_2[0], other])
+    # A field one window's library did not have yet is named, not refused (window 2 predates compile_blocks).
+    assert "decoding.compile_blocks" in read_windows(PROTOCOL_2)
+
+
+def test_a_window_with_missing_or_unmatched_records_is_refused(tmp_path):
+    bare = copy_window(PROTOCOL_2[1], tmp_path / "bare")
+    (bare / "records.jsonl.gz").unlink()
+    with pytest.raises(ValueError, match="bare: no records.jsonl.gz"):
+        read_window(bare)
+    short = copy_window(PROTOCOL_2[1], tmp_path / "short")
+    with gzip.open(short / "records.jsonl.gz", "rt") as handle:
+        lines = handle.readlines()
+    with gzip.open(short / "records.jsonl.gz", "wt") as handle:
+        handle.writelines(lines[1:])
+    with pytest.raises(ValueError, match="records.jsonl.gz: 499 records of base"):
+        read_window(short)
+    unfinished = copy_window(PROTOCOL_2[1], tmp_path / "unfinished")
+    document = json.loads((unfinished / "results.json").read_text())
+    document.update(main_comparison_complete=False, missing=["train MDLM"])
+    (unfinished / "results.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match=r"unfinished \(missing: train MDLM\)"):
+        read_window(unfinished)
+
+
+def test_the_command_prints_the_reading_or_one_error_line(tmp_path):
+    script = ROOT / "recipes" / "smollm2" / "replicate.py"
+    run = subprocess.run([sys.executable, str(script), "--read", *map(str, PROTOCOL_2)], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("Windows: seed 0 (window-2), seed 1 (window-3)")
+    run = subprocess.run([sys.executable, str(script), "--read", str(tmp_path / "none")], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--read" in run.stderr and "none" in run.stderr
