@@ -20,8 +20,8 @@ under one protocol refuses another. The stages are the library's study runner's,
 * :mod:`.prestudy`: the pretrained model's zero-shot autoregressive accuracy per level, before any GPU time;
 * :mod:`.reading`: finished windows read side by side from their committed reports, each window apart.
 
-Importing the package loads no torch: :mod:`.budgets`, :mod:`.study`, :mod:`.prestudy` and :mod:`.reading` (which do) are imported where
-they run.
+Importing the package loads no torch: :mod:`.budgets`, :mod:`.study`, :mod:`.prestudy` and :mod:`.reading` (which
+do) are imported where they run.
 """
 
 from .protocol import FULL, FULL2, PRESETS, SMOKE, SMOKE2, SMOKE_SIZES, STAGES, Protocol, Protocol2, select_level
