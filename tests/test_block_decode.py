@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -135,6 +136,53 @@ def test_the_prefix_cache_is_exact_and_recomputes_only_from_the_current_blocks(m
     cached_lengths = lengths[len(full):]
     assert len(cached_lengths) == len(full) and sum(cached_lengths) < sum(full)
     assert all(short <= long for short, long in zip(cached_lengths, full))
+
+
+class _Blocks(DecodeHook):
+    def __init__(self) -> None:
+        self.steps: Counter[int] = Counter()
+
+    def on_step(self, record: StepRecord) -> None:
+        self.steps[record.block] += 1
+
+
+def test_the_graph_step_makes_four_forwards_a_block_then_replays(models, monkeypatch):
+    """A prompt that ends inside a block (11 tokens, blocks of 8, 16 generated) decodes 3 blocks, from the one holding
+    its end to the one holding the last generated position: one more than gen_length / block_length. With the prefix
+    cache a block makes one forward per step, none more (its first call writes the keys its later calls read), and
+    hands the graphs made for it two call shapes: its first call's, once, and the one all its cached steps share. The
+    graph step (:class:`CapturedCalls`: a shape's first call eager, its second a warm-up and a capture, later ones
+    replays) so makes 4 forwards a block of 3 steps or more, which the CUDA run counts (test_cuda_correctness.py);
+    here a recorder stands in for the graphs, since the CPU has none."""
+    import trims_hf.generation.block_causal as block_causal
+
+    shapes: list[Counter] = []
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.uses: Counter = Counter()
+            shapes.append(self.uses)
+
+        def __call__(self, key, inputs, run):
+            self.uses[key] += 1
+            return run(inputs)
+
+    monkeypatch.setattr(block_causal, "CapturedCalls", Recorded)
+    monkeypatch.setattr(block_causal, "resolve_step", lambda *args: "graph")
+    ours, _ = models
+    forwards, blocks = [], _Blocks()
+    handle = ours.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        output = generate(ours, torch.tensor([PROMPTS[0]]), config=replace(config(0.95, 8), cache="prefix"),
+                          hooks=[blocks])
+    finally:
+        handle.remove()
+    length = len(PROMPTS[0])
+    assert len(blocks.steps) == len(shapes) == -(-(length + GEN) // BLOCK) - length // BLOCK == GEN // BLOCK + 1
+    assert len(forwards) == output.nfe == sum(blocks.steps.values())
+    assert [sorted(uses.values()) for uses in shapes] == [sorted([1, steps - 1]) for steps in blocks.steps.values()]
+    captured = sum(1 if uses == 1 else 3 for shape in shapes for uses in shape.values())
+    assert min(blocks.steps.values()) >= 3 and captured == 4 * len(shapes) < output.nfe
 
 
 def test_a_suffix_cache_is_refused_naming_the_setting(models):

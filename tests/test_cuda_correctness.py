@@ -21,12 +21,15 @@ wherever a GPU is present (skipped otherwise), on the reference fixtures loaded 
   bf16 ``generate`` run follows the fp32 one until a state whose fp32 margins are unclear (its first difference is
   at such a state).
 - Every step mode commits the eager step's tokens, and so do compiled decoder blocks (``compile_blocks``) on the
-  fixture prompts, under the static step and the graph step that captures them.
+  fixture prompts, under the static step and the graph step that captures them. The MoE students' experts are
+  captured in bfloat16 on compute capability 9.x / 10.x only; elsewhere (float32) the graph step is refused before any
+  forward and the default step runs static.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +41,7 @@ from transformers import AutoModelForCausalLM, PreTrainedConfig
 
 from trims_hf import TrimsDataCollator, load_student, lora_config
 from trims_hf.generation import DecodeHook, DecodingConfig, StepRecord, StudentForward, generate
+from trims_hf.generation.cache import CapturedCalls
 from trims_hf.generation.steps import build_strategy
 from trims_hf.settings import MaskingConfig
 from trims_hf.students import STUDENTS, student_spec
@@ -374,31 +378,74 @@ def test_every_step_mode_commits_the_eager_tokens(device, kind, dtype):
                             f"{kind} {dtype}")
 
 
+class _Blocks(DecodeHook):
+    """Steps per block."""
+
+    def __init__(self) -> None:
+        self.steps: Counter[int] = Counter()
+
+    def on_step(self, record: StepRecord) -> None:
+        self.steps[record.block] += 1
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["llada_moe", "llada2"])
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
                          ids=["fp32", "bf16"])
-def test_moe_students_every_step_mode_commits_the_eager_tokens(original_checkpoint, device, kind, dtype):
-    """The MoE students under every step mode (grouped-GEMM experts; LLaDA 2.x's block-causal decoder with buffers
-    and graphs of its own per block, prefix cache only) commit the eager step's tokens; on CUDA the graph step
-    replays every cached step after a block's third."""
+def test_moe_students_every_step_mode_commits_the_eager_tokens(original_checkpoint, monkeypatch, device, kind, dtype):
+    """The MoE students under every step mode they run (grouped-GEMM experts; LLaDA 2.x's block-causal decoder with
+    buffers and graphs of its own per block, prefix cache only) commit the eager step's tokens. On CUDA torch's grouped
+    GEMM reads the experts' token counts on the host outside bfloat16 on compute capability 9.x / 10.x, which no graph
+    can capture: there the graph step is refused in one line before any forward and ``auto`` runs static (a forward
+    per step); in bfloat16 on such a GPU ``auto`` is the graph step, which replays every cached step after a block's
+    third."""
     model = load_student(str(original_checkpoint(kind)), dtype=dtype).to(device).eval()
+    capturable = (device == "cuda" and dtype == torch.bfloat16
+                  and torch.cuda.get_device_capability(device)[0] in (9, 10))
     caches = ("none", "prefix") if kind == "llada2" else ("none", "prefix", "dual")
-    assert_commits_of_eager(model, model, device, {f"step={step}": {"step": step} for step in STEP_MODES[device]},
+    steps = STEP_MODES[device] if capturable or device == "cpu" else ("static",)
+    assert_commits_of_eager(model, model, device, {f"step={step}": {"step": step} for step in steps},
                             f"{kind} {dtype}", caches)
-    if device == "cuda":
-        ids, mask = fixture_prompts(device, padded=False)
-        calls = []
-        handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
-        try:
-            output = generate(model, ids, mask, DecodingConfig(gen_length=TRACES["settings"]["gen_length"],
-                                                               block_length=TRACES["settings"]["block_length"],
-                                                               threshold=0.5, cache="prefix", step="graph"))
-        finally:
-            handle.remove()
-        # Per block at most: its first call, the cached steps' first call, their warm-up and capture; then replays.
-        blocks = TRACES["settings"]["gen_length"] // TRACES["settings"]["block_length"]
-        assert len(calls) <= 4 * blocks and len(calls) < output.nfe
+    if device == "cpu":
+        return
+    ids, mask = fixture_prompts(device, padded=False)
+    calls: list[int] = []
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    settings = DecodingConfig(gen_length=TRACES["settings"]["gen_length"],
+                              block_length=TRACES["settings"]["block_length"], threshold=0.5, cache="prefix",
+                              early_stop=False)  # every block decoded
+    shapes: list[Counter] = []  # per CapturedCalls (one per generation; LLaDA 2.x: one per block), uses per call shape
+    capture = CapturedCalls.__call__
+
+    def recorded(self, key, inputs, run):
+        if not hasattr(self, "uses"):
+            self.uses = Counter()
+            shapes.append(self.uses)
+        self.uses[key] += 1
+        return capture(self, key, inputs, run)
+
+    monkeypatch.setattr(CapturedCalls, "__call__", recorded)
+    blocks = _Blocks()
+    try:
+        if not capturable:
+            with pytest.raises(ValueError, match="step='graph' cannot capture this student.*step='static'"):
+                generate(model, ids, mask, replace(settings, step="graph"))
+            assert calls == []
+        output = generate(model, ids, mask, settings, hooks=[blocks])
+    finally:
+        handle.remove()
+    if not capturable:
+        assert shapes == [] and len(calls) == output.nfe
+        return
+    # A call shape's first call runs eagerly, its second warms up and captures (two forwards), later ones replay.
+    assert len(calls) == sum(1 if uses == 1 else 3 for shape in shapes for uses in shape.values()) < output.nfe
+    if kind == "llada2":
+        # Per block: its first call's shape once, and one shape all its cached steps share, so at most 4 forwards. The
+        # decoder runs from the block holding the prompt's end to the one holding the last generated position: for
+        # the 10-token prompt, 32 tokens in blocks of 8, 5 blocks (one more than gen_length / block_length).
+        prompt, size = ids.shape[1], settings.block_length
+        assert len(shapes) == len(blocks.steps) == -(-(prompt + settings.gen_length) // size) - prompt // size
+        assert all(len(shape) <= 2 for shape in shapes) and len(calls) <= 4 * len(blocks.steps)
 
 
 COMPILED_CASES = [

@@ -631,15 +631,50 @@ def test_step_mode_is_resolved_per_device_and_student(tokenizer, llama):
     from trims_hf.students import STUDENTS
 
     cpu = torch.device("cpu")
-    assert resolve_step("auto", cpu, STUDENTS["llada"]) == "static"
-    assert resolve_step("auto", torch.device("cuda"), STUDENTS["dream"]) == "graph"
-    assert resolve_step("auto", torch.device("cuda"), STUDENTS["masked_lm"]) == "eager"
+    assert resolve_step("auto", cpu, STUDENTS["llada"], llama) == "static"
+    assert resolve_step("auto", torch.device("cuda"), STUDENTS["dream"], llama) == "graph"
+    assert resolve_step("auto", torch.device("cuda"), STUDENTS["masked_lm"], llama) == "eager"
     with pytest.raises(ValueError, match="CUDA graphs"):
         generate(llama, torch.tensor([PROMPTS[0]]), config=DecodingConfig(gen_length=8, block_length=8, step="graph"))
     with pytest.raises(ValueError, match="masked LMs decode with step='eager'"):
-        resolve_step("static", cpu, STUDENTS["masked_lm"])
+        resolve_step("static", cpu, STUDENTS["masked_lm"], llama)
     with pytest.raises(ValueError, match="step"):
         DecodingConfig(step="compiled")
+
+
+@pytest.mark.parametrize("kind", ["llada_moe", "llada2"])
+def test_moe_experts_no_graph_can_capture_run_static_and_refuse_the_graph_step(original_checkpoint, monkeypatch, kind):
+    """torch's grouped GEMM reads the experts' token counts on the host outside bfloat16 on compute capability 9.x /
+    10.x, and transformers' eager experts loop does always: no CUDA graph captures them, so on CUDA ``auto`` runs such
+    a student static and ``graph`` is refused in one line (the capability is faked: the rule reads no CUDA tensor)."""
+    from trims_hf import load_student
+    from trims_hf.generation.cache import resolve_step, uncapturable_experts
+
+    cuda, capability = torch.device("cuda"), [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability[0])
+    folder = str(original_checkpoint(kind))
+    fp32, bf16 = (load_student(folder, dtype=dtype) for dtype in (torch.float32, torch.bfloat16))
+    spec = student_spec(fp32)
+
+    def refused(model: nn.Module, reason: str) -> None:
+        assert resolve_step("auto", cuda, spec, model) == "static"
+        assert resolve_step("static", cuda, spec, model) == "static"
+        with pytest.raises(ValueError, match=f"step='graph' cannot capture this student.*{reason}.*use step='static'"
+                           ) as error:
+            resolve_step("graph", cuda, spec, model)
+        assert "\n" not in str(error.value)
+
+    refused(fp32, "its float32 experts run torch's grouped GEMM as a loop")
+    assert resolve_step("auto", cuda, spec, bf16) == resolve_step("graph", cuda, spec, bf16) == "graph"
+    assert resolve_step("auto", torch.device("cpu"), spec, bf16) == "static"
+    capability[0] = (8, 0)  # an A100: the grouped GEMM's loop in bfloat16 too
+    refused(bf16, "compute capability 8.0")
+    capability[0] = (10, 0)
+    assert uncapturable_experts(bf16, cuda) is None
+    bf16.set_experts_implementation("eager")
+    refused(bf16, "eager loop")
+    fp32.set_experts_implementation("batched_mm")  # fixed shapes: gathered weights and a batched matmul
+    assert resolve_step("auto", cuda, spec, fp32) == "graph"
 
 
 @pytest.mark.parametrize("kind", ["llada", "dream"])

@@ -51,7 +51,7 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
     mask_id, size = mask_token_id(model), config.block_length
     batch, width = input_ids.shape
     device = input_ids.device
-    step = resolve_step(config.step, device, student_spec(model))
+    step = resolve_step(config.step, device, student_spec(model), model)
     real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     lengths = real.sum(dim=1)
     first = width - lengths  # column of each sample's first prompt token

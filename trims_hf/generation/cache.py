@@ -21,7 +21,9 @@ How a call runs (``DecodingConfig.step``) never changes a token:
   may take its flash kernels), else one additive ``[B, 1, 1, L]`` mask that every call shares. One call then
   has fixed shapes for a given (batch, sequence length, window length).
 * ``"graph"``: static, and each shape is captured once as a CUDA graph and replayed: at batch 1 the
-  host's ~1,000 kernel launches per forward, not the GPU, set the pace of an 8B student.
+  host's ~1,000 kernel launches per forward, not the GPU, set the pace of an 8B student. A forward that reads
+  tensor values on the host cannot be captured: an MoE student's experts outside bfloat16 on compute capability
+  9.x / 10.x do (:func:`uncapturable_experts`), so ``"auto"`` runs such a student static and ``"graph"`` refuses it.
 """
 
 from __future__ import annotations
@@ -107,15 +109,57 @@ class BlockKVCache(Cache):
         super().__init__(layers=[layer(self.window) for _ in range(num_layers)])
 
 
-def resolve_step(step: StepMode, device: torch.device, spec: StudentSpec) -> StepMode:
-    """The step mode ``step`` means for a student of ``spec`` on ``device``: ``auto`` is graph on CUDA and static
-    elsewhere for decoder students, eager for masked LMs (their forwards take no cache or position ids)."""
+GROUPED_GEMM_CAPTURABLE = (torch.bfloat16, (9, 10))
+"""The experts' dtype and the compute capability majors (H100/H200, B200) for which torch's grouped GEMM runs one
+kernel that reads the experts' token offsets on the GPU (torch 2.11's ``_grouped_mm_cuda`` fast path). Any other dtype
+or device takes its fallback: a loop over the experts that first copies the offsets to the host (``offs.cpu()``), and
+sizes each expert's matmul by them, which no CUDA graph can capture."""
+
+
+def uncapturable_experts(model: nn.Module, device: torch.device) -> str | None:
+    """Why a CUDA graph cannot capture the experts of ``model`` on ``device`` (a clause in the user's terms), or None
+    when it can or the model has none. transformers runs fused experts (a 3-D ``down_proj``) as their config's
+    ``_experts_implementation`` says: ``grouped_mm`` (its default) through torch's grouped GEMM, capturable only as
+    :data:`GROUPED_GEMM_CAPTURABLE` says; ``eager`` as a loop over the experts the router chose, found on the host
+    (``nonzero``). Other implementations (``batched_mm``: fixed shapes) are left to the capture."""
+    missing = object()
+    for module in model.modules():
+        weight = getattr(module, "down_proj", None)
+        implementation = getattr(getattr(module, "config", None), "_experts_implementation", missing)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 3 or implementation is missing:
+            continue
+        if implementation in (None, "eager"):
+            return ("its experts run transformers' eager loop (experts_implementation='eager'), which reads the routed "
+                    "experts on the host")
+        if implementation != "grouped_mm":
+            continue
+        dtype, majors = GROUPED_GEMM_CAPTURABLE
+        if weight.dtype != dtype:
+            return (f"its {str(weight.dtype).removeprefix('torch.')} experts run torch's grouped GEMM as a loop that "
+                    "reads each expert's token count on the host (its one-kernel path takes bfloat16 only)")
+        major, minor = torch.cuda.get_device_capability(device)
+        if major not in majors:
+            return (f"on a compute capability {major}.{minor} GPU torch's grouped GEMM runs its experts as a loop that "
+                    "reads each expert's token count on the host (its one-kernel path needs 9.x or 10.x)")
+    return None
+
+
+def resolve_step(step: StepMode, device: torch.device, spec: StudentSpec, model: nn.Module) -> StepMode:
+    """The step mode ``step`` means for ``model``, a student of ``spec``, on ``device``: ``auto`` is graph on CUDA and
+    static elsewhere for decoder students, eager for masked LMs (their forwards take no cache or position ids); on
+    CUDA, static for a student whose experts no graph can capture (:func:`uncapturable_experts`), which ``graph``
+    refuses in one line before any forward."""
     if step == "auto":
-        return ("graph" if device.type == "cuda" else "static") if spec.decoder else "eager"
+        if not spec.decoder:
+            return "eager"
+        return "graph" if device.type == "cuda" and uncapturable_experts(model, device) is None else "static"
     if step != "eager" and not spec.decoder:
         raise ValueError(f"step={step!r} needs a decoder student (llada/dream); masked LMs decode with step='eager'.")
     if step == "graph" and device.type != "cuda":
         raise ValueError(f"step='graph' captures CUDA graphs, but the model is on {device.type}; use step='static'.")
+    if step == "graph" and (reason := uncapturable_experts(model, device)) is not None:
+        raise ValueError(f"step='graph' cannot capture this student as a CUDA graph: {reason}; use step='static' (the "
+                         "same tokens, and what step='auto' runs here).")
     return step
 
 
@@ -205,7 +249,7 @@ class StudentForward:
             raise ValueError("KV caching needs a decoder student (llada/dream); use cache='none' for masked LMs.")
         self.model, self.spec, self.mode = model, spec, mode
         self.attention_mask, self.position_ids = attention_mask, position_ids
-        self.step = resolve_step(step, position_ids.device, spec)
+        self.step = resolve_step(step, position_ids.device, spec, model)
         self.cache = None if mode == "none" else BlockKVCache(model.config.get_text_config().num_hidden_layers,
                                                               static=self.step != "eager")
         if self.step != "eager":

@@ -26,7 +26,7 @@ from ..prompts import Prompt, end_of_response_ids, prompt_token_ids
 from ..settings import DecodingConfig, PromptFormat, ResponseFormat
 from ..students import compile_blocks, mask_token_id, student_spec
 from .block_causal import decode_block_causal
-from .cache import StudentForward
+from .cache import StudentForward, resolve_step
 from .hooks import DecodeHook, GenerationStart, StepRecord, answer_text
 from .steps import GenerationOutput, build_strategy, early_stop_fill, propose, tokens_before_stop
 
@@ -70,13 +70,14 @@ def generate(
     if (vocab_size := getattr(model.config.get_text_config(), "vocab_size", None)) is not None:
         config.check_token_ids(vocab_size)
     spec, mask_id = student_spec(model), mask_token_id(model)
+    device = input_ids.device
+    step = resolve_step(config.step, device, spec, model)  # a step the model cannot run is refused before anything runs
     if config.compile_blocks:
         # Symbolic lengths from the start: one compile serves every window and prompt length (specialised to the first
         # call's length, a block would compile again at the first window).
         compile_blocks(model, dynamic=True)
     strategy = build_strategy(config)
     batch, prompt_length = input_ids.shape
-    device = input_ids.device
     eos_ids = _eos_ids(model)
     eos_id = config.eos_token_id if config.eos_token_id is not None else (eos_ids[0] if eos_ids else None)
     stop_ids = tuple(config.stop_token_ids if config.stop_token_ids is not None else eos_ids)
@@ -102,7 +103,7 @@ def generate(
         position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
     else:
         position_ids = torch.arange(x.shape[1], device=device).expand(batch, -1)
-    forward = StudentForward(model, spec, config.cache, attention_mask, position_ids, config.step)
+    forward = StudentForward(model, spec, config.cache, attention_mask, position_ids, step)
     nfe, sample_nfe = 0, torch.zeros(batch, dtype=torch.long, device=device)
     response = x[:, prompt_length:]  # a view: writes go to x
     for block in range(config.num_blocks):
