@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -91,12 +90,12 @@ def test_a_window_with_missing_or_unmatched_records_is_refused(tmp_path):
         read_window(unfinished)
 
 
-def test_the_command_prints_the_reading_or_one_error_line(tmp_path):
-    script = ROOT / "recipes" / "smollm2" / "replicate.py"
-    run = subprocess.run([sys.executable, str(script), "--read", *map(str, PROTOCOL_2)], capture_output=True,
-                         text=True, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("Windows: seed 0 (window-2), seed 1 (window-3)")
-    run = subprocess.run([sys.executable, str(script), "--read", str(tmp_path / "none")], capture_output=True,
-                         text=True, cwd=tmp_path)
-    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "--read" in run.stderr and "none" in run.stderr
+def test_the_command_prints_the_reading_or_one_error_line(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("smollm2_replicate_read", ROOT / "recipes" / "smollm2" / "replicate.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    assert recipe.main(["--read", *map(str, PROTOCOL_2)]) == 0
+    assert capsys.readouterr().out.startswith("Windows: seed 0 (window-2), seed 1 (window-3)")
+    assert recipe.main(["--read", str(PROTOCOL_2[0]), str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --read: ") and "none: no results.json" in err
