@@ -155,6 +155,7 @@ def test_the_graph_step_makes_four_forwards_a_block_then_replays(models, monkeyp
     replays) so makes 4 forwards a block of 3 steps or more, which the CUDA run counts (test_cuda_correctness.py);
     here a recorder stands in for the graphs, since the CPU has none."""
     import trims_hf.generation.block_causal as block_causal
+    import trims_hf.generation.decoding as decoding
 
     shapes: list[Counter] = []
 
@@ -168,7 +169,7 @@ def test_the_graph_step_makes_four_forwards_a_block_then_replays(models, monkeyp
             return run(inputs)
 
     monkeypatch.setattr(block_causal, "CapturedCalls", Recorded)
-    monkeypatch.setattr(block_causal, "resolve_step", lambda *args: "graph")
+    monkeypatch.setattr(decoding, "resolve_step", lambda *args: "graph")
     ours, _ = models
     forwards, blocks = [], _Blocks()
     handle = ours.register_forward_pre_hook(lambda module, args: forwards.append(1))

@@ -67,7 +67,7 @@ def test_windows_that_cannot_be_read_together_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"different protocols \(base_steps\)"):
         read_windows([PROTOCOL_2[0], other])
     # A field one window's library did not have yet is named, not refused (window 2 predates compile_blocks).
-    assert "decoding.compile_blocks" in read_windows(PROTOCOL_2)
+    assert "lack (the library added them later): decoding.compile_blocks (seed 1 False)." in read_windows(PROTOCOL_2)
 
 
 def test_a_window_with_missing_or_unmatched_records_is_refused(tmp_path):
@@ -88,6 +88,16 @@ def test_a_window_with_missing_or_unmatched_records_is_refused(tmp_path):
     (unfinished / "results.json").write_text(json.dumps(document))
     with pytest.raises(ValueError, match=r"unfinished \(missing: train MDLM\)"):
         read_window(unfinished)
+    keyless = copy_window(PROTOCOL_2[1], tmp_path / "keyless")
+    document = json.loads((keyless / "results.json").read_text())
+    del document["selection"]
+    (keyless / "results.json").write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="keyless: not a window's report \\(no field 'selection'"):
+        read_window(keyless)
+    broken = copy_window(PROTOCOL_2[1], tmp_path / "broken")
+    (broken / "records.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match="broken: a report file cannot be read"):
+        read_window(broken)
 
 
 def test_the_command_prints_the_reading_or_one_error_line(tmp_path, capsys):

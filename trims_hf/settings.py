@@ -340,7 +340,8 @@ class DecodingConfig:
         metadata={"help": "How each model call runs: eager (transformers builds its mask and cache per call) | static "
                           "(key/value buffers allocated once and written in place, no mask unless a row is padded) | "
                           "graph (static, captured once per shape as a CUDA graph and replayed; CUDA only; refused "
-                          "for MoE experts a graph cannot capture: outside bfloat16 on compute capability 9.x/10.x) | "
+                          "for MoE experts a graph cannot capture: outside bfloat16 on compute capability 9.x/10.x, or "
+                          "transformers' eager experts loop) | "
                           "auto (graph on CUDA, static elsewhere and for those MoE students; eager for masked-LM "
                           "students). Same tokens in every mode."},
     )

@@ -58,7 +58,7 @@ rm -rf "$out"
 export PYTHON=$venv/bin/python SITE=$scratch/site GGUF_DIR=$scratch/gguf STUDY=$scratch/study PYTHONNOUSERSITE=1
 set +e
 for ((n = 1; n < parts; n++)); do
-  bash recipes/smollm2/device_call.sh "$n" "$out" || exit $?
+  bash recipes/smollm2/device_call.sh "$n" "$out" || { rc=$?; echo "pre-flight: call $n exit $rc"; rm -rf "$scratch"; exit "$rc"; }
 done
 bash recipes/smollm2/device_call.sh "$parts" "$out" --size smoke --threads 1 "$@"
 rc=$?

@@ -33,17 +33,19 @@ import torch
 from torch import nn
 
 from ..settings import DecodingConfig, StepMode
-from ..students import mask_token_id, student_spec
+from ..students import mask_token_id
 from ..students.block_diffusion import block_ids
-from .cache import BlockKVCache, CapturedCalls, resolve_step
+from .cache import BlockKVCache, CapturedCalls
 from .hooks import DecodeHook, StepRecord
 from .steps import GenerationOutput, Strategy, early_stop_fill, propose, tokens_before_stop
 
 
 def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                        config: DecodingConfig, strategy: Strategy, stops: torch.Tensor, eos_id: int | None,
-                        generator: torch.Generator | None, hooks: Sequence[DecodeHook]) -> GenerationOutput:
-    """:func:`trims_hf.generate` for a block-diffusion student (its setup, hooks' ``on_start`` / ``on_end`` there)."""
+                        config: DecodingConfig, step: StepMode, strategy: Strategy, stops: torch.Tensor,
+                        eos_id: int | None, generator: torch.Generator | None,
+                        hooks: Sequence[DecodeHook]) -> GenerationOutput:
+    """:func:`trims_hf.generate` for a block-diffusion student (its setup, hooks' ``on_start`` / ``on_end`` and the
+    step mode ``step``, resolved from ``config.step``, there)."""
     if config.cache not in ("none", "prefix"):
         raise ValueError(f"cache={config.cache!r}: a block-diffusion student sees no later block, so there is no suffix "
                          "to cache; use cache='prefix' (exact) or 'none'")
@@ -51,7 +53,6 @@ def decode_block_causal(model: nn.Module, input_ids: torch.Tensor, attention_mas
     mask_id, size = mask_token_id(model), config.block_length
     batch, width = input_ids.shape
     device = input_ids.device
-    step = resolve_step(config.step, device, student_spec(model), model)
     real = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     lengths = real.sum(dim=1)
     first = width - lengths  # column of each sample's first prompt token

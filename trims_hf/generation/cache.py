@@ -121,7 +121,9 @@ def uncapturable_experts(model: nn.Module, device: torch.device) -> str | None:
     when it can or the model has none. transformers runs fused experts (a 3-D ``down_proj``) as their config's
     ``_experts_implementation`` says: ``grouped_mm`` (its default) through torch's grouped GEMM, capturable only as
     :data:`GROUPED_GEMM_CAPTURABLE` says; ``eager`` as a loop over the experts the router chose, found on the host
-    (``nonzero``). Other implementations (``batched_mm``: fixed shapes) are left to the capture."""
+    (``nonzero``). Other implementations (``batched_mm``: fixed shapes) are left to the capture, and so are experts
+    this does not recognise (a ``ModuleList`` of per-expert layers, as some remote-code MoE models hold): the students
+    trims_hf loads all use transformers' fused experts."""
     missing = object()
     for module in model.modules():
         weight = getattr(module, "down_proj", None)

@@ -92,7 +92,8 @@ def generate(
     for hook in hooks:
         hook.on_start(start)
     if spec.block_size is not None:
-        output = decode_block_causal(model, input_ids, attention_mask, config, strategy, stops, eos_id, generator, hooks)
+        output = decode_block_causal(model, input_ids, attention_mask, config, step, strategy, stops, eos_id, generator,
+                                     hooks)
         for hook in hooks:
             hook.on_end(output)
         return output

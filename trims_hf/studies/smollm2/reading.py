@@ -39,10 +39,19 @@ class Window:
 
 def read_window(folder: Path) -> Window:
     """A window's ``results.json`` and ``records.jsonl.gz`` as :class:`Window`; ValueError naming the file when one
-    is missing, unfinished or its records do not match its results."""
+    is missing, unreadable, unfinished or its records do not match its results."""
     for name in REPORT_FILES:
         if not (folder / name).is_file():
             raise ValueError(f"{folder}: no {name} (a window's report folder holds {' and '.join(REPORT_FILES)})")
+    try:
+        return _read_window(folder)
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{folder}: not a window's report (no field {error} where the study writes one)") from None
+    except (OSError, EOFError, json.JSONDecodeError) as error:
+        raise ValueError(f"{folder}: a report file cannot be read ({error})") from None
+
+
+def _read_window(folder: Path) -> Window:
     document = json.loads((folder / "results.json").read_text())
     if not document.get("main_comparison_complete"):
         raise ValueError(f"{folder / 'results.json'}: the main comparison is unfinished (missing: "
@@ -69,9 +78,9 @@ def read_window(folder: Path) -> Window:
                   document.get("nll_vs_decode_step_spearman", {}))
 
 
-def protocol_differences(windows: Sequence[Window]) -> tuple[list[str], list[str]]:
-    """Fields whose values differ between windows (``seed`` aside), and fields some windows' records lack (a field
-    the library added later, recorded with the value it has had since): ``(differing, absent)`` as dotted names."""
+def protocol_differences(windows: Sequence[Window]) -> tuple[list[str], dict[str, dict[int, Any]]]:
+    """Fields whose values differ between windows (``seed`` aside), as dotted names, and fields some windows' records
+    lack (a field the library added later), each with its value per window that recorded it."""
     def flat(value: Any, prefix: str = "") -> dict[str, Any]:
         if isinstance(value, dict):
             return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
@@ -80,7 +89,8 @@ def protocol_differences(windows: Sequence[Window]) -> tuple[list[str], list[str
     flats = [flat({k: v for k, v in w.protocol.items() if k != "seed"}) for w in windows]
     names = sorted(set().union(*flats))
     differing = [n for n in names if all(n in f for f in flats) and len({json.dumps(f[n]) for f in flats}) > 1]
-    absent = [n for n in names if not all(n in f for f in flats)]
+    absent = {n: {w.seed: f[n] for w, f in zip(windows, flats, strict=True) if n in f} for n in names
+              if not all(n in f for f in flats)}
     return differing, absent
 
 
@@ -99,8 +109,8 @@ def read_windows(folders: Sequence[Path]) -> str:
     lines = [f"Windows: {', '.join(f'seed {w.seed} ({w.folder.name})' for w in windows)}; one seed each, each with "
              "its own base and selection, read apart (the protocol never pools them)."]
     if absent:
-        lines.append(f"Fields some windows' records lack (added to the library later, with their default): "
-                     f"{', '.join(absent)}.")
+        lines.append("Fields some windows' records lack (the library added them later): " + "; ".join(
+            f"{name} ({', '.join(f'seed {s} {v}' for s, v in values.items())})" for name, values in absent.items()) + ".")
     lines += ["", "| seed | selection accuracy per level (tau 0.9) | level evaluated | meets target |", "|---|---|---|---|"]
     for w in windows:
         accuracies = ", ".join(f"L{lv} {100 * a:.1f}%" for lv, a in w.selection["accuracies"].items())
