@@ -297,9 +297,18 @@ def out_of_memory_above(model: torch.nn.Module, limit: int) -> list[tuple[int, .
     return shapes
 
 
+@pytest.fixture
+def no_collect(monkeypatch):
+    """accelerate's batch search runs a full garbage collection at every out-of-memory step, which takes about 0.4 s
+    in a process that has run the suite this far and tells these searches' logic nothing."""
+    import accelerate.utils.memory
+
+    monkeypatch.setattr(accelerate.utils.memory.gc, "collect", lambda *args: 0)
+
+
 @pytest.mark.parametrize("processes", [1, 2, 4, 8, 32])
 @pytest.mark.parametrize("fits_up_to", [1, 3, 8, 40])
-def test_batch_search_picks_the_largest_fitting_split_of_the_global_batch(processes, fits_up_to):
+def test_batch_search_picks_the_largest_fitting_split_of_the_global_batch(processes, fits_up_to, no_collect):
     from trims_hf.training.batch_search import largest_fitting_batch, rows_per_process
 
     def fits(batch: int) -> None:
@@ -312,7 +321,7 @@ def test_batch_search_picks_the_largest_fitting_split_of_the_global_batch(proces
     assert batch * (rows // batch) * processes == 32
 
 
-def test_batch_search_errors():
+def test_batch_search_errors(no_collect):
     from trims_hf.errors import InputError
     from trims_hf.training.batch_search import largest_fitting_batch, rows_per_process
 
@@ -348,7 +357,7 @@ def test_a_searched_split_refuses_what_would_change_or_break_it(tmp_path, settin
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_mdlm_trainer_searches_the_batch_at_max_length(tmp_path, tokenizer, checkpointing):
+def test_mdlm_trainer_searches_the_batch_at_max_length(tmp_path, tokenizer, checkpointing, no_collect):
     """MDLMConfig(global_batch_size=32): the probes run the student at max_length from 32 rows down (with the run's
     gradient checkpointing), and the Trainer is built with the largest batch that fit and the accumulation that keeps
     32 rows per step."""
@@ -400,7 +409,8 @@ def test_the_reserve_is_the_optimizers_states(tmp_path, monkeypatch, optim, per_
     assert sum(reserve.values()) == pytest.approx(expected, rel=1e-3, abs=1)
 
 
-def test_the_trainers_own_optimizer_is_the_one_measured_and_held_during_the_probes(tmp_path, monkeypatch, tokenizer):
+def test_the_trainers_own_optimizer_is_the_one_measured_and_held_during_the_probes(tmp_path, monkeypatch, tokenizer,
+                                                                                 no_collect):
     """MDLMTrainer(optimizer_cls_and_kwargs=...) or (optimizers=(instance, None)) is what the Trainer will step, so
     its states are the reserve, not those of ``args.optim``; the reserve is held while every probe runs."""
     from trims_hf.training import batch_search
