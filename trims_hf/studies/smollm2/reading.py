@@ -104,7 +104,7 @@ def read_windows(folders: Sequence[Path]) -> str:
     seeds = [w.seed for w in windows]
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"two windows have the same seed ({seeds}): each window is one seed")
-    claims = {w.seed: claim_rows(w.results) for w in windows}
+    claims = {w.seed: {(row["threshold"], row["model"]): row for row in claim_rows(w.results)} for w in windows}
     frontiers = {w.seed: {row["model"]: row for row in frontier_rows(w.results)} for w in windows}
     lines = [f"Windows: {', '.join(f'seed {w.seed} ({w.folder.name})' for w in windows)}; one seed each, each with "
              "its own base and selection, read apart (the protocol never pools them)."]
@@ -119,18 +119,18 @@ def read_windows(folders: Sequence[Path]) -> str:
               "difference in points over the paired problems (95% interval).", "",
               "| threshold | model | " + " | ".join(f"seed {s}" for s in seeds) + " | ratio above 1 | interval "
               "includes 0 or favours TRIMS |", "|---|---|" + "---|" * len(seeds) + "---|---|"]
-    keys = list(dict.fromkeys((row["threshold"], row["model"]) for w in windows for row in claims[w.seed]))
+    keys = list(dict.fromkeys(key for seed in seeds for key in claims[seed]))
     for tau, model in sorted(keys, key=lambda key: key[0]):
-        cells, above, level = [], 0, 0
+        cells, above, not_worse = [], 0, 0
         for seed in seeds:
-            row = next((r for r in claims[seed] if (r["threshold"], r["model"]) == (tau, model)), None)
+            row = claims[seed].get((tau, model))
             if row is None:
                 cells.append("-")
                 continue
             ratio, (low, high) = row["ratio_per_seed"][seed], row["difference_interval"]
-            above, level = above + (ratio > 1), level + (high >= 0)
+            above, not_worse = above + (ratio > 1), not_worse + (high >= 0)
             cells.append(f"{ratio:.3f}x, {100 * row['accuracy_difference']:+.1f} ({100 * low:+.1f}, {100 * high:+.1f})")
-        lines.append(f"| {tau} | {model} | {' | '.join(cells)} | {above} of {len(seeds)} | {level} of {len(seeds)} |")
+        lines.append(f"| {tau} | {model} | {' | '.join(cells)} | {above} of {len(seeds)} | {not_worse} of {len(seeds)} |")
     lines += ["", "AUP minus MDLM's per window (both against the pair's best accuracy in that window):", "",
               "| model | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
     for model in dict.fromkeys(m for s in seeds for m in frontiers[s]):
