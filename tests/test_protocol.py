@@ -131,13 +131,16 @@ def test_compiled_decoder_blocks_are_a_changed_protocol_and_the_default_is_not(n
     assert fingerprint(compiled) != fingerprint(protocol)
 
 
-def test_a_registered_study_keeps_its_fingerprint():
-    """The SmolLM2 window-2 results record the fingerprint protocol 2 had when it ran; the protocol as the library
-    builds it today must still have it, or a rerun would not continue that study."""
+@pytest.mark.parametrize("window, seed", [("window-2", 0), ("window-3", 1), ("window-4", 2)])
+def test_a_registered_study_keeps_its_fingerprint(window, seed):
+    """Each SmolLM2 protocol-2 window's results record the fingerprint its seed's protocol had when it ran; the protocol
+    as the library builds it today must still have it, or a rerun would not continue that study."""
     import json
     from pathlib import Path
 
     from trims_hf.studies.smollm2.protocol import FULL2
 
-    results = Path(__file__).resolve().parents[1] / "docs" / "results" / "smollm2" / "window-2" / "results.json"
-    assert fingerprint(FULL2) == json.loads(results.read_text())["protocol_fingerprint"]
+    results = Path(__file__).resolve().parents[1] / "docs" / "results" / "smollm2" / window / "results.json"
+    recorded = json.loads(results.read_text())
+    assert recorded["protocol"]["seed"] == seed
+    assert fingerprint(dataclasses.replace(FULL2, seed=seed)) == recorded["protocol_fingerprint"]

@@ -14,8 +14,8 @@ from trims_hf.studies.smollm2.reading import read_window, read_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOWS = ROOT / "docs" / "results" / "smollm2"
-PROTOCOL_2 = [WINDOWS / "window-2", WINDOWS / "window-3"]
-"""The windows that ran protocol 2 (seeds 0 and 1)."""
+PROTOCOL_2 = [WINDOWS / "window-2", WINDOWS / "window-3", WINDOWS / "window-4"]
+"""The windows that ran protocol 2 (seeds 0, 1 and 2)."""
 
 
 def study_rows(folder: Path) -> dict[tuple[str, float], dict]:
@@ -67,7 +67,8 @@ def test_windows_that_cannot_be_read_together_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"different protocols \(base_steps\)"):
         read_windows([PROTOCOL_2[0], other])
     # A field one window's library did not have yet is named, not refused (window 2 predates compile_blocks).
-    assert "lack (the library added them later): decoding.compile_blocks (seed 1 False)." in read_windows(PROTOCOL_2)
+    lacking = "lack (the library added them later): decoding.compile_blocks (seed 1 False, seed 2 False)."
+    assert lacking in read_windows(PROTOCOL_2)
 
 
 def test_a_window_with_missing_or_unmatched_records_is_refused(tmp_path):
@@ -105,7 +106,7 @@ def test_the_command_prints_the_reading_or_one_error_line(tmp_path, capsys):
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     assert recipe.main(["--read", *map(str, PROTOCOL_2)]) == 0
-    assert capsys.readouterr().out.startswith("Windows: seed 0 (window-2), seed 1 (window-3)")
+    assert capsys.readouterr().out.startswith("Windows: seed 0 (window-2), seed 1 (window-3), seed 2 (window-4);")
     assert recipe.main(["--read", str(PROTOCOL_2[0]), str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --read: ") and "none: no results.json" in err
