@@ -24,9 +24,10 @@ they share in its ``common.py``; this file is their command line):
 - ``score``: the Qwen3-8B-shaped teacher over ``--score-rows`` rows of s1K-like lengths (:func:`s1k_like_lengths`)
   with the library's planner and scorer, until ``--score-budget-s``: tokens/s, peak memory, extrapolated s1K curation
   time, the 1M-tokens goal.
-- ``decode``: the LLaDA-8B-shaped student, gen 256, block 32, threshold 0.9, batch 1 and 16 (left-padded prompts of
-  different lengths with their mask), no / prefix / dual cache: model forward time (CUDA events), wall time per model
-  call, tokens/s, NFE, tokens identical to no cache, and the weight-read bound (weight bytes / memory bandwidth).
+- ``decode``: the LLaDA-8B-shaped student, gen 256, block 32, threshold 0.9, batch 1 and 16 or ``--decode-batches``
+  (left-padded prompts of different lengths with their mask), no / prefix / dual cache: model forward time (CUDA
+  events), wall time per model call, tokens/s, NFE, tokens identical to no cache, and the weight-read bound (weight
+  bytes / memory bandwidth).
 
 Public configs (verified with the search tool on 2026-11-26; the Hub itself is unreachable here):
 - LLaDA-8B-Instruct: a copy of its config.json in github.com/yinj66/support_basis
@@ -72,7 +73,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from decode import CACHE_MODES, COMPILED  # noqa: E402
 from real_size_parts.common import Run, profiled, release  # noqa: E402
-from real_size_parts.decode import decode_part  # noqa: E402
+from real_size_parts.decode import DECODE_BATCHES, decode_part, parse_decode_batches  # noqa: E402
 from real_size_parts.recipe import recipe_part  # noqa: E402
 from real_size_parts.score import score_part  # noqa: E402
 from real_size_parts.train import TRAIN_VARIANTS, train_part  # noqa: E402
@@ -129,6 +130,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
                         help="comma-separated step modes of the decode part, eager first (the reference), then any of "
                              f"static, graph, {', '.join(COMPILED_STEPS)} (blocks compiled, timed at batch 1); "
                              f"default: {','.join(STEP_MODES['cuda'])} on CUDA, {','.join(STEP_MODES['cpu'])} on a CPU")
+    parser.add_argument("--decode-batches", default=None,
+                        help="comma-separated batches of the decode part, rising from 1 (default: "
+                             f"{','.join(map(str, DECODE_BATCHES['real']))} at real scale, "
+                             f"{','.join(map(str, DECODE_BATCHES['tiny']))} at tiny)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="append a torch.profiler table of each part (train, score, decode) to this file")
     parser.add_argument("--zero2-worker", action="store_true", help=argparse.SUPPRESS)
@@ -147,6 +152,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
     if unknown or "none" not in cache_modes:
         parser.error(f"argument --cache-modes: {args.cache_modes!r}: choose from {', '.join(CACHE_MODES)}, "
                      "none included (the reference)")
+    decode_batches = None
+    if args.decode_batches is not None:
+        try:
+            decode_batches = parse_decode_batches(args.decode_batches)
+        except ValueError as error:
+            parser.error(f"argument --decode-batches: {args.decode_batches!r}: {error}")
     if args.score_budget_s <= 0:
         parser.error(f"argument --score-budget-s: must be positive, got {args.score_budget_s}")
     try:
@@ -192,8 +203,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
                                            else ScoringOptions.logits_chunk_elements)
     run = Run(args.scale, args.student, device, dtype, args.attn_implementation, args.output and args.output.resolve(),
               args.steps, args.max_batch, args.score_rows, args.max_tokens_per_batch, chunk, args.score_budget_s,
-              cache_modes, step_modes, args.profile and args.profile.resolve(), train_variants, checkpointing,
-              args.train_profile and args.train_profile.resolve())
+              cache_modes, step_modes, decode_batches, args.profile and args.profile.resolve(), train_variants,
+              checkpointing, args.train_profile and args.train_profile.resolve())
     return args, run
 
 

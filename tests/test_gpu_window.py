@@ -55,6 +55,10 @@ def test_budgets_follow_the_counts_of_each_part():
         2 * budgets.DECODE_COMPILE_S + explain["decode"]["seconds"]["none@1"] / 5 * 2
         + explain["decode"]["seconds"]["dual@1"] / 5 * 2), abs=2)
     assert budgets.budgets("tiny")[0] == dict.fromkeys(seconds, int(budgets.TINY_BUDGET_S))
+    batch_1, batch_1_explain = budgets.budgets("real", replace(settings, decode_batches=(1,)))
+    assert batch_1_explain["decode"]["decodes_per_mode"] == {1: 5}
+    assert seconds["decode"] - batch_1["decode"] == pytest.approx(budgets.WINDOW.slack * (
+        explain["decode"]["seconds"]["none@16"] + explain["decode"]["seconds"]["dual@16"]), abs=2)
 
 
 @pytest.mark.parametrize("part", ["train", "recipe", "decode", "score"])
@@ -67,6 +71,17 @@ def test_flags_passed_to_real_size_are_the_budgeted_settings(part):
         settings.max_batch if part == "train" else real_size.SCALE_DEFAULTS["real"]["max_batch"],
         settings.score_budget_s if part == "score" else real_size.SCORE_BUDGET_S,
         settings.cache_modes if part == "decode" else real_size.CACHE_MODES)
+
+
+def test_the_decode_batches_asked_for_reach_real_size_only_when_asked():
+    assert "--decode-batches" not in budgets.Settings().flags("decode")  # each scale's own batches
+    flags = replace(budgets.Settings(), decode_batches=(1,)).flags("decode")
+    assert real_size.parse(["--scale", "real", "--device", "cpu", *flags])[1].decode_batches == (1,)
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "budgets.py"), "--decode-batches", "1,1"],
+                            capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1] == ("budgets.py: error: argument --decode-batches: '1,1': rising batch sizes "
+                                              "starting at 1 (e.g. 1 or 1,16)")
 
 
 @pytest.mark.parametrize("modes", ["dual", "none,sideways"])
@@ -95,7 +110,7 @@ def run_all(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     (["--parts", "train,fly"], "--parts: unknown part 'fly'"), (["--scale", "huge"], "--scale must be real or tiny"),
     (["--deadline", "8m"], "--deadline must be whole seconds"), (["--shared", "/no/such"], "--shared: /no/such/fixtures"),
     (["--profile-worst", "/no/such.jsonl"], "--profile-worst: /no/such.jsonl does not exist"),
-    (["--colour"], "unknown argument --colour")])
+    (["--colour"], "unknown argument --colour"), (["--decode-batches", "1;16"], "--decode-batches must be whole numbers")])
 def test_usage_errors_are_one_line_and_write_nothing(args, message, tmp_path):
     result = run_all(str(tmp_path / "out"), *args, "--shared", str(TESTS), tmp_path=tmp_path) if "--shared" not in args \
         else run_all(str(tmp_path / "out"), *args, tmp_path=tmp_path)

@@ -555,3 +555,45 @@ def test_a_failed_routing_decode_is_an_error_line_and_the_other_modes_go_on(tmp_
     assert {(line["batch"], line["cache"]) for line in errors} == {(1, "dual"), (4, "dual")}
     assert all("no step of this cache mode is timed" in line["skipped"] for line in errors)
     assert {(line["batch"], line["cache"]) for line in lines if "error" not in line} == {(1, "none"), (4, "none")}
+
+
+def test_the_decode_part_times_the_batches_asked_for(tmp_path):
+    """``--decode-batches 1``: every decode row and the mask-form row at batch 1, each row's batch-1 reference its own."""
+    output = tmp_path / "decode.jsonl"
+    real_size.main(["--part", "decode", "--device", "cpu", "--cache-modes", "none,dual", "--step-modes", "eager",
+                    "--decode-batches", "1", "--output", str(output)])
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    decode = [line for line in lines if line["measurement"] == "decode"]
+    forms = [line for line in lines if line["measurement"] == "attention_mask_form"]
+    assert sorted((line["batch"], line["cache"]) for line in decode) == [(1, "dual"), (1, "none")]
+    assert forms and {line["batch"] for line in forms} == {1}
+    assert not any("over_eager" in goal for goal in decode[0]["goals"])  # no larger batch: its goal is not judged
+    assert all(line["tokens_per_s_over_batch_1"] == 1.0 for line in lines if line["measurement"] == "decode")
+
+
+@pytest.mark.parametrize("batches, message", [("16", "rising batch sizes starting at 1"), ("1,4,4", "rising"),
+                                              ("1,x", "whole numbers"), ("", "whole numbers"), ("1,-4", "whole numbers")])
+def test_decode_batches_must_rise_from_1(batches, message, capsys):
+    with pytest.raises(SystemExit):
+        real_size.parse(["--device", "cpu", "--decode-batches", batches])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(f"bench/real_size.py: error: argument --decode-batches: {batches!r}: ") and message in err
+
+
+def test_a_decode_stopped_while_compiling_keeps_the_rows_already_timed(tmp_path, monkeypatch):
+    """run_all.sh stops a part at its budget with SIGINT: the rows of the steps timed before the compiled blocks are
+    in the output already."""
+    timed = decoding.decode_modes
+
+    def stopped_when_compiling(model, prompts, base, modes, steps):
+        if steps[0].endswith(decoding.COMPILED):
+            raise KeyboardInterrupt
+        return timed(model, prompts, base, modes, steps)
+
+    monkeypatch.setattr(decoding, "decode_modes", stopped_when_compiling)
+    output = tmp_path / "decode.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        real_size.main(["--part", "decode", "--device", "cpu", "--cache-modes", "none,dual", "--step-modes",
+                        "eager,static+compiled", "--decode-batches", "1", "--output", str(output)])
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted((line["cache"], line["step"]) for line in lines) == [("dual", "eager"), ("none", "eager")]

@@ -10,9 +10,10 @@ built on the meta device, :func:`real_size_parts.common.training_flops_per_token
 overruns its budget is stopped there (its lines so far kept); an H200 has the H100's arithmetic and more bandwidth,
 so these budgets hold for it too.
 
-Prints ``part seconds [real_size.py flags]`` lines for ``run_all.sh``, in its order; ``--explain-to FILE`` appends
-the arithmetic to FILE as one JSON line. The flags are the same at both scales, so the CPU pre-flight (``--scale tiny``) runs
-what the device will; there every part gets ``TINY_BUDGET_S``: the goal is that nothing fails, not speed.
+Prints ``part seconds [real_size.py flags]`` lines for ``run_all.sh``, in its order; ``--explain-to FILE`` appends the
+arithmetic to FILE as one JSON line; ``--decode-batches`` narrows the decode part (its budget and its flags). The
+flags are the same at both scales, so the CPU pre-flight (``--scale tiny``) runs what the device will; there every
+part gets ``TINY_BUDGET_S``: the goal is that nothing fails, not speed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model shapes
 
 from decode import COMPILED  # noqa: E402
 from real_size_parts.common import build_model, linear_weights, training_flops_per_token  # noqa: E402
-from real_size_parts.decode import DECODE_BATCHES, DECODE_GEN_LENGTH, DECODE_PROMPT_TOKENS, weight_read_bytes  # noqa: E402
+from real_size_parts.decode import (  # noqa: E402
+    DECODE_BATCHES,
+    DECODE_GEN_LENGTH,
+    DECODE_PROMPT_TOKENS,
+    parse_decode_batches,
+    weight_read_bytes,
+)
 from real_size_parts.recipe import recipe_path  # noqa: E402
 from real_size_parts.train import SEQUENCE_LENGTH  # noqa: E402
 from real_size_parts.zero2 import ZERO2_STEPS  # noqa: E402
@@ -69,6 +76,9 @@ class Settings:
     cache_modes: tuple[str, ...] = ("none", "dual")
     step_modes: tuple[str, ...] = ("eager", "static", "graph", "graph" + COMPILED)
     """Decode step modes; static and the compiled blocks at batch 1 only (``real_size_parts.decode.decode_part``)."""
+    decode_batches: tuple[int, ...] | None = None
+    """Decode batches, rising from 1; None: the scale's (``real_size_parts.decode.DECODE_BATCHES``). ``1`` alone fits
+    the batch-1 rows, the ones the forward's bound is judged at, into the minutes a window has left."""
     train_variants: tuple[str, ...] = ("eager", "no_dropout", "compiled")
     checkpointing: tuple[str, ...] = ("off",)
     recipe_steps: int = 6
@@ -79,7 +89,8 @@ class Settings:
                           "--train-variants", ",".join(self.train_variants),
                           "--checkpointing", ",".join(self.checkpointing)],
                 "recipe": ["--steps", str(self.recipe_steps)],
-                "decode": ["--cache-modes", ",".join(self.cache_modes), "--step-modes", ",".join(self.step_modes)],
+                "decode": ["--cache-modes", ",".join(self.cache_modes), "--step-modes", ",".join(self.step_modes),
+                           *(["--decode-batches", ",".join(map(str, self.decode_batches))] if self.decode_batches else [])],
                 "score": ["--score-budget-s", str(self.score_budget_s)]}.get(part, [])
 
 
@@ -148,7 +159,7 @@ def decode_budget(settings: Settings, explain: dict) -> float:
                 + gen // block * decode_seconds(b * full, weights, matmul),
                 "dual": lambda b: gen * decode_seconds(b * block, weights, matmul)
                 + gen // block * decode_seconds(b * full, weights, matmul)}
-    batches = DECODE_BATCHES["real"]
+    batches = settings.decode_batches or DECODE_BATCHES["real"]
     compiled = sum(step.endswith(COMPILED) for step in settings.step_modes)
     # A compiled step decodes twice (untimed, to compile and capture; then timed), at batch 1 only, as static does.
     steps_at = {b: sum(1 for step in settings.step_modes if step in ("eager", "graph") or b == batches[0])
@@ -196,13 +207,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", choices=("tiny", "real"), default="real")
     parser.add_argument("--explain-to", type=Path, default=None, help="append the arithmetic as one JSON line to this file")
+    parser.add_argument("--decode-batches", default=None, help="the decode part's batches, rising from 1 (e.g. 1)")
     args = parser.parse_args()
-    seconds, explain = budgets(args.scale)
+    settings = Settings()
+    if args.decode_batches is not None:
+        try:
+            settings = replace(settings, decode_batches=parse_decode_batches(args.decode_batches))
+        except ValueError as error:
+            parser.error(f"argument --decode-batches: {args.decode_batches!r}: {error}")
+    seconds, explain = budgets(args.scale, settings)
     if args.explain_to:
         with args.explain_to.open("a") as handle:
             handle.write(json.dumps({"budgets_s": seconds, "total_s": sum(seconds.values()), **explain}) + "\n")
     for part, value in seconds.items():
-        print(part, value, *Settings().flags(part))
+        print(part, value, *settings.flags(part))
 
 
 if __name__ == "__main__":

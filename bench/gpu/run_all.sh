@@ -6,6 +6,10 @@
 #
 #   bash bench/gpu/run_all.sh OUT [--scale real|tiny] [--deadline SECONDS] [--parts tests,decode,train,recipe,score,zero2]
 #                                 [--profile | --profile-worst FILE] [--shared DIR] [--student llada|dream|llada_moe|llada2]
+#                                 [--decode-batches 1[,N...]]
+#
+# --decode-batches narrows the decode part to those batches (default 1,16): `1` alone is the batch-1 rows, where the
+# forward's bound is judged, in about half the decode part's budget.
 #
 #   OUT/log.txt          everything printed, part by part
 #   OUT/env.json         GPU, driver, CUDA, Python and library versions, commit, date
@@ -23,7 +27,7 @@
 # the folder holding fixtures/ (default: ../shared beside the repository; TRIMS_SHARED for the tests). Exit 0 when
 # every part asked for ran and passed, 1 otherwise, 2 on a usage error.
 set -uo pipefail
-usage() { sed -n '7,8p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
+usage() { sed -n '7,9p' "$0" | sed 's/^#  */usage: /' >&2; exit 2; }
 [ $# -ge 1 ] && [ "${1#-}" = "$1" ] || usage
 out=$1; shift
 scale=real deadline=480 parts=tests,decode,train,recipe,score,zero2 profile=0 student=llada
@@ -38,12 +42,19 @@ while [ $# -gt 0 ]; do
     --profile-worst) profile=1; worst_from=${2:-}; shift 2 ;;
     --shared) shared=${2:-}; shift 2 ;;
     --student) student=${2:-}; shift 2 ;;
+    --decode-batches) decode_batches=${2:-}; shift 2 ;;
     *) echo "error: unknown argument $1" >&2; usage ;;
   esac
 done
 case $scale in real|tiny) ;; *) echo "error: --scale must be real or tiny, got '$scale'" >&2; exit 2 ;; esac
 case $student in llada|dream|llada_moe|llada2) ;; *) echo "error: --student must be llada, dream, llada_moe or llada2, got '$student'" >&2; exit 2 ;; esac
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "error: --deadline must be whole seconds, got '$deadline'" >&2; exit 2; }
+budget_flags=()
+if [ -n "${decode_batches+set}" ]; then  # the form here; the rule (rising from 1) is bench/gpu/budgets.py's
+  [[ $decode_batches =~ ^[0-9]+(,[0-9]+)*$ ]] \
+    || { echo "error: --decode-batches must be whole numbers, comma-separated (e.g. 1 or 1,16), got '$decode_batches'" >&2; exit 2; }
+  budget_flags=(--decode-batches "$decode_batches")
+fi
 for part in ${parts//,/ }; do
   case $part in tests|train|recipe|decode|score|zero2) ;; *) echo "error: --parts: unknown part '$part' (tests, train, recipe, decode, score, zero2)" >&2; exit 2 ;; esac
 done
@@ -90,8 +101,9 @@ print(json.dumps(record))
 PY
 
 # 3. The parts, in order, each under its budget; skipped when the budget would cross the deadline.
-budgets=$("$python" bench/gpu/budgets.py --scale "$scale" --explain-to "$out/parts.jsonl") \
-  || { echo "error: bench/gpu/budgets.py failed"; exit 1; }
+budgets=$("$python" bench/gpu/budgets.py --scale "$scale" "${budget_flags[@]}" --explain-to "$out/parts.jsonl")
+rc=$?
+[ $rc = 0 ] || { echo "error: bench/gpu/budgets.py failed (exit $rc)"; exit $(( rc == 2 ? 2 : 1 )); }
 profile_flags=()
 [ "$profile" = 1 ] && profile_flags=(--profile "$out/profile.txt")
 failed=0

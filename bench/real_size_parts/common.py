@@ -231,6 +231,8 @@ class Run:
     step_modes: tuple[str, ...] = ("eager", "static")
     """Step modes the decode part times (``DecodingConfig.step``); eager first (the reference of identical tokens),
     the library's default on the device last (the one judged)."""
+    decode_batches: tuple[int, ...] | None = None
+    """Batches the decode part times, 1 first; None: the scale's (``real_size_parts.decode.DECODE_BATCHES``)."""
     profile: Path | None = None
     """Where :func:`profiled` appends each part's torch.profiler table; lines measured under it say so."""
     train_variants: tuple[str, ...] = ("eager",)

@@ -36,8 +36,21 @@ from trims_hf.studies.accelerators import accelerator, weight_read_bound_ms
 
 DECODE_PROMPT_TOKENS = 128
 DECODE_BATCHES = {"tiny": (1, 4), "real": (1, 16)}
+"""The batches the decode part times per scale unless ``--decode-batches`` names others (:func:`parse_decode_batches`)."""
 DECODE_GEN_LENGTH = {"tiny": 64, "real": 256}
 """Tiny scale decodes 2 blocks (enough for every cache mode to refresh once), the real one the paper's 256."""
+
+
+def parse_decode_batches(text: str) -> tuple[int, ...]:
+    """Comma-separated batch sizes, rising from 1: batch 1 is the reference of every row's tokens/s over batch 1 and
+    the batch the static step, the compiled blocks and the forward's bound are judged at; ValueError otherwise."""
+    parts = text.split(",")
+    if not all(part.strip().isdigit() for part in parts):
+        raise ValueError("whole numbers, comma-separated (e.g. 1 or 1,16)")
+    batches = tuple(int(part) for part in parts)
+    if batches[0] != 1 or any(a >= b for a, b in zip(batches, batches[1:])):
+        raise ValueError("rising batch sizes starting at 1 (e.g. 1 or 1,16)")
+    return batches
 
 
 def expert_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -190,13 +203,77 @@ def decode_part(run: Run) -> None:
     gen_length = 2 * 32 if run.profile else DECODE_GEN_LENGTH[run.scale]  # profiled: two blocks, one refresh
     base = DecodingConfig(gen_length=gen_length, block_length=32, threshold=0.9, early_stop=False)
     pad_id = model.config.pad_token_id
-    batches = DECODE_BATCHES[run.scale][:1 if run.profile else None]
+    batches = (run.decode_batches or DECODE_BATCHES[run.scale])[:1 if run.profile else None]
+    single: dict[tuple[str, str], float] = {}
+    """Tokens/s of each (cache, step) at batch 1 (the first batch), the reference of the batch goal."""
+
+    def emit_group(batch: int, prompts: tuple[torch.Tensor, torch.Tensor], group: tuple[str, ...], results: dict,
+                   calls: dict, memory: dict, reached: dict) -> None:
+        """The rows of one group of steps at ``batch``, as soon as it is timed: a call stopped inside the compiled
+        group keeps the others'."""
+        per_second = {key: summary["tokens_per_second"] for key, (summary, _) in results.items()}
+        if batch == batches[0]:
+            single.update(per_second)
+        for (mode, step), (summary, responses) in results.items():
+            if step not in group or ("none", step) not in results or (mode, step) not in single:
+                continue  # its reference failed: the error line says why
+            timing = calls[mode, step]
+            forward_ms = timing["forward_ms"]
+            weight_bytes = weight_read_bytes(model, reached[mode] if moe else None)
+            bound_ms = weight_read_bound_ms(weight_bytes, peak)
+            speedup = per_second[mode, step] / per_second["none", step]
+            over_single = per_second[mode, step] / single[mode, step]
+            judged = None
+            if mode == "dual" and step in (judged_step, judged_step + COMPILED):  # the default step (graph on
+                # CUDA), its blocks compiled or not
+                judged = (decode_shortfall(speedup, forward_ms, bound_ms) if batch == 1
+                          else BATCH_OVER_EAGER_MIN * per_second["dual", "eager"] / per_second[mode, step])
+            graph_memory = None
+            if step == "graph" and (mode, "static") in memory:
+                graph_memory = round(memory[mode, "graph"]["peak_memory_gib"]
+                                     - memory[mode, "static"]["peak_memory_gib"], 3)
+            run.emit("decode", {
+                "measurement": "decode", "model": MODEL_NAMES[run.student],
+                "shape": shape(model.config, model.num_parameters()),
+                "attn_implementation": model.config._attn_implementation, "batch": batch,
+                "prompt_tokens": prompts[1].sum(1).tolist(), "left_padded_with_mask": True,
+                "gen_length": base.gen_length, "block_length": base.block_length,
+                "threshold": base.threshold, "early_stop": False, "cache": mode, **step_settings(step),
+                "nfe": summary["nfe"], "model_forwards": summary["model_forwards"],
+                "tokens_per_step": round(summary["tokens_per_step"], 3),
+                "wall_time_s": round(summary["wall_time_s"], 6),
+                "wall_ms_per_model_forward": round(summary["wall_time_s"] * 1e3 / summary["model_forwards"], 3),
+                "forward_ms": round(forward_ms, 3), "host_ms_per_forward": round(timing["host_ms_per_forward"], 3),
+                "forward_calls": timing["forward_calls"],
+                "forward_timing": "CUDA events around each decoder model call (eager forward or graph replay); "
+                "host_ms: the host's time to issue it" if run.device.type == "cuda"
+                else "wall clock around each decoder model call",
+                "tokens_per_s": round(per_second[mode, step], 1), "speedup_over_no_cache": round(speedup, 3),
+                "identical_tokens_vs_no_cache": round(identical_fraction(responses, results["none", step][1]), 4),
+                "identical_tokens_vs_eager": identical_fraction(responses, results[mode, "eager"][1])
+                if (mode, "eager") in results else None,
+                **memory[mode, step], "graph_memory_gib": graph_memory,
+                "weight_read_bytes": round(weight_bytes), "weight_read_bytes_all_experts": all_weight_bytes,
+                "experts_reached": {name.removeprefix("model."): round(count, 2)
+                                    for name, count in reached[mode].items()} if moe else None,
+                "accelerator": peak.name if peak else None,
+                "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
+                "weight_read_bound_ms": round(bound_ms, 3) if bound_ms else None,
+                "forward_over_bound": round(forward_ms / bound_ms, 3) if bound_ms else None,
+                "tokens_per_s_over_batch_1": round(over_single, 3),
+                "goals": {"batch1_dual_forward_over_bound_max": FORWARD_OVER_BOUND_MAX,
+                          "batch1_dual_speedup_over_no_cache_min": DUAL_SPEEDUP_MIN,
+                          **({f"batch{batches[-1]}_dual_tokens_per_s_over_eager_min": BATCH_OVER_EAGER_MIN}
+                             if batches[-1] > 1 else {}),  # no larger batch timed: its goal is not judged
+                          "judged_on": f"dual cache, step {judged_step} (blocks compiled or not)"},
+                **run.judge(judged),
+                "note": "random weights: about one token committed per step, so every mode does the same steps",
+            })
+
     with torch.inference_mode():
         warm = padded_prompts(1, DECODE_PROMPT_TOKENS, pad_id, run.device)
         for mode in run.cache_modes:  # warm-up: kernels and allocator, one block per mode
             generate(model, *warm, config=replace(base, gen_length=base.block_length, cache=mode, step="eager"))
-        single: dict[tuple[str, str], float] = {}
-        """Tokens/s of each (cache, step) at batch 1 (the first batch), the reference of the batch goal."""
         for batch in batches:
             prompts = padded_prompts(batch, DECODE_PROMPT_TOKENS, pad_id, run.device)
             steps = tuple(step for step in run.step_modes
@@ -227,63 +304,8 @@ def decode_part(run: Run) -> None:
                             failed(run, batch, mode, step, error)
                             continue
                         calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
+                emit_group(batch, prompts, group, results, calls, memory, reached)
             uncompile(model)
-            per_second = {key: summary["tokens_per_second"] for key, (summary, _) in results.items()}
-            single = single or per_second
-            for (mode, step), (summary, responses) in results.items():
-                if ("none", step) not in results or (mode, step) not in single:
-                    continue  # its reference failed: the error line says why
-                timing = calls[mode, step]
-                forward_ms = timing["forward_ms"]
-                weight_bytes = weight_read_bytes(model, reached[mode] if moe else None)
-                bound_ms = weight_read_bound_ms(weight_bytes, peak)
-                speedup = per_second[mode, step] / per_second["none", step]
-                over_single = per_second[mode, step] / single[mode, step]
-                judged = None
-                if mode == "dual" and step in (judged_step, judged_step + COMPILED):  # the default step (graph on
-                    # CUDA), its blocks compiled or not
-                    judged = (decode_shortfall(speedup, forward_ms, bound_ms) if batch == 1
-                              else BATCH_OVER_EAGER_MIN * per_second["dual", "eager"] / per_second[mode, step])
-                graph_memory = None
-                if step == "graph" and (mode, "static") in memory:
-                    graph_memory = round(memory[mode, "graph"]["peak_memory_gib"]
-                                         - memory[mode, "static"]["peak_memory_gib"], 3)
-                run.emit("decode", {
-                    "measurement": "decode", "model": MODEL_NAMES[run.student],
-                    "shape": shape(model.config, model.num_parameters()),
-                    "attn_implementation": model.config._attn_implementation, "batch": batch,
-                    "prompt_tokens": prompts[1].sum(1).tolist(), "left_padded_with_mask": True,
-                    "gen_length": base.gen_length, "block_length": base.block_length,
-                    "threshold": base.threshold, "early_stop": False, "cache": mode, **step_settings(step),
-                    "nfe": summary["nfe"], "model_forwards": summary["model_forwards"],
-                    "tokens_per_step": round(summary["tokens_per_step"], 3),
-                    "wall_time_s": round(summary["wall_time_s"], 6),
-                    "wall_ms_per_model_forward": round(summary["wall_time_s"] * 1e3 / summary["model_forwards"], 3),
-                    "forward_ms": round(forward_ms, 3), "host_ms_per_forward": round(timing["host_ms_per_forward"], 3),
-                    "forward_calls": timing["forward_calls"],
-                    "forward_timing": "CUDA events around each decoder model call (eager forward or graph replay); "
-                    "host_ms: the host's time to issue it" if run.device.type == "cuda"
-                    else "wall clock around each decoder model call",
-                    "tokens_per_s": round(per_second[mode, step], 1), "speedup_over_no_cache": round(speedup, 3),
-                    "identical_tokens_vs_no_cache": round(identical_fraction(responses, results["none", step][1]), 4),
-                    "identical_tokens_vs_eager": identical_fraction(responses, results[mode, "eager"][1])
-                    if (mode, "eager") in results else None,
-                    **memory[mode, step], "graph_memory_gib": graph_memory,
-                    "weight_read_bytes": round(weight_bytes), "weight_read_bytes_all_experts": all_weight_bytes,
-                    "experts_reached": {name.removeprefix("model."): round(count, 2)
-                                        for name, count in reached[mode].items()} if moe else None,
-                    "accelerator": peak.name if peak else None,
-                    "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
-                    "weight_read_bound_ms": round(bound_ms, 3) if bound_ms else None,
-                    "forward_over_bound": round(forward_ms / bound_ms, 3) if bound_ms else None,
-                    "tokens_per_s_over_batch_1": round(over_single, 3),
-                    "goals": {"batch1_dual_forward_over_bound_max": FORWARD_OVER_BOUND_MAX,
-                              "batch1_dual_speedup_over_no_cache_min": DUAL_SPEEDUP_MIN,
-                              f"batch{batches[-1]}_dual_tokens_per_s_over_eager_min": BATCH_OVER_EAGER_MIN,
-                              "judged_on": f"dual cache, step {judged_step} (blocks compiled or not)"},
-                    **run.judge(judged),
-                    "note": "random weights: about one token committed per step, so every mode does the same steps",
-                })
         mask_forms(run, model.config, batches[-1], DECODE_PROMPT_TOKENS + gen_length, base.block_length)
 
 
