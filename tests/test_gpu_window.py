@@ -18,6 +18,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "gpu")]
 
 import budgets  # noqa: E402
 import real_size  # noqa: E402
+from real_size_parts import decode as decoding  # noqa: E402
 from worst_part import worst_part  # noqa: E402
 
 RUN_ALL = ROOT / "bench" / "gpu" / "run_all.sh"
@@ -82,6 +83,26 @@ def test_the_decode_batches_asked_for_reach_real_size_only_when_asked():
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines()[-1] == ("budgets.py: error: argument --decode-batches: '1,1': rising batch sizes "
                                               "starting at 1 (e.g. 1 or 1,16)")
+
+
+@pytest.mark.parametrize("batches", ["1", "1,16", "01,16", "1,2,4", "16", "1,1", "0", "2,4", "1,8,4", "a", "1,,2",
+                                     "1,16,", " 1", "1, 16", "\u00b2"])
+def test_run_all_refuses_the_decode_batches_real_size_refuses_before_writing_anything(batches, tmp_path):
+    """run_all.sh checks --decode-batches itself (its Python parser needs the carried wheels) with the same answers as
+    ``parse_decode_batches``; what passes reaches the next check (here a missing --shared)."""
+    try:
+        decoding.parse_decode_batches(batches)
+        accepted = True
+    except ValueError:
+        accepted = False
+    result = run_all(str(tmp_path / "out"), "--decode-batches", batches, "--shared", "/no/such", tmp_path=tmp_path)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+    assert result.stderr.startswith("error: --shared" if accepted else "error: --decode-batches must be"), result.stderr
+
+
+def test_a_flag_without_its_value_is_a_usage_error(tmp_path):
+    result = run_all(str(tmp_path / "out"), "--shared", str(TESTS), "--decode-batches", tmp_path=tmp_path)
+    assert result.returncode == 2 and result.stderr == "error: --decode-batches needs a value\n"
 
 
 @pytest.mark.parametrize("modes", ["dual", "none,sideways"])

@@ -34,6 +34,9 @@ scale=real deadline=480 parts=tests,decode,train,recipe,score,zero2 profile=0 st
 root=$(cd "$(dirname "$0")/../.." && pwd)
 shared=$root/../shared
 while [ $# -gt 0 ]; do
+  case $1 in --scale|--deadline|--parts|--profile-worst|--shared|--student|--decode-batches)
+    [ $# -ge 2 ] || { echo "error: $1 needs a value" >&2; exit 2; } ;;
+  esac
   case $1 in
     --scale) scale=${2:-}; shift 2 ;;
     --deadline) deadline=${2:-}; shift 2 ;;
@@ -50,9 +53,17 @@ case $scale in real|tiny) ;; *) echo "error: --scale must be real or tiny, got '
 case $student in llada|dream|llada_moe|llada2) ;; *) echo "error: --student must be llada, dream, llada_moe or llada2, got '$student'" >&2; exit 2 ;; esac
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "error: --deadline must be whole seconds, got '$deadline'" >&2; exit 2; }
 budget_flags=()
-if [ -n "${decode_batches+set}" ]; then  # the form here; the rule (rising from 1) is bench/gpu/budgets.py's
+if [ -n "${decode_batches+set}" ]; then  # real_size_parts.decode.parse_decode_batches's rule, checked before anything
+  # is written (its Python needs the carried wheels); tests/test_gpu_window.py holds the two to the same answers
   [[ $decode_batches =~ ^[0-9]+(,[0-9]+)*$ ]] \
     || { echo "error: --decode-batches must be whole numbers, comma-separated (e.g. 1 or 1,16), got '$decode_batches'" >&2; exit 2; }
+  rising=1 previous=0
+  for batch in ${decode_batches//,/ }; do
+    { [ "$previous" = 0 ] && [ "$((10#$batch))" != 1 ]; } || [ "$((10#$batch))" -le "$previous" ] && rising=0
+    previous=$((10#$batch))
+  done
+  [ $rising = 1 ] \
+    || { echo "error: --decode-batches must be rising batch sizes starting at 1 (e.g. 1 or 1,16), got '$decode_batches'" >&2; exit 2; }
   budget_flags=(--decode-batches "$decode_batches")
 fi
 for part in ${parts//,/ }; do

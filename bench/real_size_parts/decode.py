@@ -45,7 +45,7 @@ def parse_decode_batches(text: str) -> tuple[int, ...]:
     """Comma-separated batch sizes, rising from 1: batch 1 is the reference of every row's tokens/s over batch 1 and
     the batch the static step, the compiled blocks and the forward's bound are judged at; ValueError otherwise."""
     parts = text.split(",")
-    if not all(part.strip().isdigit() for part in parts):
+    if not all(part.isascii() and part.isdigit() for part in parts):
         raise ValueError("whole numbers, comma-separated (e.g. 1 or 1,16)")
     batches = tuple(int(part) for part in parts)
     if batches[0] != 1 or any(a >= b for a, b in zip(batches, batches[1:])):
