@@ -58,8 +58,9 @@ if [ -n "${decode_batches+set}" ]; then  # real_size_parts.decode.parse_decode_b
   [[ $decode_batches =~ ^[0-9]+(,[0-9]+)*$ ]] \
     || { echo "error: --decode-batches must be whole numbers, comma-separated (e.g. 1 or 1,16), got '$decode_batches'" >&2; exit 2; }
   rising=1 previous=0
+  [ "$((10#${decode_batches%%,*}))" = 1 ] || rising=0
   for batch in ${decode_batches//,/ }; do
-    { [ "$previous" = 0 ] && [ "$((10#$batch))" != 1 ]; } || [ "$((10#$batch))" -le "$previous" ] && rising=0
+    [ "$((10#$batch))" -gt "$previous" ] || rising=0
     previous=$((10#$batch))
   done
   [ $rising = 1 ] \
