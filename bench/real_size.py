@@ -44,7 +44,8 @@ Public configs (verified with the search tool on 2026-11-26; the Hub itself is u
   the search tool's find_string/read_file, consistent with a vLLM plugin's docs; not byte-verified): hidden 2048,
   16 layers, 16 heads / 16 KV, 64 experts of 1,024, 8 routed per token, every layer sparse, vocab 157184, rope_theta
   50000, q/k norms; the mask id 156895 is not in it (the port's default). The experts are fused 3-D weights, so
-  :func:`linear_weights` counts the 8 routed experts per token, not all 64; the weight-read bound counts all 64.
+  :func:`linear_weights` counts the 8 routed experts per token, not all 64; the weight-read bound counts the experts
+  the forward's tokens reach (``real_size_parts.decode.weight_read_bytes``).
 - LLaDA2.0-mini (``--student llada2``): dFactory's copy of its config.json (github.com/inclusionAI/dFactory,
   ``configs/model_configs/llada2_mini/config.json`` at 92b6890; its ``model_type`` there is the VeOmni build's
   ``llada2_moe_veomni``, the Hub's ``llada2_moe``): hidden 2048, 20 layers (the first dense, intermediate 5120),
@@ -62,7 +63,6 @@ Public configs (verified with the search tool on 2026-11-26; the Hub itself is u
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -73,12 +73,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from decode import CACHE_MODES, COMPILED  # noqa: E402
 from real_size_parts.common import Run, profiled, release  # noqa: E402
-from real_size_parts.decode import DECODE_BATCHES, decode_part, parse_decode_batches  # noqa: E402
+from real_size_parts.decode import DECODE_BATCHES, decode_part, parse_decode_batches, without_graphs  # noqa: E402
 from real_size_parts.recipe import recipe_part  # noqa: E402
 from real_size_parts.score import score_part  # noqa: E402
 from real_size_parts.train import TRAIN_VARIANTS, train_part  # noqa: E402
 from real_size_parts.zero2 import zero2_part, zero2_worker  # noqa: E402
 
+from trims_hf.commands import growable_cuda_segments  # noqa: E402
 from trims_hf.settings import ScoringOptions  # noqa: E402
 from trims_hf.students import STUDENTS  # noqa: E402
 
@@ -189,8 +190,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
                      f"{', '.join(COMPILED_STEPS)}")
     if any(mode.startswith("graph") for mode in step_modes) and device.type != "cuda":  # the CPU pre-flight passes
         # the GPU window's flags: its compiled graph step is timed as a compiled static step
-        step_modes = tuple(dict.fromkeys(mode.replace("graph", "static") if mode.endswith(COMPILED) else mode
-                                         for mode in step_modes if mode != "graph"))
+        step_modes = without_graphs(step_modes)
         print(f"note: --step-modes: CUDA graphs need CUDA; the decode part times {','.join(step_modes)} on the "
               f"{device.type}", file=sys.stderr)
     if STUDENTS[args.student].block_size is not None and "dual" in cache_modes:
@@ -209,8 +209,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Before CUDA's allocator starts: segments that grow, so the batch search's freed blocks are not stranded.
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    growable_cuda_segments()  # as `trims train` sets CUDA's allocator up, before it starts
     args, run = parse(sys.argv[1:] if argv is None else argv)
     if args.zero2_worker:
         zero2_worker(run)

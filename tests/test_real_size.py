@@ -9,7 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
+from dataclasses import replace
 from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
@@ -125,6 +127,11 @@ def test_recipe_line_trains_the_recipe_as_trims_train_does(tmp_path, monkeypatch
     minutes = (line["batch_search_s"] + line["step_s"][0] - line["step_s"][1] + line["s1k_tokens"] / line["tokens_per_s"]) / 60
     assert line["projected_s1k_minutes"] == pytest.approx(minutes, rel=1e-3, abs=1e-2)  # inputs rounded to 10 ms
     assert line["mfu"] is None and line["goals_met"] is None  # a CPU: no peak to judge against
+    assert 0.2 < line["masked_fraction"] < 0.8 and line["mfu_of_flops_run"] is None
+    config = common.model_config("llada", "tiny")
+    assert line["flops_per_token"] - line["flops_per_token_run"] == pytest.approx(
+        4 * config.vocab_size * config.hidden_size * (1 - line["masked_fraction"]), rel=1e-3)
+    assert line["sequence_length"] == 256 and "save_strategy epoch" in line["projection"]
 
 
 @pytest.mark.slow
@@ -178,6 +185,7 @@ def test_decoding_lines_do_equal_work_per_mode(lines):
         assert len(set(line["prompt_tokens"])) == line["batch"]  # different lengths: the left-padded masked path
         assert line["weight_read_bytes"] == 4 * (line["shape"]["parameters"] - config.vocab_size * config.hidden_size)
         assert line["weight_read_bound_ms"] is None  # no bandwidth for a CPU
+        assert line["replayed_calls"] == 0 and line["replay_forward_ms"] is None  # no CUDA graph on a CPU
     forms = [line for line in by_part(lines, "decode") if line["measurement"] == "attention_mask_form"]
     assert len(forms) == 1 and set(forms[0]["us_per_call"]) == {"none", "bool", "additive"}
     assert forms[0]["fastest_mask_form"] in ("bool", "additive") and forms[0]["batch"] == 4
@@ -597,3 +605,87 @@ def test_a_decode_stopped_while_compiling_keeps_the_rows_already_timed(tmp_path,
                         "eager,static+compiled", "--decode-batches", "1", "--output", str(output)])
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     assert sorted((line["cache"], line["step"]) for line in lines) == [("dual", "eager"), ("none", "eager")]
+
+
+def test_graph_replays_are_told_apart_from_first_calls_and_captures(monkeypatch):
+    """Under the graph step a shape's first call runs eagerly and its second captures: the rows' replay mean leaves
+    both out, the overall mean keeps them. CapturedCalls' state machine stood in for on the CPU (no CUDA graph)."""
+    from trims_hf.generation.cache import CapturedCalls, _Captured
+
+    def stand_in(self, key, inputs, run):
+        entry = self.captured.get(key)
+        if entry is None:
+            self.captured[key] = _Captured(dict(inputs))
+        elif entry.graph is None:
+            entry.graph = "captured"
+        return run(inputs)
+
+    def student_call(self, key, seconds):
+        return self.graphs(key, {}, lambda inputs: time.sleep(seconds))
+
+    monkeypatch.setattr(CapturedCalls, "__call__", stand_in)
+    monkeypatch.setattr(decoding.StudentForward, "__call__", student_call)
+    forward = decoding.StudentForward.__new__(decoding.StudentForward)
+    forward.graphs = CapturedCalls.__new__(CapturedCalls)
+    forward.graphs.captured = {}
+    model = common.build_model("llada", "tiny", "cpu", torch.float32)
+    calls = [("window", 0.03), ("window", 0.03), ("refresh", 0.03), ("window", 0.001), ("refresh", 0.03),
+             ("window", 0.001), ("window", 0.001), ("refresh", 0.001)]
+    with decoding.forward_times(torch.device("cpu"), model) as times:
+        for key, seconds in calls:
+            forward(key, seconds)
+    assert times.replayed == [False, False, False, True, False, True, True, True]
+    summary = times.summary()
+    assert summary["forward_calls"] == 8 and summary["replayed_calls"] == 4
+    assert summary["replay_forward_ms"] < 15 < summary["forward_ms"]  # 1 ms replays; the 30 ms first calls count
+    assert CapturedCalls.__call__ is stand_in and decoding.StudentForward.__call__ is student_call  # put back
+
+
+@pytest.mark.slow
+def test_a_student_no_graph_captures_is_timed_without_the_graph_step(tmp_path):
+    """The tiny LLaDA-MoE in fp32, whose grouped GEMM no CUDA graph captures, asked for the graph steps: one line says
+    they are left out and why, and the static step (the compiled blocks under it) is timed in their place."""
+    output = tmp_path / "moe.jsonl"
+    _, run = real_size.parse(["--part", "decode", "--student", "llada_moe", "--device", "cpu", "--cache-modes", "none",
+                              "--step-modes", "eager", "--decode-batches", "1", "--output", str(output)])
+    decoding.decode_part(replace(run, step_modes=("eager", "graph", "graph+compiled")))
+    lines = [json.loads(line) for line in output.read_text().splitlines() if '"measurement": "decode"' in line]
+    skipped = [line for line in lines if "skipped" in line]
+    assert len(skipped) == 1 and "float32 experts run torch's grouped GEMM as a loop" in skipped[0]["skipped"]
+    assert skipped[0]["skipped"].endswith("times eager,static+compiled")
+    assert sorted((line["step"], line["compile_blocks"]) for line in lines if "skipped" not in line) == [
+        ("eager", False), ("static", True)]
+
+
+def test_a_batch_whose_prompts_do_not_fit_is_an_error_line(tmp_path, monkeypatch):
+    """``--decode-batches 1,N`` with N beyond memory: the batch-1 rows, one error line for N, and the mask-form line
+    at the largest batch that fitted; no traceback."""
+    built = decoding.padded_prompts
+
+    def prompts(batch, *args):
+        if batch > 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+        return built(batch, *args)
+
+    monkeypatch.setattr(decoding, "padded_prompts", prompts)
+    output = tmp_path / "decode.jsonl"
+    real_size.main(["--part", "decode", "--device", "cpu", "--cache-modes", "none", "--step-modes", "eager",
+                    "--decode-batches", "1,100000000000", "--output", str(output)])
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    errors = [line for line in lines if "error" in line]
+    assert [(line["batch"], line["skipped"]) for line in errors] == [(100000000000, "its prompts do not fit in memory")]
+    assert [line["batch"] for line in lines if line["measurement"] == "decode" and "error" not in line] == [1]
+    assert [line["batch"] for line in lines if line["measurement"] == "attention_mask_form"] == [1]
+
+
+def test_a_head_tied_to_the_embedding_table_reads_all_of_it():
+    """The weight-read bound leaves out the input table (only looked-up rows are read) unless the head is the same
+    tensor: then the head's projection reads all of it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sizes = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    for tied in (False, True):
+        model = LlamaForCausalLM(LlamaConfig(**sizes, tie_word_embeddings=tied))
+        every = 4 * sum(p.numel() for p in model.parameters())  # shared tensors once
+        expected = every if tied else every - 4 * 300 * 32
+        assert decoding.weight_read_bytes(model) == expected

@@ -24,6 +24,7 @@ from transformers import AutoTokenizer, LlamaConfig
 
 from trims_hf import MDLMConfig
 from trims_hf.cli import main
+from trims_hf.commands import ALLOCATOR_SETTINGS
 from trims_hf.commands.recipe import parse_recipe, read_recipe
 from trims_hf.commands.train import parser as train_parser
 from trims_hf.errors import InputError
@@ -137,6 +138,11 @@ def edit_recipe(key: str, line: str | None) -> Callable[[str], str]:
 
 
 UNSCHEDULED = {"eval_split": "train", "eval_strategy": "epoch"}
+
+
+def without_split(text: str) -> str:
+    """The toy recipe without its per-device batch and accumulation lines."""
+    return edit_recipe("gradient_accumulation_steps", None)(edit_recipe("per_device_train_batch_size", None)(text))
 # id, recipe edit, overrides by key (None: drop the toy's), raw arguments after them ({w}: the workspace), the error
 MISTAKES = [
     ("recipe-not-yaml", lambda text: text + "  dtype: float32\n", {}, [],
@@ -246,7 +252,10 @@ MISTAKES = [
      r"^decode_eval_decoding: unknown decoder setting\(s\) treshold; known: "),
     ("global-batch-zero", None, {"global_batch_size": "0"}, [], r"^global_batch_size 0: must be at least 1\.$"),
     ("global-batch-and-split", None, {"global_batch_size": "32", "gradient_accumulation_steps": "2"}, [],
-     r"^global_batch_size 32 chooses gradient_accumulation_steps itself \(the largest per-device batch that fits\)"),
+     r"^global_batch_size 32 chooses per_device_train_batch_size and gradient_accumulation_steps itself \(the largest "
+     r"per-device batch that fits\); give one or the other \(in a recipe: global_batch_size: null, or leave "),
+    ("global-batch-and-default-split", without_split, {"global_batch_size": "32", "per_device_train_batch_size": "8"}, [],
+     r"^global_batch_size 32 chooses per_device_train_batch_size itself "),  # transformers' default, given: refused
     ("batch-size-zero", None, {"per_device_train_batch_size": "0"}, [],
      r"^per_device_train_batch_size=0: must be at least 1\.$"),
     ("batch-size-negative", None, {"per_device_train_batch_size": "-3"}, [],
@@ -407,6 +416,17 @@ PAPER = {"max_length": 1024, "num_train_epochs": 30, "learning_rate": 1e-4, "lr_
          "p_context": 0.05, "p_future": 0.95, "bucket_ordering": "hard_to_easy", "metric": "nll"}
 GLOBAL_BATCH = {"llada": {"global_batch_size": 32, "compile_blocks": True},  # split by the batch search
                 "dream": {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}}  # x 8 GPUs
+SEARCHED = ("llada/trims_s1k.yaml", "llada/mdlm_s1k.yaml", "llada_moe/trims_s1k.yaml")
+
+
+@pytest.mark.parametrize("recipe", sorted(str(path.relative_to(RECIPES)) for path in RECIPES.glob("*/*.yaml")
+                                          if path.parent.name != "accelerate"))
+def test_recipes_that_search_the_split_give_none_and_compile_their_blocks(recipe):
+    """A recipe with ``global_batch_size`` parses (no split given beside it) and compiles its blocks, which pays at the
+    batches the search finds; the others keep their split by hand."""
+    _, _, args = parse_recipe(RECIPES / recipe, ["--bf16", "false", "--use_cpu", "true"])
+    searched = recipe in SEARCHED
+    assert (args.global_batch_size == 32, args.compile_blocks) == (searched, searched)
 
 
 @pytest.mark.parametrize("student", ["llada", "dream"])
@@ -508,3 +528,17 @@ def test_resume_reproduces_a_straight_run(tmp_path, toy):
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
 
+
+
+def test_trims_train_lets_cuda_segments_grow_unless_the_allocator_is_set_up(tmp_path, monkeypatch):
+    """Before anything starts CUDA, ``trims train`` sets ``expandable_segments:True`` (the batch search frees its
+    probes' blocks); an allocator set up by the user, under either of torch's names, is left alone."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("lerning_rate: 0.1\n")  # refused after the allocator is set up, before anything loads
+    for given, expected in (({}, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+                            ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:512"}, {"PYTORCH_ALLOC_CONF": "max_split_size_mb:512"}),
+                            ({"PYTORCH_CUDA_ALLOC_CONF": "backend:native"}, {"PYTORCH_CUDA_ALLOC_CONF": "backend:native"})):
+        environ = {key: value for key, value in os.environ.items() if key not in ALLOCATOR_SETTINGS} | given
+        monkeypatch.setattr(os, "environ", environ)
+        assert main(["train", "--config", str(recipe)]) == 2
+        assert {key: environ[key] for key in ALLOCATOR_SETTINGS if key in environ} == expected

@@ -26,9 +26,11 @@ from trims_hf import (
 
 
 def make_args(tmp_path, **overrides) -> MDLMConfig:
-    defaults = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=1e-3, max_steps=1,
+    defaults = dict(output_dir=str(tmp_path), learning_rate=1e-3, max_steps=1,
                     logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
                     lr_scheduler_type="constant", optim="sgd", weight_decay=0.0)
+    if overrides.get("global_batch_size") is None:  # a searched split is left unset
+        defaults["per_device_train_batch_size"] = 8
     return MDLMConfig(**(defaults | overrides))
 
 
@@ -126,13 +128,13 @@ def one_step(tmp_path, tokenizer, rows, kind: str = "llada", trainer_class=MDLMT
     """One optimizer step of a fresh tiny student on ``rows`` (in order) with the real collator: (loss, weights).
     ``searched`` = (global batch, rows that fit): the split comes from MDLMTrainer's batch search instead."""
     model = tiny_student(tokenizer, kind, seed=1)
-    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=per_device, max_steps=1,
-                    gradient_accumulation_steps=accumulation, learning_rate=0.1, optim="sgd",
+    settings = dict(output_dir=str(tmp_path), max_steps=1, learning_rate=0.1, optim="sgd",
                     lr_scheduler_type="constant", weight_decay=0.0, logging_steps=1, save_strategy="no",
                     report_to="none", use_cpu=True, seed=0, disable_tqdm=True, remove_unused_columns=False,
                     train_sampling_strategy="sequential")
     if searched is None:
-        args = TrainingArguments(**settings)
+        args = TrainingArguments(**settings, per_device_train_batch_size=per_device,
+                                 gradient_accumulation_steps=accumulation)
     else:
         args = MDLMConfig(**settings, global_batch_size=searched[0], max_length=max_length)
         out_of_memory_above(model, searched[1])
@@ -346,14 +348,16 @@ def test_batch_search_errors(no_collect):
 @pytest.mark.parametrize("setting,message", [
     ({"per_device_train_batch_size": 4}, "chooses per_device_train_batch_size itself"),
     ({"gradient_accumulation_steps": 4}, "chooses gradient_accumulation_steps itself"),
+    ({"per_device_train_batch_size": 8}, "chooses per_device_train_batch_size itself"),  # transformers' defaults,
+    ({"gradient_accumulation_steps": 1}, "chooses gradient_accumulation_steps itself"),  # given: still not searched
     ({"auto_find_batch_size": True}, "with auto_find_batch_size"),
     ({"fsdp": "full_shard"}, "under FSDP or ZeRO-3"),
     ({"global_batch_size": 0}, "global_batch_size 0: must be at least 1"),
 ])
 def test_a_searched_split_refuses_what_would_change_or_break_it(tmp_path, setting, message):
     with pytest.raises(ValueError, match=message):
-        make_args(tmp_path, **({"per_device_train_batch_size": 8, "global_batch_size": 32} | setting))
-    make_args(tmp_path, **({"per_device_train_batch_size": 8} | setting | {"global_batch_size": None}))  # alone: valid
+        make_args(tmp_path, **({"global_batch_size": 32} | setting))
+    make_args(tmp_path, **(setting | {"global_batch_size": None}))  # alone: valid
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

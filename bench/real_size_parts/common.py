@@ -25,6 +25,7 @@ from decode import CACHE_MODES  # noqa: E402
 from scoring import reset_peak_rss, rss_kb  # noqa: E402
 
 from trims_hf import prepare_student  # noqa: E402
+from trims_hf.commands import ALLOCATOR_SETTINGS  # noqa: E402
 from trims_hf.reports import library_versions  # noqa: E402
 from trims_hf.students import STUDENTS  # noqa: E402
 
@@ -206,6 +207,19 @@ def training_flops_per_token(config: PreTrainedConfig, sequence: int, frozen_mat
     return views * (4.0 * frozen_matmul + 6.0 * lora + attention)
 
 
+def flop_convention(views: int = 1) -> str:
+    """How :func:`training_flops_per_token` counts, in a line's words."""
+    return ("4N frozen + 6N LoRA + 12*layers*seq*heads*head_dim attention, the LM head at every position (MDLMTrainer "
+            "runs it at the masked ones only); no recompute"
+            + ("; all of it for the 2 x seq positions of block diffusion's [noised | clean]" if views == 2 else ""))
+
+
+def head_flops_not_run(head_weights: int, views: int, masked_fraction: float) -> float:
+    """Of :func:`training_flops_per_token`, the frozen LM head's FLOPs (4 per weight and position) at the positions
+    MDLMTrainer never projects: all but the masked ``masked_fraction`` of one view's."""
+    return 4.0 * head_weights * (views - masked_fraction)
+
+
 # --- measurement plumbing ----------------------------------------------------------------------------------------
 
 
@@ -254,7 +268,7 @@ class Run:
         line = {"bench": "real_size", "part": part, "scale": self.scale, "device": device_name(self.device),
                 "device_type": self.device.type, "dtype": str(self.dtype).removeprefix("torch."),
                 **record, "profiled": self.profile is not None,
-                "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                "cuda_alloc_conf": next((os.environ[name] for name in ALLOCATOR_SETTINGS if os.environ.get(name)), None),
                 "versions": library_versions("accelerate", "deepspeed")}
         text = json.dumps(line)
         print(text, flush=True)

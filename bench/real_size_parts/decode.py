@@ -6,7 +6,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from real_size_parts.common import (
 )
 from trims_hf import student_spec
 from trims_hf.generation import BlockForward, DecodingConfig, StudentForward, generate
+from trims_hf.generation.cache import CapturedCalls, uncapturable_experts
 from trims_hf.studies.accelerators import accelerator, weight_read_bound_ms
 
 DECODE_PROMPT_TOKENS = 128
@@ -51,6 +52,13 @@ def parse_decode_batches(text: str) -> tuple[int, ...]:
     if batches[0] != 1 or any(a >= b for a, b in zip(batches, batches[1:])):
         raise ValueError("rising batch sizes starting at 1 (e.g. 1 or 1,16)")
     return batches
+
+
+def without_graphs(step_modes: tuple[str, ...]) -> tuple[str, ...]:
+    """``step_modes`` where no CUDA graph can be captured (a CPU, or experts no graph captures): the graph step left
+    out, its compiled blocks timed under the static step instead."""
+    return tuple(dict.fromkeys(mode.replace("graph", "static") if mode.endswith(COMPILED) else mode
+                               for mode in step_modes if mode != "graph"))
 
 
 def expert_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -77,7 +85,10 @@ def weight_read_bytes(model: nn.Module, experts_reached: dict[str, float] | None
     forward's tokens reach, :func:`routed_experts`), an MoE student's experts count only for those: the bound of the
     forward it actually runs, not of every expert it holds."""
     embedding = model.get_input_embeddings().weight
-    total = sum(p.numel() * p.element_size() for p in model.parameters()) - embedding.numel() * embedding.element_size()
+    head = model.get_output_embeddings()
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if head is None or head.weight is not embedding:  # a head tied to the table reads all of it
+        total -= embedding.numel() * embedding.element_size()
     for name, experts in expert_modules(model).items() if experts_reached is not None else ():
         total -= (experts.num_experts - experts_reached[name]) * expert_bytes(experts)
     return total
@@ -114,15 +125,20 @@ class CallTimes:
     """Per decoder model call (:class:`trims_hf.generation.StudentForward`, whatever runs it: an eager forward or a
     graph replay): the device's time between CUDA events around it (GPU idle gaps while the host launches included,
     so a host-bound call shows its true cost), and the host's time to issue it (the wall clock, no sync). On a CPU
-    both are the wall clock."""
+    both are the wall clock. ``replayed`` says, per call, whether it replayed a captured graph: under the graph step a
+    shape's first call runs eagerly and its second warms up and captures (:class:`CapturedCalls`, once per decode),
+    which the mean over every call pays, as a user's decode does, and the replays' mean leaves out."""
 
     device_s: list[Callable[[], float]]
     host_s: list[float]
+    replayed: list[bool] = field(default_factory=list)
 
-    def summary(self) -> dict[str, float]:
-        device = statistics.mean(read() for read in self.device_s)
-        return {"forward_ms": device * 1e3, "host_ms_per_forward": statistics.mean(self.host_s) * 1e3,
-                "forward_calls": len(self.host_s)}
+    def summary(self) -> dict[str, float | int | None]:
+        device = [read() for read in self.device_s]
+        replays = [seconds for seconds, replay in zip(device, self.replayed) if replay]
+        return {"forward_ms": statistics.mean(device) * 1e3, "host_ms_per_forward": statistics.mean(self.host_s) * 1e3,
+                "forward_calls": len(self.host_s), "replayed_calls": len(replays),
+                "replay_forward_ms": statistics.mean(replays) * 1e3 if replays else None}
 
 
 @contextmanager
@@ -134,15 +150,23 @@ def forward_times(device: torch.device, model: nn.Module) -> Iterator[CallTimes]
     times = CallTimes([], [])
     owner = BlockForward if student_spec(model).block_size is not None else StudentForward
     name = "__call__"
-    call = getattr(owner, name)
+    call, capture = getattr(owner, name), CapturedCalls.__call__
+    replays: list[bool] = []  # per CapturedCalls call inside the timed one
+
+    def captured(self: CapturedCalls, key: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        entry = self.captured.get(key)
+        replays.append(entry is not None and entry.graph is not None)
+        return capture(self, key, *args, **kwargs)
 
     def timed(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        replays.clear()
         begin_host = time.perf_counter()
         begin = torch.cuda.Event(enable_timing=True) if cuda else None
         if cuda:
             begin.record()
         logits = call(self, *args, **kwargs)
         end_host = time.perf_counter()
+        times.replayed.append(bool(replays) and all(replays))
         if cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -153,10 +177,12 @@ def forward_times(device: torch.device, model: nn.Module) -> Iterator[CallTimes]
         return logits
 
     setattr(owner, name, timed)
+    CapturedCalls.__call__ = captured
     try:
         yield times
     finally:
         setattr(owner, name, call)
+        CapturedCalls.__call__ = capture
         synchronize(device)
 
 
@@ -196,6 +222,12 @@ def decode_part(run: Run) -> None:
     per cache mode, whose tokens every step's are checked against). Then SDPA alone under the padded batch's mask
     forms (:func:`mask_forms`)."""
     model = build_model(run.student, run.scale, run.device, run.dtype, run.attn_implementation).eval()
+    graphs = any(step.startswith("graph") for step in run.step_modes)  # real_size.py leaves them out on a CPU
+    if graphs and (uncapturable := uncapturable_experts(model, run.device)) is not None:
+        run = replace(run, step_modes=without_graphs(run.step_modes))  # resolve_step would refuse them
+        run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "step": "graph",
+                            "skipped": f"no CUDA graph captures this student here ({uncapturable}): the decode part "
+                                       f"times {','.join(run.step_modes)}"})
     peak = accelerator(device_name(run.device))
     all_weight_bytes = weight_read_bytes(model)
     moe = bool(expert_modules(model))
@@ -204,6 +236,7 @@ def decode_part(run: Run) -> None:
     base = DecodingConfig(gen_length=gen_length, block_length=32, threshold=0.9, early_stop=False)
     pad_id = model.config.pad_token_id
     batches = (run.decode_batches or DECODE_BATCHES[run.scale])[:1 if run.profile else None]
+    fitted = []  # the batches whose prompts fit in memory
     single: dict[tuple[str, str], float] = {}
     """Tokens/s of each (cache, step) at batch 1 (the first batch), the reference of the batch goal."""
 
@@ -244,10 +277,13 @@ def decode_part(run: Run) -> None:
                 "wall_time_s": round(summary["wall_time_s"], 6),
                 "wall_ms_per_model_forward": round(summary["wall_time_s"] * 1e3 / summary["model_forwards"], 3),
                 "forward_ms": round(forward_ms, 3), "host_ms_per_forward": round(timing["host_ms_per_forward"], 3),
-                "forward_calls": timing["forward_calls"],
-                "forward_timing": "CUDA events around each decoder model call (eager forward or graph replay); "
-                "host_ms: the host's time to issue it" if run.device.type == "cuda"
+                "forward_calls": timing["forward_calls"], "replayed_calls": timing["replayed_calls"],
+                "forward_timing": "CUDA events around each decoder model call (eager forward or graph replay; under "
+                "the graph step each shape's first call and its capture count too, as in a user's decode: "
+                "replay_forward_ms leaves them out); host_ms: the host's time to issue it" if run.device.type == "cuda"
                 else "wall clock around each decoder model call",
+                "replay_forward_ms": None if timing["replay_forward_ms"] is None
+                else round(timing["replay_forward_ms"], 3),
                 "tokens_per_s": round(per_second[mode, step], 1), "speedup_over_no_cache": round(speedup, 3),
                 "identical_tokens_vs_no_cache": round(identical_fraction(responses, results["none", step][1]), 4),
                 "identical_tokens_vs_eager": identical_fraction(responses, results[mode, "eager"][1])
@@ -260,6 +296,8 @@ def decode_part(run: Run) -> None:
                 "bandwidth_tb_s": peak.bandwidth_tb_s if peak else None,
                 "weight_read_bound_ms": round(bound_ms, 3) if bound_ms else None,
                 "forward_over_bound": round(forward_ms / bound_ms, 3) if bound_ms else None,
+                "replay_forward_over_bound": round(timing["replay_forward_ms"] / bound_ms, 3)
+                if bound_ms and timing["replay_forward_ms"] is not None else None,
                 "tokens_per_s_over_batch_1": round(over_single, 3),
                 "goals": {"batch1_dual_forward_over_bound_max": FORWARD_OVER_BOUND_MAX,
                           "batch1_dual_speedup_over_no_cache_min": DUAL_SPEEDUP_MIN,
@@ -275,7 +313,12 @@ def decode_part(run: Run) -> None:
         for mode in run.cache_modes:  # warm-up: kernels and allocator, one block per mode
             generate(model, *warm, config=replace(base, gen_length=base.block_length, cache=mode, step="eager"))
         for batch in batches:
-            prompts = padded_prompts(batch, DECODE_PROMPT_TOKENS, pad_id, run.device)
+            try:
+                prompts = padded_prompts(batch, DECODE_PROMPT_TOKENS, pad_id, run.device)
+            except RuntimeError as error:  # a batch too large for the device's (or the host's) memory
+                failed(run, batch, "all", "all", error, skipped="its prompts do not fit in memory")
+                continue
+            fitted.append(batch)
             steps = tuple(step for step in run.step_modes
                           if batch == batches[0] or (step != "static" and not step.endswith(COMPILED)))
             results, calls, memory, reached = {}, {}, {}, {}
@@ -306,7 +349,8 @@ def decode_part(run: Run) -> None:
                         calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
                 emit_group(batch, prompts, group, results, calls, memory, reached)
             uncompile(model)
-        mask_forms(run, model.config, batches[-1], DECODE_PROMPT_TOKENS + gen_length, base.block_length)
+        if fitted:
+            mask_forms(run, model.config, fitted[-1], DECODE_PROMPT_TOKENS + gen_length, base.block_length)
 
 
 def mask_forms(run: Run, config: PreTrainedConfig, batch: int, length: int, window: int) -> None:

@@ -25,6 +25,8 @@ from real_size_parts.common import (
     Run,
     build_model,
     device_name,
+    flop_convention,
+    head_flops_not_run,
     linear_weights,
     peak_memory,
     reset_peak_memory,
@@ -34,7 +36,7 @@ from real_size_parts.common import (
 from real_size_parts.train import SEQUENCE_LENGTH, training_rows
 from real_size_parts.zero2 import StepTimer
 from trims_hf import MDLMTrainer, TrimsDataCollator, mask_token_id
-from trims_hf.commands.recipe import parse_recipe
+from trims_hf.commands.recipe import parse_recipe, read_recipe
 from trims_hf.students import STUDENTS
 from trims_hf.studies.accelerators import accelerator, mfu
 from trims_hf.training.train_job import wrap_lora
@@ -50,13 +52,16 @@ def recipe_path(student: str) -> str:
 def recipe_part(run: Run) -> None:
     """``run.steps`` optimizer steps of ``recipes/<student>/trims_s1k.yaml``; one line: tokens/s, MFU, the split of
     the global batch, and the projected minutes of the whole s1K run on this device."""
-    length = SEQUENCE_LENGTH[run.scale]
     cuda = run.device.type == "cuda"
     with tempfile.TemporaryDirectory() as tmp:
         overrides = {"output_dir": tmp, "max_steps": run.steps, "save_strategy": "no", "logging_steps": 1,
-                     "report_to": "none", "disable_tqdm": "true", "max_length": length, "use_cpu": str(not cuda).lower(),
+                     "report_to": "none", "disable_tqdm": "true", "use_cpu": str(not cuda).lower(),
                      "bf16": str(cuda and str(run.dtype) == "torch.bfloat16").lower()}
+        if run.scale == "tiny":  # the tiny student's positions; at real scale the recipe's own max_length
+            overrides["max_length"] = SEQUENCE_LENGTH["tiny"]
         model_args, _, args = parse_recipe(recipe_path(run.student), [f"--{key}={value}" for key, value in overrides.items()])
+        length = args.max_length
+        recipe_saves = read_recipe(recipe_path(run.student)).get("save_strategy", "steps")  # the bench saves nothing
         model = build_model(run.student, run.scale, run.device, run.dtype, run.attn_implementation)
         base_parameters, frozen = model.num_parameters(), linear_weights(model)
         model = wrap_lora(model, model_args, args.gradient_checkpointing)
@@ -66,7 +71,8 @@ def recipe_part(run: Run) -> None:
                                      masking=args.masking(), max_length=length, seed=args.seed)
         global_batch = args.global_batch_size or (args.per_device_train_batch_size * args.gradient_accumulation_steps
                                                   * args.world_size)
-        rows = Dataset.from_list(training_rows(run, global_batch * run.steps))
+        rows = Dataset.from_list(training_rows(run, global_batch * run.steps, length=length))
+        masked_fraction = collator(rows.select(range(global_batch)).to_list())["masked"].float().mean().item()
         timer = StepTimer(run.device)
         reset_peak_memory(run.device)
         begin = time.perf_counter()
@@ -81,6 +87,8 @@ def recipe_part(run: Run) -> None:
     flops = training_flops_per_token(config, length, frozen, lora, views)
     peak = accelerator(device_name(run.device))
     utilisation = mfu(flops, tokens_per_s, peak) if peak else None
+    head_weights = model.get_output_embeddings().weight.numel()
+    run_flops = flops - head_flops_not_run(head_weights, views, masked_fraction)
     s1k_tokens = S1K_ROWS * S1K_EPOCHS * length
     first_step_extra = timer.times[0] - steady  # compiling and the allocator's first growth
     minutes = (search_s + first_step_extra + s1k_tokens / tokens_per_s) / 60
@@ -92,14 +100,20 @@ def recipe_part(run: Run) -> None:
         "compile_blocks": args.compile_blocks, "gradient_checkpointing": args.gradient_checkpointing,
         "mixed_precision": trainer.accelerator.mixed_precision, "steps": run.steps,
         "step_s": [round(t, 4) for t in timer.times], "median_step_s_after_first": round(steady, 4),
-        "tokens_per_s": round(tokens_per_s, 1), "flops_per_token": flops,
+        "tokens_per_s": round(tokens_per_s, 1), "flops_per_token": flops, "flop_convention": flop_convention(views),
         "mfu": round(utilisation, 4) if utilisation else None, "goal_mfu_min": RECIPE_MFU_MIN,
+        "masked_fraction": round(masked_fraction, 4), "flops_per_token_run": run_flops,
+        "mfu_of_flops_run": round(mfu(run_flops, tokens_per_s, peak), 4) if peak else None,
+        "mfu_note": "mfu (the goal's, as the train part's) counts the LM head at every position; mfu_of_flops_run "
+                    "only at the masked_fraction of positions MDLMTrainer projects (one global batch of the bench's "
+                    "rows collated as the recipe does)",
         "accelerator": peak.name if peak else None,
         "s1k_tokens": s1k_tokens, "batch_search_s": round(search_s, 2),
         "first_step_extra_s": round(first_step_extra, 2),
         "projected_s1k_minutes": round(minutes, 2), "goal_s1k_minutes_max": RECIPE_MINUTES_MAX,
         "projection": f"{S1K_ROWS} rows x {S1K_EPOCHS} epochs x {length} tokens at the median step after the first, "
-                      "plus the batch search and the first step's excess (compiling)",
+                      "plus the batch search and the first step's excess (compiling); not the recipe's checkpoint saves "
+                      f"(save_strategy {recipe_saves})",
         "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
         **peak_memory(run.device),
         **run.judge(shortfall(utilisation and RECIPE_MFU_MIN / utilisation, minutes / RECIPE_MINUTES_MAX)),

@@ -25,6 +25,7 @@ from real_size_parts.common import (
     Run,
     build_model,
     device_name,
+    flop_convention,
     largest_batch,
     linear_weights,
     out_of_memory,
@@ -44,10 +45,10 @@ SEQUENCE_LENGTH = {"tiny": 256, "real": 1024}
 PROMPT_TOKENS = 64
 
 
-def training_rows(run: Run, count: int, seed: int = 0) -> list[dict]:
-    """Prepared rows of half to all of the sequence length (prompt 64, random buckets); batches are padded to the
-    sequence length with EOS, as the recipes' ``padding: max_length`` does, so every trained row has that length."""
-    return prepared_rows(count, SEQUENCE_LENGTH[run.scale], PROMPT_TOKENS, seed=seed, high=TOKEN_ID_HIGH)
+def training_rows(run: Run, count: int, seed: int = 0, length: int | None = None) -> list[dict]:
+    """Prepared rows of half to all of ``length`` (default: the scale's sequence length; prompt 64, random buckets);
+    batches are padded to it with EOS, as the recipes' ``padding: max_length`` does, so every trained row has it."""
+    return prepared_rows(count, length or SEQUENCE_LENGTH[run.scale], PROMPT_TOKENS, seed=seed, high=TOKEN_ID_HIGH)
 
 
 @dataclass(frozen=True)
@@ -167,10 +168,7 @@ def train_variant(run: Run, variant: str, profile: bool) -> None:
                                       "real_tokens_per_s: the rows' own tokens only",
                     "goal_mfu_min": TRAIN_MFU_MIN, "precision": precision,
                     **peak_memory(run.device), "flops_per_token": flops,
-                    "flop_convention": "4N frozen + 6N LoRA + 12*layers*seq*heads*head_dim attention, the LM head at "
-                                       "every position (MDLMTrainer runs it at the masked ones only); no recompute"
-                                       + ("; all of it for the 2 x seq positions of block diffusion's [noised | clean]"
-                                          if views == 2 else ""),
+                    "flop_convention": flop_convention(views),
                     "forward_positions_per_token": views,
                     "mfu": round(mfu(flops, tokens_per_s, peak), 4) if peak else None,
                     "accelerator": peak.name if peak else None, "peak_bf16_tflops": peak.bf16_tflops if peak else None,

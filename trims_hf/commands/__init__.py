@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import sys
 from collections.abc import Iterable
@@ -21,6 +22,17 @@ from ..model_config import flag_name
 
 INTERRUPTED = 130
 """The exit status of a command ended by Ctrl-C (the shell's 128 + SIGINT)."""
+
+ALLOCATOR_SETTINGS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+"""The variables torch reads its caching allocator's settings from (the first is torch 2.9's name for the second)."""
+
+
+def growable_cuda_segments() -> None:
+    """Unless the user set the CUDA caching allocator up, let its segments grow (``expandable_segments:True``): the
+    batch search's probes free the blocks of each batch that ran out of memory, which fixed-size segments keep as
+    fragments the chosen batch may not fit in. Read when CUDA starts, so called before anything touches it."""
+    if not any(os.environ.get(name) for name in ALLOCATOR_SETTINGS):
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 
 
 class HelpFormatter(argparse.HelpFormatter):

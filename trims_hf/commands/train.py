@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import INTERRUPTED, CommandParser, fail
+from . import INTERRUPTED, CommandParser, fail, growable_cuda_segments
 
 DESCRIPTION = (
     "Fine-tune a masked diffusion student with TRIMS (or the MDLM baseline) from a YAML recipe. Every other "
@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
         return fail("trims train needs --config RECIPE.yaml (see `trims train --help`; recipes/ has examples).")
     if not Path(args.config).is_file():  # before the seconds of importing torch and transformers
         return fail(f"--config {args.config}: no such file.")
+    growable_cuda_segments()  # before CUDA starts (parsing the recipe may start it)
     from ..data.hub import HubAccessError
     from ..data.schema import SchemaError
     from ..errors import InputError

@@ -16,6 +16,11 @@ from transformers import TrainingArguments
 
 from ..settings import MaskingConfig, StudentFormat, settings_of
 
+SPLIT = ("per_device_train_batch_size", "gradient_accumulation_steps")
+"""How a global batch is split; MDLMConfig leaves both unset (None) until ``__post_init__`` fills in transformers'
+defaults, so a value the user gives, even the default one, is told apart from none: ``global_batch_size`` chooses
+them itself and refuses either."""
+
 
 @dataclass
 class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
@@ -41,6 +46,16 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
                           "compiles once (about a minute for an 8B block), so it pays off over long runs."},
     )
 
+    per_device_train_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Rows per device in each micro-batch; transformers' default (8) when unset. Left unset with "
+                          "global_batch_size, which chooses it."},
+    )
+    gradient_accumulation_steps: int | None = field(
+        default=None,
+        metadata={"help": "Micro-batches accumulated into one optimizer step; transformers' default (1) when unset. "
+                          "Left unset with global_batch_size, which chooses it."},
+    )
     global_batch_size: int | None = field(
         default=None,
         metadata={"help": "Rows per optimizer step over every process. When set, per_device_train_batch_size and "
@@ -51,12 +66,16 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
     )
 
     def __post_init__(self) -> None:
+        given = [name for name in SPLIT if getattr(self, name) is not None]
+        for name in SPLIT:
+            if getattr(self, name) is None:
+                setattr(self, name, TrainingArguments.__dataclass_fields__[name].default)
         TrainingArguments.__post_init__(self)
         MaskingConfig.__post_init__(self)
         StudentFormat.__post_init__(self)
         self._check_optimisation()
         if self.global_batch_size is not None:
-            self._check_global_batch()
+            self._check_global_batch(given)
 
     def _check_optimisation(self) -> None:
         """What ``TrainingArguments`` accepts and training then fails on (a DataLoader, a division, the optimizer) or
@@ -72,7 +91,7 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
             raise ValueError(f"num_train_epochs={self.num_train_epochs}: must be > 0 unless max_steps > 0 (max_steps "
                              f"{self.max_steps} leaves the length to the epochs); 0 would train nothing.")
 
-    def _check_global_batch(self) -> None:
+    def _check_global_batch(self, given: list[str]) -> None:
         """What cannot go with a searched split, refused before anything loads: a split given as well (it would be
         replaced), transformers' own search (it shrinks the global batch on out-of-memory), a DeepSpeed config given
         here (filled in with the split before the search changes it; accelerate's config is filled after), an
@@ -81,12 +100,10 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
         name = f"global_batch_size {self.global_batch_size}"
         if self.global_batch_size < 1:
             raise ValueError(f"{name}: must be at least 1.")
-        defaults = {f.name: f.default for f in TrainingArguments.__dataclass_fields__.values()}
-        given = [key for key in ("per_device_train_batch_size", "gradient_accumulation_steps")
-                 if getattr(self, key) != defaults[key]]
         if given:
             raise ValueError(f"{name} chooses {' and '.join(given)} itself (the largest per-device batch that fits); "
-                             "give one or the other (global_batch_size: null in a recipe).")
+                             f"give one or the other (in a recipe: global_batch_size: null, or leave {' and '.join(given)} "
+                             "out).")
         if self.auto_find_batch_size:
             raise ValueError(f"{name} with auto_find_batch_size: transformers' search would shrink the global batch "
                              "after an out-of-memory error; use one of them.")
