@@ -17,6 +17,7 @@ import torch
 from conftest import GSM8K_TRAIN, read_jsonl, synthetic_scored_rows, tiny_student
 from datasets import Dataset
 from helpers_tokenizers import make_tokenizer
+from torch._dynamo.utils import counters
 
 from trims_hf import MDLMConfig, MDLMTrainer
 
@@ -43,8 +44,10 @@ def main(out: Path, per_device: int, accumulation: int, compiled: bool = False) 
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     zero_stage = trainer.model_wrapped.zero_optimization_stage() if trainer.is_deepspeed_enabled else None
     compiled_blocks = sum(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+    compiled_graphs = counters["stats"]["unique_graphs"]  # what dynamo compiled: the compiled blocks ran
     torch.save({"initial": initial, "weights": weights, "logs": logs, "reductions": len(reductions),
-                "world_size": args.world_size, "zero_stage": zero_stage, "compiled_blocks": compiled_blocks},
+                "world_size": args.world_size, "zero_stage": zero_stage, "compiled_blocks": compiled_blocks,
+                "compiled_graphs": compiled_graphs},
                out / f"rank{args.process_index}.pt")
     trainer.accelerator.end_training()  # leaves the gloo group before exit, as accelerate asks every script to
     # Then exit without the interpreter's teardown: with DeepSpeed on the CPU a worker thread freed there can still

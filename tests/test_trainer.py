@@ -599,6 +599,7 @@ def test_compiled_blocks_train_as_eager_under_gradient_checkpointing(tmp_path, t
     """Two optimizer steps of a LoRA student with gradient checkpointing: compiled blocks end at the eager run's
     weights (to float rounding), so the recipes may combine the two."""
     from peft import get_peft_model
+    from torch._dynamo.utils import counters
 
     from trims_hf import lora_config
 
@@ -608,9 +609,11 @@ def test_compiled_blocks_train_as_eager_under_gradient_checkpointing(tmp_path, t
         model = get_peft_model(model, lora_config(model, lora_dropout=0.0))
         args = make_args(tmp_path / str(compiled), compile_blocks=compiled, gradient_checkpointing=True, max_steps=2,
                          per_device_train_batch_size=4)
+        counters.clear()
         MDLMTrainer(model, args, train_dataset=Dataset.from_list(prepared[:8]), processing_class=tokenizer).train()
         blocks = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
         assert blocks and all((m._compiled_call_impl is not None) == compiled for m in blocks)
+        assert (counters["stats"]["unique_graphs"] > 0) == compiled  # compiled code ran, not just a wrapper set
         assert all(m.gradient_checkpointing for m in blocks)
         trained[compiled] = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
     assert trained[True].keys() == trained[False].keys()
