@@ -256,6 +256,9 @@ ERRORS = {
                               "--sweep 32,2.5: fixed_steps sweeps steps, whole numbers; got 2.5.", None),
     "sweep value twice": (["--task", "gsm8k", "--sweep", "0.5,0.5"],
                           "--sweep 0.5,0.5: 0.5 is given twice; each value is one setting to decode.", None),
+    "seed at temperature 0": (["--task", "gsm8k", "--seed", "5"],
+                              "--seed 5 does nothing at --temperature 0 (argmax proposals draw nothing): give "
+                              "--temperature above 0, or drop it.", None),
     "threshold with a sweep": (["--task", "gsm8k", "--threshold=0.5", "--sweep", "0.9"],
                                "--threshold 0.5 does nothing with --sweep 0.9, which sets --threshold of each run; "
                                "drop it.", None),

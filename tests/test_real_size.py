@@ -389,7 +389,8 @@ def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
         assert line["forward_over_bound"] == pytest.approx(line["forward_ms"] / bound, rel=1e-2, abs=1e-3)
         batch_1 = next(other for other in lines if other["part"] == "decode" and other.get("batch") == 1
                        and other.get("cache") == line["cache"] and other.get("step") == line["step"])
-        assert line["tokens_per_s_over_batch_1"] == pytest.approx(line["tokens_per_s"] / batch_1["tokens_per_s"], rel=1e-2)
+        assert line["tokens_per_s_over_batch_1"] == pytest.approx(  # written to 0.001
+            line["tokens_per_s"] / batch_1["tokens_per_s"], rel=1e-2, abs=5e-4)
         eager = next(other for other in lines if other["part"] == "decode" and other.get("batch") == line["batch"]
                      and other.get("cache") == "dual" and other.get("step") == "eager")
         expected = {1: max(1.5 / line["speedup_over_no_cache"], line["forward_ms"] / (2.0 * bound)),

@@ -173,6 +173,8 @@ def bad_rows(gsm8k_rows):
         "scored_already": ([{**good, "teacher_nll": [1.0]}], "the data set already has the scored column\\(s\\) teacher_nll: "
                            "it was scored already"),
         "number_prompt": ([{"prompt": 5, "completion": "a"}], "row 0: field 'prompt' is 5; a prompt is a text"),
+        "number_completion": ([good, {"prompt": "x", "completion": 42}],
+                              "row 1: field 'completion' is 42; a completion is a text or one assistant message"),
         "message_without_content": ([{"prompt": [{"role": "user"}], "completion": "a"}],
                                     "row 0: field 'prompt' has {'role': 'user'} as message 0; a chat message is "
                                     "{role, content}, both text"),

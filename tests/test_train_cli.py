@@ -97,7 +97,7 @@ def test_overrides_win_and_are_typed():
     ({"per_device_eval_batch_size": -1}, r"^per_device_eval_batch_size=-1: must be at least 1\.$"),
     ({"learning_rate": float("nan")}, r"^learning_rate=nan: must be a finite number > 0"),
     ({"learning_rate": 0.0}, r"^learning_rate=0\.0: must be a finite number > 0 \(0 would train nothing\)"),
-    ({"num_train_epochs": 0, "max_steps": 0}, r"^num_train_epochs=0: must be > 0 unless max_steps > 0"),
+    ({"num_train_epochs": 0, "max_steps": -1}, r"^num_train_epochs=0: must be > 0 unless max_steps > 0"),
 ])
 def test_mdlm_config_refuses_what_training_would_fail_on_or_train_nothing_with(settings, match):
     with pytest.raises(ValueError, match=match):
@@ -229,6 +229,15 @@ MISTAKES = [
      r"^output_dir .*run: .*a-file is a file, not a folder\.$"),
     ("output-not-empty", None, {"output_dir": "{w}/earlier-run"}, [],
      r"^output_dir .*earlier-run is not empty \(checkpoint-3, notes\.txt\); .*--resume_from_checkpoint true\.$"),
+    ("output-not-empty-no-checkpoint", None, {"output_dir": "{w}/other-files"}, [],  # nothing to resume: not advised
+     r"^output_dir .*other-files is not empty \(notes\.txt\); [^-]*$"),
+    ("seed-negative", None, {"seed": "-1"}, [], r"^seed=-1: must be in \[0, 4294967295\]\.$"),
+    ("max-steps-zero", None, {"max_steps": "0"}, [],
+     r"^max_steps=0: a number of optimizer steps > 0, or -1 \(the default\) to train num_train_epochs\.$"),
+    ("max-steps-negative", None, {"max_steps": "-5"}, [], r"^max_steps=-5: a number of optimizer steps > 0, or -1 "),
+    ("max-grad-norm-nan", None, {"max_grad_norm": "nan"}, [], r"^max_grad_norm=nan: must be a finite number >= 0 "),
+    ("weight-decay-negative", None, {"weight_decay": "-1"}, [], r"^weight_decay=-1\.0: must be a finite number >= 0\.$"),
+    ("bucket-seed-negative", None, {"bucket_seed": "-1"}, [], r"^bucket_seed=-1: must be in \[0, 4294967295\]\.$"),
     ("resume-nothing", None, {"output_dir": "{w}/empty", "resume_from_checkpoint": "true"}, [],
      r"^resume_from_checkpoint true: output_dir .*empty holds no checkpoint-N folder\.$"),
     ("resume-not-a-checkpoint", None, {"resume_from_checkpoint": "{w}/earlier-run/checkpoint-3"}, [],
@@ -322,6 +331,8 @@ def workspace(toy_inputs) -> Path:
     (folder / "empty").mkdir()
     (folder / "earlier-run" / "checkpoint-3").mkdir(parents=True)
     (folder / "earlier-run" / "notes.txt").write_text("")
+    (folder / "other-files").mkdir()
+    (folder / "other-files" / "notes.txt").write_text("")
     student, no_mask = Path(toy_inputs["model_name_or_path"]), folder / "student-no-mask"
     tokenizer = AutoTokenizer.from_pretrained(student)
     for name, corrupt in BAD_SCORES.items():  # scored data from elsewhere: row 0 fine, row 1 broken
@@ -542,3 +553,15 @@ def test_trims_train_lets_cuda_segments_grow_unless_the_allocator_is_set_up(tmp_
         monkeypatch.setattr(os, "environ", environ)
         assert main(["train", "--config", str(recipe)]) == 2
         assert {key: environ[key] for key in ALLOCATOR_SETTINGS if key in environ} == expected
+
+
+def test_a_reporting_integration_not_installed_is_one_line_before_any_model_loads(toy_inputs, tmp_path, capsys,
+                                                                                 offline_hub, monkeypatch):
+    """transformers raises for a missing ``report_to`` package only when it builds the callback, after the model."""
+    monkeypatch.setattr("transformers.integrations.get_available_reporting_integrations", lambda: ["tensorboard"])
+    argv = [arg for key, value in {**toy_inputs, "output_dir": str(tmp_path / "run")}.items()
+            for arg in (f"--{key}", value)]
+    assert main(["train", "--config", str(TOY), *argv, "--report_to", "wandb"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("error: report_to wandb: its package is not installed here; "
+                                                        "install it, or set report_to none.")
+    assert not (tmp_path / "run").exists()

@@ -60,6 +60,16 @@ def check_choice(name: str, value: Any, kind: Any) -> None:
         raise ValueError(f"{name}={value!r}; choose one of {', '.join(get_args(kind))}.")
 
 
+SEED_RANGE = (0, 2**32 - 1)
+"""The seeds every generator the library seeds takes (numpy's and transformers' ``set_seed``: 32-bit, unsigned)."""
+
+
+def check_seed(name: str, value: int | None) -> None:
+    """One-line ``ValueError`` for a seed numpy would refuse later, after work was done."""
+    if value is not None and not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise ValueError(f"{name}={value}: must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}].")
+
+
 _NUMBER_KINDS = {"int": (Integral, "a whole number (int)"), "float": (Real, "a number")}
 
 
@@ -230,6 +240,7 @@ class BucketConfig:
         if not 1 <= self.num_buckets <= MAX_BUCKETS:
             raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {self.num_buckets}.")
         check_choice("bucket_ordering", self.bucket_ordering, Ordering)
+        check_seed("bucket_seed", self.bucket_seed)
         check_choice("metric", self.metric, Metric)
         check_choice("quantile_tokens", self.quantile_tokens, QuantileTokens)
 
@@ -379,6 +390,7 @@ class DecodingConfig:
         _check_probability("threshold", self.threshold)
         for name in ("entropy_threshold", "factor", "temperature"):
             _check_non_negative(name, getattr(self, name))
+        check_seed("seed", self.seed)
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps={self.steps}: must be at least 1.")
         self.check_given(["steps"] if self.steps is not None else [])

@@ -190,6 +190,9 @@ def check_flags_do_something(args: EvalArguments, config: DecodingConfig, task: 
         config.check_given(given)
     except ValueError as error:
         raise InputError(_decoding_terms(str(error))) from None
+    if "seed" in given and config.temperature == 0:
+        raise InputError(f"--seed {config.seed} does nothing at --temperature 0 (argmax proposals draw nothing): give "
+                         "--temperature above 0, or drop it.")
     knob = SWEEP_PARAMETER[config.strategy]
     if args.sweep is not None and knob in given:
         raise InputError(f"{flag_name(knob)} {getattr(config, knob)} does nothing with --sweep {args.sweep}, which sets "

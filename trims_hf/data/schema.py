@@ -130,7 +130,10 @@ def split_prompt_completion(row: Mapping[str, Any], index: int | None = None) ->
             if len(completion) != 1 or completion[0].get("role") != "assistant":
                 raise SchemaError(f"{_where(index)}: field '{COMPLETION}' must be a string or one assistant message.")
             completion = completion[0].get("content")
-    if not isinstance(completion, str) or not completion.strip():
+    if not isinstance(completion, str):
+        raise SchemaError(f"{_where(index)}: field '{COMPLETION}' is {reprlib.repr(completion)}; a completion is a "
+                          "text or one assistant message.")
+    if not completion.strip():
         raise SchemaError(f"{_where(index)}: field '{COMPLETION}' is empty.")
     return prompt, completion
 

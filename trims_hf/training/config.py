@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from ..settings import MaskingConfig, StudentFormat, settings_of
+from ..settings import MaskingConfig, StudentFormat, check_seed, settings_of
 
 SPLIT = ("per_device_train_batch_size", "gradient_accumulation_steps")
 """How a global batch is split; MDLMConfig leaves both unset (None) until ``__post_init__`` fills in transformers'
@@ -87,6 +87,15 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
         if not 0 < self.learning_rate < math.inf:  # NaN fails too
             raise ValueError(f"learning_rate={self.learning_rate}: must be a finite number > 0 (0 would train nothing).")
+        if self.max_steps == 0 or self.max_steps < -1:  # transformers trains the epochs for any max_steps <= 0
+            raise ValueError(f"max_steps={self.max_steps}: a number of optimizer steps > 0, or -1 (the default) to train "
+                             "num_train_epochs.")
+        if not 0 <= self.max_grad_norm < math.inf:  # NaN would turn clipping off without a word
+            raise ValueError(f"max_grad_norm={self.max_grad_norm}: must be a finite number >= 0 (0: no clipping).")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"weight_decay={self.weight_decay}: must be a finite number >= 0.")
+        check_seed("seed", self.seed)
+        check_seed("data_seed", self.data_seed)
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
             raise ValueError(f"num_train_epochs={self.num_train_epochs}: must be > 0 unless max_steps > 0 (max_steps "
                              f"{self.max_steps} leaves the length to the epochs); 0 would train nothing.")

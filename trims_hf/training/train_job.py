@@ -257,6 +257,17 @@ def check_decode_eval(data_args: DataArguments, args: MDLMConfig) -> None:
         check_dataset_source("decode_eval_data_file", task.hub_id)
 
 
+def check_reporting(report_to: list[str]) -> None:
+    """One line for a ``report_to`` integration whose package is missing: transformers raises only once the model is
+    loaded, when it builds the integration's callback."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    missing = [name for name in report_to if name not in ("none", "all", *get_available_reporting_integrations())]
+    if missing:
+        raise InputError(f"report_to {' '.join(missing)}: its package is not installed here; install it, or set "
+                         "report_to none.")
+
+
 def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> str | None:
     """Every mistake found without loading a model or a data set, in seconds; returns the checkpoint to resume from.
 
@@ -264,8 +275,11 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
     """
     resume = resume_checkpoint(args)
     # A new run never writes into an earlier one: its checkpoints, adapter and card would mix with the old files.
+    folder = Path(args.output_dir)
+    earlier = folder.is_dir() and get_last_checkpoint(args.output_dir) is not None
     check_output_path(args.output_dir, f"output_dir {args.output_dir}", existing="reuse" if resume else "empty",
-                      advice=", or continue its run with --resume_from_checkpoint true")
+                      advice=", or continue its run with --resume_from_checkpoint true" if earlier else "")
+    check_reporting(args.report_to)
     if args.push_to_hub:  # so a long run never ends in an auth error
         check_push_access(args.hub_model_id or Path(args.output_dir).absolute().name, args.hub_token)
     if model_args.adapter and model_args.init_from_config:

@@ -7,6 +7,7 @@ Each stage's outputs are kept in the output folder under a fingerprint of the fi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
@@ -60,6 +61,8 @@ class DemoSettings(StudyProtocol):
             raise ValueError(f"teacher={self.teacher}: choose {' or '.join(TEACHERS)}.")
         if self.threads < 1:
             raise ValueError(f"threads={self.threads}: must be at least 1.")
+        if not self.seeds:
+            raise ValueError("seeds: give at least one SFT seed (e.g. seeds=0 or seeds=0,1,2).")
         super().__post_init__()
 
     STAGE_FIELDS = {"data": DATA_FIELDS, "pretrained": PRETRAINED_FIELDS, "score": SCORE_FIELDS,
@@ -97,4 +100,8 @@ def settings_for(fast: bool, study: bool, data_file: str | None = None, threads:
         if "=" in assignment and name.partition(".")[0] not in names:
             raise ValueError(f"{assignment}: no field {name}{did_you_mean(name, names)}; "
                              "`trims demo --fields` lists them.")
-    return with_overrides(preset, assignments)
+    settings = with_overrides(preset, assignments)
+    most = max(DEFAULT_THREADS, os.cpu_count() or 1)  # more threads than cores only contend (and change numbers)
+    if settings.threads > most:
+        raise ValueError(f"threads={settings.threads}: at most {most} on this machine ({os.cpu_count()} CPUs).")
+    return settings
