@@ -119,7 +119,7 @@ def test_merged_export_is_the_original_layout_with_our_logits(tmp_path: Path) ->
 
 def test_push_to_hub_uploads_the_export_with_its_card(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import trims_hf.commands.export  # noqa: F401 - the command's module, whose push is patched below
-    import trims_hf.export as export_module
+    import trims_hf.exporting as export_module
     from trims_hf.data import hub
 
     calls: list[tuple[str, dict]] = []
@@ -195,7 +195,7 @@ def test_export_mistakes_are_one_line_in_the_commands_terms_before_any_model_loa
     def never(*args, **kwargs):
         raise AssertionError("the export ran before its inputs were checked")
 
-    monkeypatch.setattr("trims_hf.export.export", never)
+    monkeypatch.setattr("trims_hf.exporting.export", never)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("")
     given = dict(zip(argv[::2], argv[1::2]))

@@ -3,12 +3,14 @@ no or an unknown command is one error line."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import subprocess
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 from conftest import needs_deepspeed
@@ -171,3 +173,19 @@ def test_an_output_file_may_exist_and_is_checked_in_its_folder(tmp_path):
         (tmp_path / "locked" / "r.json").write_text("{}")
         with pytest.raises(InputError, match="locked is not writable"):
             check_output_path(tmp_path / "locked" / "r.json", "--output r", folder=False)
+
+
+def test_every_public_name_is_what_it_names_whatever_was_imported_first():
+    """Each name in ``trims_hf.__all__`` resolves to the object its module defines, in a fresh interpreter where every
+    submodule was imported first: no submodule shares a public name and replaces it (``trims_hf.export`` the
+    function, not the module that defines it)."""
+    script = ("import importlib, trims_hf\n"
+              "for module in sorted(trims_hf._EXPORTS): importlib.import_module('trims_hf.' + module)\n"
+              "wrong = [name for name in trims_hf.__all__ if getattr(trims_hf, name) is not getattr(\n"
+              "    importlib.import_module('trims_hf.' + trims_hf._OWNER[name]), name)]\n"
+              "print(wrong)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+    assert callable(importlib.import_module("trims_hf").export)

@@ -319,6 +319,12 @@ ERRORS = {
                                     "student tokenizer.", None),
     "device name": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "gpu0"],
                     "--device gpu0: not a device name (e.g. cpu, cuda, cuda:1).", None),
+    "graph step on the CPU": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "cpu", "--step", "graph"],
+                              "--step graph captures CUDA graphs, but the model runs on cpu; use --step static (what "
+                              "--step auto runs there).", None),
+    "more tokens than positions": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--gen-length", "512"],
+                                   "--gen-length 512: the student has 512 positions (max_position_embeddings), and the "
+                                   "prompt needs some of them; generate fewer tokens.", None),
 }
 
 

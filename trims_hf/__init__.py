@@ -52,7 +52,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "run_program", "run_tests",
     ),
     "evaluation.evaluate": ("EvalResult", "EvaluationInterrupted", "SampleRecord", "evaluate_task", "sweep"),
-    "export": ("export", "export_adapter", "export_merged"),
+    "exporting": ("export", "export_adapter", "export_merged"),
     "studies.arith": ("ArithTask",),
 }
 _OWNER = {name: module for module, names in _EXPORTS.items() for name in names}

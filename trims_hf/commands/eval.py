@@ -212,9 +212,12 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
                  given: Collection[str] = ()) -> Inputs:
     """Every check that needs no model weights, in the order a user would fix them; raises an error naming a flag.
     ``given`` names the settings the user set by a flag (:meth:`CommandParser.given`)."""
+    from torch import device as torch_device
+
     from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
     from ..evaluation.tasks import CodeExecutionDisabled, CodeTask, get_task
     from ..prompts import check_end_of_response, check_system_prompt
+    from ..students import student_positions
 
     try:
         task = get_task(args.task, style=args.mbpp_style) if args.task == "mbpp" else get_task(args.task)
@@ -235,9 +238,16 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
         raise InputError(f"--task {task.name} is graded by running model-written code; add --allow-code-execution to "
                          "run it in the sandbox.") from None
     device = _device(args)
+    if config.step == "graph" and torch_device(device).type != "cuda":
+        raise InputError(f"--step graph captures CUDA graphs, but the model runs on {device}; use --step static (what "
+                         "--step auto runs there).")
     check_model_sources(model, flag_name)
     _check_data_source(args, task)
     student = resolve_student(model, flag_name)
+    positions = student_positions(student.config, student.kind)
+    if positions is not None and config.gen_length >= positions:
+        raise InputError(f"--gen-length {config.gen_length}: the student has {positions} positions "
+                         "(max_position_embeddings), and the prompt needs some of them; generate fewer tokens.")
     if student.vocab_size is not None:
         try:
             config.check_token_ids(student.vocab_size)

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
                           description="Export base + adapter as the original model's layout.").parse(argv)
     from ..data.hub import HubAccessError, check_push_access
     from ..errors import InputError, check_output_path
-    from ..export import export
+    from ..exporting import export
     from ..model_config import check_model_sources, student_kind
     from ..students import AdapterError
 

@@ -20,6 +20,7 @@ from .registry import (
     student_config,
     student_logits,
     student_mask_token_id,
+    student_positions,
     student_spec,
 )
 
@@ -31,6 +32,7 @@ __all__ = [
     "StudentSpec",
     "add_mask_token",
     "check_sequence_length",
+    "student_positions",
     "compile_blocks",
     "has_compiled_blocks",
     "detect_student_kind",

@@ -128,9 +128,15 @@ def student_config(config_dict: dict[str, Any], kind: str) -> PreTrainedConfig:
     return spec.translate_config(config_dict) if spec.is_original(config_dict) else PreTrainedConfig.from_dict(config_dict)
 
 
+def student_positions(config_dict: dict[str, Any], kind: str) -> int | None:
+    """The positions a student of ``kind`` with this ``config.json`` dict was trained on (``max_position_embeddings``),
+    or None where its config names none."""
+    return getattr(student_config(config_dict, kind).get_text_config(), "max_position_embeddings", None)
+
+
 def check_sequence_length(config_dict: dict[str, Any], kind: str, max_length: int) -> None:
     """Refuse sequences longer than the student's position embeddings, which it was never trained beyond."""
-    positions = getattr(student_config(config_dict, kind).get_text_config(), "max_position_embeddings", None)
+    positions = student_positions(config_dict, kind)
     if positions is not None and max_length > positions:
         raise ValueError(f"max_length={max_length}: more than the {positions} positions of the student "
                          f"(max_position_embeddings); set it to at most {positions}")
