@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from conftest import FIXTURES
 from original_reference import load_reference
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from trims_hf import AdapterError, load_student, lora_config
 from trims_hf.cli import main as cli
@@ -177,6 +178,15 @@ def test_plain_causal_lm_student_exports_with_model_kind(plain_llama, plain_llam
     assert not (tmp_path / "unsaid").exists()
     assert cli([*export, str(tmp_path / "merged"), "--model-kind", "llada"]) == 0
     assert (tmp_path / "merged" / "model.safetensors").is_file()
+    base_tokenizer = AutoTokenizer.from_pretrained(plain_llama)  # a merged folder loads on its own: the base's tokenizer
+    assert AutoTokenizer.from_pretrained(tmp_path / "merged").get_vocab() == base_tokenizer.get_vocab()
+    trained = tmp_path / "run"  # trims train's output folder: the adapter beside the student's tokenizer, which wins
+    shutil.copytree(plain_llama_adapter, trained)
+    base_tokenizer.add_special_tokens({"additional_special_tokens": ["<|trained|>"]})
+    base_tokenizer.save_pretrained(trained)
+    assert cli(["export", "--model", plain_llama, "--adapter", str(trained), "--output", str(tmp_path / "merged-run"),
+                "--model-kind", "llada"]) == 0
+    assert "<|trained|>" in AutoTokenizer.from_pretrained(tmp_path / "merged-run").get_vocab()
     (tmp_path / "empty").mkdir()  # new or empty, as --help says
     assert cli([*export, str(tmp_path / "empty"), "--model-kind", "llada", "--format", "adapter"]) == 0
     # the base has no original layout: the adapter keeps the names of the model it goes on

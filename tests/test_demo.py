@@ -245,12 +245,15 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--data-file", "{w}/no-answer.jsonl"], r"--data-file .*no-answer\.jsonl: row 0 field 'answer' ends with no '#### N'"),
     (["--data-file", "{w}/few.jsonl"], r"--data-file .*few\.jsonl has 3 rows; the demo needs more than 8\.$"),
     (["--output", "{w}/a-file"], r"--output .*a-file: a file, not a folder\.$"),
+    (["--output", "{w}/a-model"], r"--output .*a-model is not empty and holds no demo run \(no data/ folder\): "),
 ])
 def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path, capsys):
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "1 + 1?", "completion": "2"}) + "\n")
     (tmp_path / "no-answer.jsonl").write_text(json.dumps({**GSM8K_ROW, "answer": "five"}) + "\n")
     (tmp_path / "few.jsonl").write_text((json.dumps(GSM8K_ROW) + "\n") * 3)
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-model").mkdir()
+    (tmp_path / "a-model" / "config.json").write_text("{}")
     output = tmp_path / "out"
     assert main(["demo", "--fast", "--output", str(output), *(flag.format(w=tmp_path) for flag in flags)]) == 2
     err = capsys.readouterr().err

@@ -92,6 +92,17 @@ def test_overrides_win_and_are_typed():
     assert not model_args.init_from_config and data_args.dataset_name == "outputs/toy/score/scored"
 
 
+@pytest.mark.parametrize("spelling", [["--global_batch_size", "null"], ["--global-batch-size=null"]])
+def test_null_on_the_command_line_unsets_a_key_that_may_be_unset(spelling):
+    """``--key null`` is YAML's ``key: null`` for a key whose value may be unset; for any other key it stays a value."""
+    recipe = RECIPES / "llada" / "trims_s1k.yaml"
+    _, _, args = parse_recipe(recipe, [*spelling, "--per_device_train_batch_size", "4", "--bf16", "false",
+                                       "--use_cpu", "true"])
+    assert args.global_batch_size is None and args.per_device_train_batch_size == 4
+    with pytest.raises(InputError, match=r"^--lora_r: invalid int value: 'null'"):
+        parse_recipe(recipe, ["--lora_r", "null", "--bf16", "false", "--use_cpu", "true"])
+
+
 @pytest.mark.parametrize("settings,match", [
     ({"per_device_train_batch_size": 0}, r"^per_device_train_batch_size=0: must be at least 1\.$"),
     ({"per_device_eval_batch_size": -1}, r"^per_device_eval_batch_size=-1: must be at least 1\.$"),
@@ -262,7 +273,8 @@ MISTAKES = [
     ("global-batch-zero", None, {"global_batch_size": "0"}, [], r"^global_batch_size 0: must be at least 1\.$"),
     ("global-batch-and-split", None, {"global_batch_size": "32", "gradient_accumulation_steps": "2"}, [],
      r"^global_batch_size 32 chooses per_device_train_batch_size and gradient_accumulation_steps itself \(the largest "
-     r"per-device batch that fits\); give one or the other \(in a recipe: global_batch_size: null, or leave "),
+     r"per-device batch that fits\); give one or the other \(global_batch_size: null in a recipe or "
+     r"--global_batch_size null on the command line, or leave "),
     ("global-batch-and-default-split", without_split, {"global_batch_size": "32", "per_device_train_batch_size": "8"}, [],
      r"^global_batch_size 32 chooses per_device_train_batch_size itself "),  # transformers' default, given: refused
     ("batch-size-zero", None, {"per_device_train_batch_size": "0"}, [],

@@ -34,12 +34,29 @@ CARD = "README.md"
 
 def export_merged(base: str, adapter: str, output: Path, *, model_kind: str | None = None,
                   allow_base_mismatch: bool = False, **load_kwargs: Any) -> Path:
-    """Merge ``adapter`` into ``base`` and save it in the base's layout (original for LLaDA / Dream checkpoints)."""
+    """Merge ``adapter`` into ``base`` and save it in the base's layout (original for LLaDA / Dream checkpoints), with
+    the tokenizer the run trained with (its output folder's, else the base's), so the folder loads on its own."""
     from .students import load_student
 
     model = load_student(base, model_kind, adapter=adapter, allow_base_mismatch=allow_base_mismatch, **load_kwargs)
     model.merge_and_unload().save_pretrained(output)
+    tokenizer = run_tokenizer(adapter, base)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(output)
     return output
+
+
+def run_tokenizer(adapter: str, base: str) -> Any:
+    """The tokenizer saved beside a local ``adapter`` (``trims train`` saves the student's, mask token included), else
+    ``base``'s; None when neither folder has one (no remote code runs)."""
+    from transformers import AutoTokenizer
+
+    for source in ([adapter] if Path(adapter).expanduser().is_dir() else []) + [base]:
+        try:
+            return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        except (OSError, ValueError, KeyError):  # no tokenizer files there, or a class only remote code defines
+            continue
+    return None
 
 
 def export_adapter(base: str, adapter: str, output: Path, *, model_kind: str | None = None,

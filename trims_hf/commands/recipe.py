@@ -127,7 +127,8 @@ def _expected(action: argparse.Action) -> str:
 
 
 def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[ModelArguments, DataArguments, MDLMConfig]:
-    """Parse a recipe plus ``--key value`` overrides into the three argument dataclasses.
+    """Parse a recipe plus ``--key value`` overrides into the three argument dataclasses; ``--key null`` unsets a key
+    whose value may be unset (``global_batch_size``), as ``key: null`` in the recipe does.
 
     As TRL's ``TrlParser``, the recipe's values become the parser's defaults and the command line overrides them;
     each value is first typed and checked by the parser as its command-line spelling would be, so a bad value is one
@@ -143,6 +144,15 @@ def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Model
             defaults[key] = parser.typed(actions[key], hints[key], value)
         except ValueError as error:
             raise InputError(f"{key} in {path}: {error}") from None
+    overrides = list(overrides)
+    for index in reversed(range(len(overrides))):  # `--key null` unsets a key that may be unset, as YAML's null does
+        flag, equals, value = overrides[index].partition("=")
+        key = flag.removeprefix("--").replace("-", "_")
+        if not equals and index + 1 < len(overrides):
+            value = overrides[index + 1]
+        if flag.startswith("--") and key in hints and value == "null" and type(None) in typing.get_args(hints[key]):
+            defaults[key] = None
+            del overrides[index:index + (1 if equals else 2)]
     parser.set_defaults(**defaults)
     required = [action.dest for action in actions.values() if action.required and action.dest not in recipe]
     for action in parser._actions:  # a required key the recipe leaves out is reported below, in recipe terms

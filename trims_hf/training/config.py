@@ -111,8 +111,8 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
             raise ValueError(f"{name}: must be at least 1.")
         if given:
             raise ValueError(f"{name} chooses {' and '.join(given)} itself (the largest per-device batch that fits); "
-                             f"give one or the other (in a recipe: global_batch_size: null, or leave {' and '.join(given)} "
-                             "out).")
+                             f"give one or the other (global_batch_size: null in a recipe or --global_batch_size null on "
+                             f"the command line, or leave {' and '.join(given)} out).")
         if self.auto_find_batch_size:
             raise ValueError(f"{name} with auto_find_batch_size: transformers' search would shrink the global batch "
                              "after an out-of-memory error; use one of them.")

