@@ -75,6 +75,8 @@ def test_eval_command_for_code_tasks_and_other_strategies():
     _, args, decoding, _ = eval_parser().parse(shlex.split(line)[2:])
     assert args.allow_code_execution and args.task == "mbpp" and args.limit is None
     assert decoding == DecodingConfig(strategy="fixed_steps", steps=128, temperature=0.5, seed=3, stop_token_ids=[5, 6])
+    argmax = eval_command("base", "me/adapter", "gsm8k", DecodingConfig(seed=3))  # a seed draws nothing at temperature 0
+    assert "--seed" not in argmax and eval_parser().parse(shlex.split(argmax)[2:])[2] == DecodingConfig()
 
 
 def test_card_for_local_inputs_and_the_baseline():

@@ -101,6 +101,13 @@ def test_null_on_the_command_line_unsets_a_key_that_may_be_unset(spelling):
     assert args.global_batch_size is None and args.per_device_train_batch_size == 4
     with pytest.raises(InputError, match=r"^--lora_r: invalid int value: 'null'"):
         parse_recipe(recipe, ["--lora_r", "null", "--bf16", "false", "--use_cpu", "true"])
+    base = ["--bf16", "false", "--use_cpu", "true"]
+    last = {"null last": (["--global_batch_size", "16", *spelling, "--per_device_train_batch_size", "4"], None),
+            "16 last": ([*spelling, "--global_batch_size=16"], 16), "yaml tilde": (["--global_batch_size", "~"], None)}
+    for argv, expected in last.values():  # the last one given wins, as argparse has it
+        given = [*base, *argv] + (["--per_device_train_batch_size", "4"] if expected is None and "4" not in argv else [])
+        assert parse_recipe(recipe, given)[2].global_batch_size == expected
+    assert parse_recipe(recipe, [*base, "--run_name", "null"])[2].run_name == "null"  # a text key keeps the text
 
 
 @pytest.mark.parametrize("settings,match", [
@@ -570,10 +577,16 @@ def test_trims_train_lets_cuda_segments_grow_unless_the_allocator_is_set_up(tmp_
 def test_a_reporting_integration_not_installed_is_one_line_before_any_model_loads(toy_inputs, tmp_path, capsys,
                                                                                  offline_hub, monkeypatch):
     """transformers raises for a missing ``report_to`` package only when it builds the callback, after the model."""
-    monkeypatch.setattr("transformers.integrations.get_available_reporting_integrations", lambda: ["tensorboard"])
+    monkeypatch.setattr("transformers.integrations.integration_utils.is_wandb_available", lambda: False)
     argv = [arg for key, value in {**toy_inputs, "output_dir": str(tmp_path / "run")}.items()
             for arg in (f"--{key}", value)]
     assert main(["train", "--config", str(TOY), *argv, "--report_to", "wandb"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == ("error: report_to wandb: its package is not installed here; "
                                                         "install it, or set report_to none.")
+    assert main(["train", "--config", str(TOY), *argv, "--report_to", "tensorbord"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "error: report_to tensorbord: tensorbord is not supported, only azure_ml, ")
     assert not (tmp_path / "run").exists()
+    from trims_hf.training.train_job import check_reporting
+
+    check_reporting(MDLMConfig(output_dir=str(tmp_path), report_to=None, use_cpu=True).report_to)  # null: nothing

@@ -1,9 +1,12 @@
-"""The CPU settings that decide float results, pinned before torch loads, so a run reproduces on any x86-64 machine.
+"""The CPU settings that decide float results, pinned before torch loads, so a run depends on as little of the machine
+as can be pinned.
 
 ATen's vectorised kernels (dispatched on the CPU's instruction set), MKL's and oneDNN's code paths and the number of
 threads each fix an order of floating-point operations; another order changes the last bits (~1e-8), and training
 amplifies them until every cell of a results table moves. Pinning the AVX2 paths (present on every x86-64 CPU since
-2013, AVX-512 ones included) and a thread count makes the demo's numbers a property of the code, not of the machine.
+2013, AVX-512 ones included) and a thread count was meant to make the demo's numbers a property of the code alone;
+they still differ between CPU models (docs/demo.md gives two machines' tables), so they reproduce on one CPU model
+with one thread count.
 The code paths are chosen when torch loads, so they are set in the environment first (this module imports nothing
 heavy); the thread count can change later and is set with ``torch.set_num_threads``.
 """

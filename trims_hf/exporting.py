@@ -11,6 +11,7 @@ load them either way; :func:`push_folder` uploads the folder.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +42,23 @@ def export_merged(base: str, adapter: str, output: Path, *, model_kind: str | No
     model = load_student(base, model_kind, adapter=adapter, allow_base_mismatch=allow_base_mismatch, **load_kwargs)
     model.merge_and_unload().save_pretrained(output)
     tokenizer = run_tokenizer(adapter, base)
-    if tokenizer is not None:
+    if tokenizer is None:
+        print(f"note: no tokenizer written to {output}: neither the adapter's folder nor the base has one that loads "
+              "without remote code; pass the base's to `trims eval --tokenizer-name-or-path`.", file=sys.stderr)
+    else:
         tokenizer.save_pretrained(output)
     return output
 
 
 def run_tokenizer(adapter: str, base: str) -> Any:
-    """The tokenizer saved beside a local ``adapter`` (``trims train`` saves the student's, mask token included), else
-    ``base``'s; None when neither folder has one (no remote code runs)."""
+    """The tokenizer saved beside ``adapter`` (a folder or Hub repo: ``trims train`` saves the student's, mask token
+    included), else ``base``'s; None when neither has one that loads without remote code."""
     from transformers import AutoTokenizer
 
-    for source in ([adapter] if Path(adapter).expanduser().is_dir() else []) + [base]:
+    for source in (adapter, base):
         try:
             return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        except (OSError, ValueError, KeyError):  # no tokenizer files there, or a class only remote code defines
+        except (OSError, ValueError, KeyError, ImportError):  # no tokenizer files, remote code, a missing package
             continue
     return None
 

@@ -390,7 +390,6 @@ class DecodingConfig:
         _check_probability("threshold", self.threshold)
         for name in ("entropy_threshold", "factor", "temperature"):
             _check_non_negative(name, getattr(self, name))
-        check_seed("seed", self.seed)
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps={self.steps}: must be at least 1.")
         self.check_given(["steps"] if self.steps is not None else [])

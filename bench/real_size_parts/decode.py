@@ -227,7 +227,8 @@ def decode_part(run: Run) -> None:
         run = replace(run, step_modes=without_graphs(run.step_modes))  # resolve_step would refuse them
         run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "step": "graph",
                             "skipped": f"no CUDA graph captures this student here ({uncapturable}): the decode part "
-                                       f"times {','.join(run.step_modes)}"})
+                                       f"times {','.join(run.step_modes)}; the static step at batch 1 only, so no "
+                                       "larger batch's goal is judged"})
     peak = accelerator(device_name(run.device))
     all_weight_bytes = weight_read_bytes(model)
     moe = bool(expert_modules(model))

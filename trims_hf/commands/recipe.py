@@ -126,6 +126,48 @@ def _expected(action: argparse.Action) -> str:
     return "true or false" if kind == "string_to_bool" else kind
 
 
+NULLS = ("null", "Null", "NULL", "~")
+"""YAML's spellings of null."""
+
+
+def _override_key(token: str) -> str | None:
+    """The recipe key a ``--key`` or ``--key=value`` token names (dashes or underscores), None for a value."""
+    return token.partition("=")[0].removeprefix("--").replace("-", "_") if token.startswith("--") else None
+
+
+def unset_nulls(overrides: Sequence[str], hints: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
+    """``overrides`` without each ``--key null`` (YAML's spellings) of a key that may be unset and holds no text (a
+    text key keeps "null" as its value), which sets ``defaults[key]`` to None instead and drops the key's earlier
+    values: the last one given wins, as argparse has it."""
+    kept: list[str] = []
+    index = 0
+    while index < len(overrides):
+        token, key = overrides[index], _override_key(overrides[index])
+        inline = "=" in token
+        value = token.partition("=")[2] if inline else (overrides[index + 1] if index + 1 < len(overrides) else None)
+        kinds = typing.get_args(hints.get(key))
+        if key is not None and value in NULLS and type(None) in kinds and str not in kinds:
+            defaults[key] = None
+            kept = _without_key(kept, key)
+            index += 1 if inline else 2
+            continue
+        kept.append(token)
+        index += 1
+    return kept
+
+
+def _without_key(tokens: list[str], key: str) -> list[str]:
+    """``tokens`` without the ``--key value`` / ``--key=value`` items of ``key``."""
+    kept, index = [], 0
+    while index < len(tokens):
+        if _override_key(tokens[index]) == key:
+            index += 1 if "=" in tokens[index] else 2
+            continue
+        kept.append(tokens[index])
+        index += 1
+    return kept
+
+
 def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[ModelArguments, DataArguments, MDLMConfig]:
     """Parse a recipe plus ``--key value`` overrides into the three argument dataclasses; ``--key null`` unsets a key
     whose value may be unset (``global_batch_size``), as ``key: null`` in the recipe does.
@@ -144,15 +186,7 @@ def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Model
             defaults[key] = parser.typed(actions[key], hints[key], value)
         except ValueError as error:
             raise InputError(f"{key} in {path}: {error}") from None
-    overrides = list(overrides)
-    for index in reversed(range(len(overrides))):  # `--key null` unsets a key that may be unset, as YAML's null does
-        flag, equals, value = overrides[index].partition("=")
-        key = flag.removeprefix("--").replace("-", "_")
-        if not equals and index + 1 < len(overrides):
-            value = overrides[index + 1]
-        if flag.startswith("--") and key in hints and value == "null" and type(None) in typing.get_args(hints[key]):
-            defaults[key] = None
-            del overrides[index:index + (1 if equals else 2)]
+    overrides = unset_nulls(overrides, hints, defaults)
     parser.set_defaults(**defaults)
     required = [action.dest for action in actions.values() if action.required and action.dest not in recipe]
     for action in parser._actions:  # a required key the recipe leaves out is reported below, in recipe terms

@@ -78,10 +78,12 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
             self._check_global_batch(given)
 
     def _check_optimisation(self) -> None:
-        """What ``TrainingArguments`` accepts and training then fails on (a DataLoader, a division, the optimizer) or
-        runs without training anything, refused before anything loads: batch sizes and accumulation below 1, a
-        learning rate that is not a positive finite number, and no epochs without ``max_steps`` (transformers trains
-        ``num_train_epochs`` unless ``max_steps > 0``: 0 would save an untrained adapter)."""
+        """What ``TrainingArguments`` accepts and training then fails on (a DataLoader, a division, the optimizer, a
+        seed numpy refuses) or runs otherwise than asked, refused before anything loads: batch sizes and accumulation
+        below 1, a learning rate that is not a positive finite number, no epochs without ``max_steps`` (transformers
+        trains ``num_train_epochs`` unless ``max_steps > 0``: 0 would save an untrained adapter), a ``max_steps`` of 0
+        or below -1 (the epochs would run instead), a NaN or negative ``max_grad_norm`` (clipping silently off), a
+        negative ``weight_decay``, and seeds outside numpy's range."""
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")

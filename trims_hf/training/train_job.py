@@ -257,15 +257,25 @@ def check_decode_eval(data_args: DataArguments, args: MDLMConfig) -> None:
         check_dataset_source("decode_eval_data_file", task.hub_id)
 
 
-def check_reporting(report_to: list[str]) -> None:
-    """One line for a ``report_to`` integration whose package is missing: transformers raises only once the model is
-    loaded, when it builds the integration's callback."""
-    from transformers.integrations import get_available_reporting_integrations
+REPORTING_PACKAGE_CHECK = {"comet_ml": "comet", "azure_ml": "azureml", "flyte": "flytekit"}
+"""``report_to`` names whose availability check in transformers is spelled otherwise (``is_<name>_available``)."""
 
-    missing = [name for name in report_to if name not in ("none", "all", *get_available_reporting_integrations())]
-    if missing:
-        raise InputError(f"report_to {' '.join(missing)}: its package is not installed here; install it, or set "
-                         "report_to none.")
+
+def check_reporting(report_to: list[str | None]) -> None:
+    """One line for an unknown ``report_to`` integration, or one whose package is missing (as transformers' own
+    ``is_<name>_available`` says): transformers raises only once the model is loaded, when it builds the callback."""
+    from transformers.integrations import integration_utils
+
+    names = [name for name in report_to if name not in (None, "none", "all")]
+    try:
+        integration_utils.get_reporting_integration_callbacks(names)
+    except ValueError as error:
+        raise InputError(f"report_to {' '.join(names)}: {one_line(error)}") from None
+    for name in names:
+        available = getattr(integration_utils, f"is_{REPORTING_PACKAGE_CHECK.get(name, name)}_available", None)
+        if available is not None and not available():
+            raise InputError(f"report_to {name}: its package is not installed here; install it, or set report_to "
+                             "none.")
 
 
 def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> str | None:

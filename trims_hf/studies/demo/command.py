@@ -35,9 +35,9 @@ class DemoArguments:
                                 "256 generated tokens."})
     threads: int = field(
         default=DEFAULT_THREADS,
-        metadata={"help": "CPU threads. Like the vector instruction set and MKL's and oneDNN's code paths (pinned to AVX2 "
-                  "before torch loads), they decide the float results: the same count reproduces them on any x86-64 "
-                  "machine."},
+        metadata={"help": "CPU threads (at most the machine's cores). Like the vector instruction set and MKL's and oneDNN's "
+                  "code paths (pinned to AVX2 before torch loads), they decide the float results: the same count "
+                  "reproduces them on the same CPU model."},
     )
     set: list[str] = field(
         default_factory=list,

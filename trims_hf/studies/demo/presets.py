@@ -101,7 +101,8 @@ def settings_for(fast: bool, study: bool, data_file: str | None = None, threads:
             raise ValueError(f"{assignment}: no field {name}{did_you_mean(name, names)}; "
                              "`trims demo --fields` lists them.")
     settings = with_overrides(preset, assignments)
-    most = max(DEFAULT_THREADS, os.cpu_count() or 1)  # more threads than cores only contend (and change numbers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # a container's
+    most = max(DEFAULT_THREADS, cores)  # more threads than cores only contend (and change numbers)
     if settings.threads > most:
-        raise ValueError(f"threads={settings.threads}: at most {most} on this machine ({os.cpu_count()} CPUs).")
+        raise ValueError(f"threads={settings.threads}: at most {most} on this machine ({cores} CPUs).")
     return settings
