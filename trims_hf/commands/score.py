@@ -54,7 +54,8 @@ class OutputArguments:
     """Where the scored dataset goes."""
 
     output: str = field(default="outputs/scored", metadata={"help": "Dataset folder to write."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace an existing output folder."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an existing output folder: all it holds is deleted "
+                                                              "first (trims export --overwrite keeps other files)."})
     push_to_hub: str | None = field(default=None, metadata={"help": "Dataset repo to push to (write access is checked first)."})
     token: str | None = field(default=None, metadata={"help": "Hugging Face token (default: the saved login)."})
     private: bool = field(default=False, metadata={"help": "Create the Hub repo as private."})
