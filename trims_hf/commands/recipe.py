@@ -139,33 +139,30 @@ def unset_nulls(overrides: Sequence[str], hints: dict[str, Any], defaults: dict[
     """``overrides`` without each ``--key null`` (YAML's spellings) of a key that may be unset and holds no text (a
     text key keeps "null" as its value), which sets ``defaults[key]`` to None instead and drops the key's earlier
     values: the last one given wins, as argparse has it."""
-    kept: list[str] = []
-    index = 0
-    while index < len(overrides):
-        token, key = overrides[index], _override_key(overrides[index])
-        inline = "=" in token
-        value = token.partition("=")[2] if inline else (overrides[index + 1] if index + 1 < len(overrides) else None)
+    kept: list[list[str]] = []
+    for item in _flag_items(overrides):
+        key = _override_key(item[0])
+        value = item[0].partition("=")[2] if "=" in item[0] else (item[1] if len(item) > 1 else None)
         kinds = typing.get_args(hints.get(key))
         if key is not None and value in NULLS and type(None) in kinds and str not in kinds:
             defaults[key] = None
-            kept = _without_key(kept, key)
-            index += 1 if inline else 2
-            continue
-        kept.append(token)
-        index += 1
-    return kept
+            kept = [other for other in kept if _override_key(other[0]) != key]
+        else:
+            kept.append(item)
+    return [token for item in kept for token in item]
 
 
-def _without_key(tokens: list[str], key: str) -> list[str]:
-    """``tokens`` without the ``--key value`` / ``--key=value`` items of ``key``."""
-    kept, index = [], 0
-    while index < len(tokens):
-        if _override_key(tokens[index]) == key:
-            index += 1 if "=" in tokens[index] else 2
-            continue
-        kept.append(tokens[index])
-        index += 1
-    return kept
+def _flag_items(tokens: Sequence[str]) -> list[list[str]]:
+    """``tokens`` grouped as given: ``[--key=value]``, ``[--key, value]``, a bare ``[--flag]`` or a stray value."""
+    items: list[list[str]] = []
+    for token in tokens:
+        previous = items[-1] if items else None
+        if previous and not token.startswith("--") and len(previous) == 1 and previous[0].startswith("--") \
+                and "=" not in previous[0]:
+            previous.append(token)
+        else:
+            items.append([token])
+    return items
 
 
 def parse_recipe(path: str | Path, overrides: Sequence[str] = ()) -> tuple[ModelArguments, DataArguments, MDLMConfig]:

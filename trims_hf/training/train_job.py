@@ -217,13 +217,18 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
     }
 
 
+def last_checkpoint(output_dir: str) -> str | None:
+    """The last ``checkpoint-N`` folder in ``output_dir``; None when it holds none or does not exist."""
+    return get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+
+
 def resume_checkpoint(args: MDLMConfig) -> str | None:
     """The checkpoint to resume from: ``resume_from_checkpoint``'s folder, or with ``true`` the last one in ``output_dir``."""
     value = args.resume_from_checkpoint
     if value is None or value.lower() == "false":
         return None
     if value.lower() == "true":
-        last = get_last_checkpoint(args.output_dir) if Path(args.output_dir).is_dir() else None
+        last = last_checkpoint(args.output_dir)
         if last is None:
             raise InputError(f"resume_from_checkpoint true: output_dir {args.output_dir} holds no checkpoint-N folder.")
         return last
@@ -285,8 +290,7 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
     """
     resume = resume_checkpoint(args)
     # A new run never writes into an earlier one: its checkpoints, adapter and card would mix with the old files.
-    folder = Path(args.output_dir)
-    earlier = folder.is_dir() and get_last_checkpoint(args.output_dir) is not None
+    earlier = last_checkpoint(args.output_dir) is not None
     check_output_path(args.output_dir, f"output_dir {args.output_dir}", existing="reuse" if resume else "empty",
                       advice=", or continue its run with --resume_from_checkpoint true" if earlier else "")
     check_reporting(args.report_to)
@@ -348,7 +352,7 @@ class TrainingInterrupted(KeyboardInterrupt):
 
     def __init__(self, output_dir: str, step: int, max_steps: int) -> None:
         folder = Path(output_dir)
-        last = get_last_checkpoint(output_dir) if folder.is_dir() else None
+        last = last_checkpoint(output_dir)
         where = f"interrupted at step {step} of {max_steps}"
         if last is not None:
             message = (f"{where}; {last} holds step {last.rsplit('-', 1)[1]}: continue from it with the same command and "
