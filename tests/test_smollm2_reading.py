@@ -14,8 +14,8 @@ from trims_hf.studies.smollm2.reading import read_window, read_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOWS = ROOT / "docs" / "results" / "smollm2"
-PROTOCOL_2 = [WINDOWS / "window-2", WINDOWS / "window-3", WINDOWS / "window-4"]
-"""The windows that ran protocol 2 (seeds 0, 1 and 2)."""
+PROTOCOL_2 = [WINDOWS / f"window-{number}" for number in (2, 3, 4, 5)]
+"""The windows that ran protocol 2 (seeds 0, 1, 2 and 3)."""
 
 
 def study_rows(folder: Path) -> dict[tuple[str, float], dict]:
@@ -67,7 +67,7 @@ def test_windows_that_cannot_be_read_together_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"different protocols \(base_steps\)"):
         read_windows([PROTOCOL_2[0], other])
     # A field one window's library did not have yet is named, not refused (window 2 predates compile_blocks).
-    lacking = "lack (the library added them later): decoding.compile_blocks (seed 1 False, seed 2 False)."
+    lacking = "lack (the library added them later): decoding.compile_blocks (seed 1 False, seed 2 False, seed 3 False)."
     assert lacking in read_windows(PROTOCOL_2)
 
 
@@ -106,7 +106,8 @@ def test_the_command_prints_the_reading_or_one_error_line(tmp_path, capsys):
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     assert recipe.main(["--read", *map(str, PROTOCOL_2)]) == 0
-    assert capsys.readouterr().out.startswith("Windows: seed 0 (window-2), seed 1 (window-3), seed 2 (window-4);")
+    windows = "seed 0 (window-2), seed 1 (window-3), seed 2 (window-4), seed 3 (window-5);"
+    assert capsys.readouterr().out.startswith(f"Windows: {windows}")
     assert recipe.main(["--read", str(PROTOCOL_2[0]), str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --read: ") and "none: no results.json" in err
