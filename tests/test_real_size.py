@@ -519,6 +519,7 @@ def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch):
     fake = Accelerator("Fake", bf16_tflops=1e-6, bandwidth_tb_s=1e-3)
     monkeypatch.setattr(decoding, "accelerator", lambda name: fake)
     output = tmp_path / "moe.jsonl"
+    torch._dynamo.reset()  # every graph this part needs is compiled by it
     real_size.main(["--part", "decode", "--student", "llada_moe", "--device", "cpu", "--cache-modes", "none,dual",
                     "--step-modes", "eager,graph,graph+compiled", "--output", str(output)])
     lines = [line for line in map(json.loads, output.read_text().splitlines()) if line["measurement"] == "decode"]
@@ -527,6 +528,10 @@ def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch):
         if b == 1 or not c}
     for line in lines:
         assert line["identical_tokens_vs_eager"] == 1 and "error" not in line
+        if line["compile_blocks"]:  # every block ran compiled: graphs made, no frame left to eager
+            assert line["compiled_graphs"] > 0 and line["frames_run_eagerly"] == 0
+        else:
+            assert line["compiled_graphs"] is None is line["frames_run_eagerly"]
         experts = line["experts_reached"]
         assert set(experts) == {"layers.0.mlp.experts", "layers.1.mlp.experts"}
         assert all(1 <= count <= 4 for count in experts.values())
