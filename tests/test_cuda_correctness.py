@@ -247,14 +247,15 @@ class _Decision:
     logit), every candidate's side of the threshold, and, when none reaches it, which candidate is the best."""
 
 
-def step_decision(model: torch.nn.Module, prompt: list[int], step: _Step, config: DecodingConfig, device: str) -> _Decision:
+def step_decision(model: torch.nn.Module, prompt: list[int], step: _Step, config: DecodingConfig, device: str,
+                  kind: str = "llada") -> _Decision:
     """What the decoder commits at this state: proposals and float64 confidences as the reference decoder defines
     them (fixtures README §3), the commit set by the library's own strategy."""
     block = slice(step.block * config.block_length, (step.block + 1) * config.block_length)
     candidates = step.before[block] == MASK_ID
     x = torch.tensor([prompt + step.before.tolist()], device=device)
     with torch.no_grad():
-        logits = STUDENTS["llada"].align_logits(model(input_ids=x).logits)[0, len(prompt):][block].double().cpu()
+        logits = STUDENTS[kind].align_logits(model(input_ids=x).logits)[0, len(prompt):][block].double().cpu()
     confidence, tokens = logits.softmax(-1).max(-1)
     commit = build_strategy(config).select(confidence[None], candidates[None], 0, candidates.sum()[None])[0]
     top = logits.topk(2, dim=-1).values
@@ -268,17 +269,18 @@ def step_decision(model: torch.nn.Module, prompt: list[int], step: _Step, config
     return _Decision([(offset + i, int(tokens[i])) for i in commit.nonzero().squeeze(-1).tolist()], clear)
 
 
-def compare_where_margins_allow(reference: torch.nn.Module, other: torch.nn.Module, device: str) -> tuple[int, int]:
+def compare_where_margins_allow(reference: torch.nn.Module, other: torch.nn.Module, device: str,
+                                kind: str = "llada") -> tuple[int, int]:
     """Over every state of the reference's threshold-decoding trajectories: (steps with clear fp32 margins,
     of which ``other`` commits differently)."""
     compared = mismatched = 0
     for run, config in threshold_runs():
         for step in decode_steps(reference, run, config, device):
-            expected = step_decision(reference, run["prompt_ids"], step, config, device)
+            expected = step_decision(reference, run["prompt_ids"], step, config, device, kind)
             assert expected.commits == step.commits  # the decision rule here is the decoder's
             if expected.clear:
                 compared += 1
-                mismatched += step_decision(other, run["prompt_ids"], step, config, device).commits != expected.commits
+                mismatched += step_decision(other, run["prompt_ids"], step, config, device, kind).commits != expected.commits
     return compared, mismatched
 
 
@@ -462,12 +464,29 @@ dtype once."""
 @pytest.mark.parametrize(("device", "kind", "dtype"), COMPILED_CASES)
 def test_compiled_blocks_commit_the_eager_tokens(device, kind, dtype):
     """Compiled decoder blocks (``DecodingConfig.compile_blocks``) fuse the elementwise work into other kernels, whose
-    roundings may differ from eager's; on the fixture prompts every step still commits what the uncompiled eager step
-    commits, under the static step and (CUDA) the graph step that captures the fused kernels."""
+    roundings differ from eager's. In float32 that moves no token: on the fixture prompts every step commits what the
+    uncompiled eager step commits, at every cache mode, under the static step and (CUDA) the graph step that captures
+    the fused kernels. In bfloat16 it does (the fused kernels keep float32 between ops where eager rounds to bf16), so
+    the compiled bf16 student is held to what the eager bf16 one is: the fp32 decoder's commits at every state whose
+    fp32 margins are clear, and logits no further from fp32's than twice eager bf16's."""
     compiled = student(kind, device, dtype)
-    assert_commits_of_eager(student(kind, device, dtype), compiled, device,
-                            {f"step={step}, compiled": {"step": step, "compile_blocks": True} for step in STEP_MODES[device]},
-                            f"{kind} {dtype}")
+    steps = {f"step={step}, compiled": {"step": step, "compile_blocks": True} for step in STEP_MODES[device]}
+    if dtype == torch.float32:
+        assert_commits_of_eager(student(kind, device, dtype), compiled, device, steps, f"{kind} {dtype}")
+    else:
+        for fields in steps.values():  # compiles the blocks, and runs them under each step mode and cache
+            for cache in ("none", "prefix", "dual"):
+                generate(compiled, *fixture_prompts(device, padded=True), DecodingConfig(
+                    gen_length=16, block_length=TRACES["settings"]["block_length"], cache=cache, **fields))
+        fp32, eager = student(kind, device, torch.float32), student(kind, device, dtype)
+        compared, mismatched = compare_where_margins_allow(fp32, compiled, device, kind)
+        assert compared >= 2 and mismatched == 0  # 2 clear states of Dream's, 9 of LLaDA's on the CPU
+        ids, mask = fixture_prompts(device, padded=True)
+        with torch.no_grad():
+            logits = {name: model(input_ids=ids, attention_mask=mask).logits.float()
+                      for name, model in (("fp32", fp32), ("eager", eager), ("compiled", compiled))}
+        # The fused kernels' bf16 logits are no further from fp32's than twice the eager bf16 logits are.
+        assert (logits["compiled"] - logits["fp32"]).norm() <= 2 * (logits["eager"] - logits["fp32"]).norm()
     assert all(layer._compiled_call_impl is not None for layer in compiled.model.layers)
 
 

@@ -205,16 +205,26 @@ def uncompile(model: nn.Module) -> None:
         module._compiled_call_impl = None
 
 
-def dynamo_counts() -> tuple[int, int]:
-    """The graphs dynamo has compiled in this process, and the frames it gave up on and ran eagerly (a block past
-    dynamo's recompile limit among them): a compiled row's difference of the two says whether every block ran
-    compiled."""
+def compiled_graphs() -> int:
+    """The graphs dynamo has compiled in this process: a compiled row's difference says how many it needed (0 where
+    the rows before it compiled them all)."""
     from torch._dynamo.utils import counters
 
-    return counters["stats"]["unique_graphs"], counters["frames"]["total"] - counters["frames"]["ok"]
+    return counters["stats"]["unique_graphs"]
 
 
-def failed(run: Run, batch: int, mode: str, step: str, error: RuntimeError, **note: str) -> None:
+@contextmanager
+def compiling_in_full(step: str) -> Iterator[None]:
+    """A compiled step whose blocks reach dynamo's recompile limit raises (an error row) instead of running the
+    blocks past it eagerly, as dynamo would, which would time the eager blocks under the compiled step's name."""
+    if not step.endswith(COMPILED):
+        yield
+        return
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
+
+
+def failed(run: Run, batch: int, mode: str, step: str, error: Exception, **note: str) -> None:
     """One mode failing on the device must not cost the others' lines: an error line in its place."""
     run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "batch": batch, "cache": mode,
                         **step_settings(step), **note, "error": f"{type(error).__name__}: {error}"[:2000]})
@@ -299,7 +309,7 @@ def decode_part(run: Run) -> None:
                 "identical_tokens_vs_eager": identical_fraction(responses, results[mode, "eager"][1])
                 if (mode, "eager") in results else None,
                 **memory[mode, step], "graph_memory_gib": graph_memory,
-                **compilation.get((mode, step), {"compiled_graphs": None, "frames_run_eagerly": None}),
+                "compiled_graphs": compilation.get((mode, step)),
                 "weight_read_bytes": round(weight_bytes), "weight_read_bytes_all_experts": all_weight_bytes,
                 "experts_reached": {name.removeprefix("model."): round(count, 2)
                                     for name, count in reached[mode].items()} if moe else None,
@@ -352,19 +362,19 @@ def decode_part(run: Run) -> None:
                         continue
                     for step in group:
                         reset_peak_memory(run.device)
-                        before = dynamo_counts()
+                        graphs = compiled_graphs()
                         try:
-                            if step.endswith(COMPILED):  # compiles, captures: what the timed decode reuses
-                                decode_modes(model, [prompts], base, (mode,), (step,))
-                            with forward_times(run.device, model) as times:
-                                results |= decode_modes(model, [prompts], base, (mode,), (step,))
-                        except RuntimeError as error:
+                            with compiling_in_full(step):
+                                if step.endswith(COMPILED):  # compiles, captures: what the timed decode reuses
+                                    decode_modes(model, [prompts], base, (mode,), (step,))
+                                with forward_times(run.device, model) as times:
+                                    results |= decode_modes(model, [prompts], base, (mode,), (step,))
+                        except (RuntimeError, torch._dynamo.exc.FailOnRecompileLimitHit) as error:
                             failed(run, batch, mode, step, error)
                             continue
                         calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
                         if step.endswith(COMPILED):
-                            graphs, eager = (after - first for after, first in zip(dynamo_counts(), before))
-                            compilation[mode, step] = {"compiled_graphs": graphs, "frames_run_eagerly": eager}
+                            compilation[mode, step] = compiled_graphs() - graphs
                 emit_group(batch, prompts, group, results, calls, memory, reached, compilation)
             uncompile(model)
         if fitted:

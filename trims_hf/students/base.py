@@ -115,11 +115,12 @@ def compile_blocks(model: nn.Module, dynamic: bool | None = None) -> int:
     symbolic ones when they change.
 
     All blocks run one code object, whose compiled graphs dynamo caches together, 8 by default
-    (``torch._dynamo.config.recompile_limit``): past that, the remaining blocks would silently run eagerly, which a
-    cached decode reaches at its third block (:data:`GRAPHS_PER_BLOCK`). The limits are raised to cover every block,
-    never lowered. Each call of a block then checks the guards of all of them, a host cost that grows with the depth
-    (a 32-block student on a CPU: ~0.1 ms a block call): compiled blocks pay where the device sets the pace, as under
-    the graph step, which replays without the host."""
+    (``torch._dynamo.config.recompile_limit``): past that, dynamo stops compiling that code, and every block call that no
+    graph already made fits runs eagerly, which a cached decode reaches inside its first forward, one graph a block
+    (:data:`GRAPHS_PER_BLOCK`). The limits are raised to cover every block, never lowered. Each call of a block then
+    checks the other blocks' graphs' guards until one fits (most recently used first), a host cost that grows with the
+    depth (a 32-block student on a CPU: ~0.1 ms a block call): compiled blocks pay where the device sets the pace, as
+    under the graph step, which replays without the host."""
     import torch._dynamo  # the compiler, loaded only where something compiles
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
