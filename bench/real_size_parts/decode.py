@@ -328,8 +328,9 @@ def decode_part(run: Run) -> None:
                 **run.judge(judged),
                 "note": "random weights: about one token committed per step, so every mode does the same steps"
                 + ("; compiled blocks round differently from eager kernels, and with random weights each commit is a "
-                   "near-tie, so their tokens may part from eager's (the CUDA tests hold them to eager's tokens on "
-                   "the fixture students)" if step.endswith(COMPILED) else ""),
+                   "near-tie, so their tokens may part from eager's (the CUDA tests hold fp32 compiled blocks "
+                   "to eager's tokens on the fixture students, bf16 ones to eager bf16's margins and logit "
+                   "distance)" if step.endswith(COMPILED) else ""),
             })
 
     with torch.inference_mode():
