@@ -44,7 +44,7 @@ from trims_hf.generation import DecodeHook, DecodingConfig, StepRecord, StudentF
 from trims_hf.generation.cache import CapturedCalls
 from trims_hf.generation.steps import build_strategy
 from trims_hf.settings import MaskingConfig
-from trims_hf.students import STUDENTS, student_spec
+from trims_hf.students import STUDENTS, compile_blocks, student_spec
 from trims_hf.students.loss import mdlm_loss, per_sample_loss
 
 TRACES = json.loads((FIXTURES / "decode_traces.json").read_text())
@@ -474,10 +474,7 @@ def test_compiled_blocks_commit_the_eager_tokens(device, kind, dtype):
     if dtype == torch.float32:
         assert_commits_of_eager(student(kind, device, dtype), compiled, device, steps, f"{kind} {dtype}")
     else:
-        for fields in steps.values():  # compiles the blocks, and runs them under each step mode and cache
-            for cache in ("none", "prefix", "dual"):
-                generate(compiled, *fixture_prompts(device, padded=True), DecodingConfig(
-                    gen_length=16, block_length=TRACES["settings"]["block_length"], cache=cache, **fields))
+        compile_blocks(compiled)  # the cached graphs' code is the fp32 case's; here the blocks' numbers are checked
         fp32, eager = student(kind, device, torch.float32), student(kind, device, dtype)
         compared, mismatched = compare_where_margins_allow(fp32, compiled, device, kind)
         assert compared >= 2 and mismatched == 0  # 2 clear states of Dream's, 9 of LLaDA's on the CPU
