@@ -213,17 +213,6 @@ def compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-@contextmanager
-def compiling_in_full(step: str) -> Iterator[None]:
-    """A compiled step whose blocks reach dynamo's recompile limit raises (an error row) instead of running the
-    blocks past it eagerly, as dynamo would, which would time the eager blocks under the compiled step's name."""
-    if not step.endswith(COMPILED):
-        yield
-        return
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        yield
-
-
 def failed(run: Run, batch: int, mode: str, step: str, error: Exception, **note: str) -> None:
     """One mode failing on the device must not cost the others' lines: an error line in its place."""
     run.emit("decode", {"measurement": "decode", "model": MODEL_NAMES[run.student], "batch": batch, "cache": mode,
@@ -365,8 +354,10 @@ def decode_part(run: Run) -> None:
                         reset_peak_memory(run.device)
                         graphs = compiled_graphs()
                         try:
-                            with compiling_in_full(step):
-                                if step.endswith(COMPILED):  # compiles, captures: what the timed decode reuses
+                            # Blocks past dynamo's recompile limit would run eagerly, timed under the compiled step's
+                            # name: there a compiled step raises instead (an error row).
+                            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=bool(compiled)):
+                                if compiled:  # compiles, captures: what the timed decode reuses
                                     decode_modes(model, [prompts], base, (mode,), (step,))
                                 with forward_times(run.device, model) as times:
                                     results |= decode_modes(model, [prompts], base, (mode,), (step,))
@@ -374,7 +365,7 @@ def decode_part(run: Run) -> None:
                             failed(run, batch, mode, step, error)
                             continue
                         calls[mode, step], memory[mode, step] = times.summary(), peak_memory(run.device)
-                        if step.endswith(COMPILED):
+                        if compiled:
                             compilation[mode, step] = compiled_graphs() - graphs
                 emit_group(batch, prompts, group, results, calls, memory, reached, compilation)
             uncompile(model)
