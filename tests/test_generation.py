@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -713,26 +712,3 @@ def test_threshold_quota_at_temperature_zero_scores_the_model_probability():
                             early_stop=False)
     _, hook, _ = run(by_position([3, 4, 5, 6], [0.8, 0.7, 0.76, 0.3], 2), config)
     assert hook.steps[0] == (0, [0, 2], [])
-
-
-@pytest.mark.slow
-def test_every_block_decodes_compiled_with_a_cache_however_deep_the_student(tokenizer):
-    """With a key/value cache each compiled block specialises on its layer index and compiles graphs of its own; a
-    student deeper than dynamo's default cache of 8 graphs, decoding with both caches in one process, must still run
-    every block compiled (dynamo would run the blocks past the limit eagerly, and here raises instead), and commit the
-    eager blocks' tokens."""
-    from torch._dynamo.utils import counters
-
-    model = tiny_student(tokenizer, "llada", layers=4).eval()
-    ids = torch.randint(5, 60, (1, 10), generator=torch.Generator().manual_seed(0))
-    configs = {cache: DecodingConfig(gen_length=16, block_length=4, threshold=0.9, early_stop=False, cache=cache,
-                                     step="static") for cache in ("prefix", "dual")}
-    eager = {cache: generate(model, ids, config=config).sequences for cache, config in configs.items()}
-    torch._dynamo.reset()
-    counters.clear()
-    with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256, fail_on_recompile_limit_hit=True):
-        for cache, config in configs.items():
-            compiled = generate(model, ids, config=dataclasses.replace(config, compile_blocks=True)).sequences
-            assert torch.equal(compiled, eager[cache]), cache
-    assert counters["stats"]["unique_graphs"] > 8  # the default limit was in reach
-    assert counters["frames"]["total"] == counters["frames"]["ok"]
