@@ -175,6 +175,7 @@ def test_an_output_file_may_exist_and_is_checked_in_its_folder(tmp_path):
             check_output_path(tmp_path / "locked" / "r.json", "--output r", folder=False)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_every_public_name_is_what_it_names_whatever_was_imported_first():
     """Each name in ``trims_hf.__all__`` resolves to the object its module defines, in a fresh interpreter where every
     submodule was imported first: no submodule shares a public name and replaces it (``trims_hf.export`` the

@@ -75,6 +75,7 @@ def test_flags_passed_to_real_size_are_the_budgeted_settings(part):
         settings.cache_modes if part == "decode" else real_size.CACHE_MODES)
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_the_decode_batches_asked_for_reach_real_size_only_when_asked():
     assert "--decode-batches" not in budgets.Settings().flags("decode")  # each scale's own batches
     flags = replace(budgets.Settings(), decode_batches=(1,)).flags("decode")
