@@ -470,9 +470,7 @@ def test_compiled_blocks_commit_the_eager_tokens(device, kind, dtype):
     the compiled bf16 student is held to what the eager bf16 one is: the fp32 decoder's commits at every state whose
     fp32 margins are clear, and logits no further from fp32's than twice eager bf16's.
 
-    With a cache each block compiles graphs of its own (it specialises on its layer index): the two blocks' graphs
-    outnumber dynamo's default cache of 8, so every block must still run compiled (dynamo would run the blocks past
-    its limit eagerly, here it raises instead)."""
+    Every block runs compiled: dynamo, which would run a block past its recompile limit eagerly, raises instead."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()  # every graph is this test's own, counted
@@ -482,7 +480,6 @@ def test_compiled_blocks_commit_the_eager_tokens(device, kind, dtype):
     with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256, fail_on_recompile_limit_hit=True):
         if dtype == torch.float32:
             assert_commits_of_eager(student(kind, device, dtype), compiled, device, steps, f"{kind} {dtype}")
-            assert counters["stats"]["unique_graphs"] > 8  # the default limit was in reach
         else:
             assert_held_to_eager_bf16(compiled, device, kind, dtype)
     assert counters["frames"]["total"] == counters["frames"]["ok"]

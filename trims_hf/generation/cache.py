@@ -99,6 +99,19 @@ class _StaticLayer(_FullLengthLayer):
         return self.keys, self.values
 
 
+class _OneLayer:
+    """One layer of a :class:`BlockKVCache`, handed to a compiled decoder block in place of the whole cache
+    (:func:`~trims_hf.students.compile_blocks`). Attention asks the cache to update the layer it names by index; a
+    compiled block would specialise on that Python int and compile graphs of its own for every block. This handle
+    ignores the index, so every block traces the same code on the same kinds of objects and all share their graphs."""
+
+    def __init__(self, layer: _FullLengthLayer) -> None:
+        self.layer = layer
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        return self.layer.update(key_states, value_states)
+
+
 class BlockKVCache(Cache):
     """Full-length key/value buffers whose window slots are rewritten by each decoding call; ``static`` buffers are
     allocated once and written in place (:class:`_StaticLayer`)."""
@@ -107,6 +120,10 @@ class BlockKVCache(Cache):
         self.window = _Window()
         layer = _StaticLayer if static else _FullLengthLayer
         super().__init__(layers=[layer(self.window) for _ in range(num_layers)])
+
+    def layer_view(self, layer_idx: int) -> _OneLayer:
+        """The cache as the block at ``layer_idx`` alone needs it (see :class:`_OneLayer`)."""
+        return _OneLayer(self.layers[layer_idx])
 
 
 GROUPED_GEMM_CAPTURABLE = (torch.bfloat16, (9, 10))

@@ -98,12 +98,34 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
 
 
 GRAPHS_PER_BLOCK = 12
-"""The compiled graphs one decoder block may need in a process that decodes with every cache mode. Attention indexes
-the key/value cache by its block's layer index, a Python int that ``torch.compile`` specialises on, so with a cache
-each block compiles graphs of its own (identical to inductor, whose graph cache builds their kernels once): the forward
-that allocates the cache, a full forward that refreshes it, the windows' forwards. Measured on the tiny students, no
-cache, prefix and dual in one process: LLaDA 6-7 a block, LLaDA-MoE 23 over its 3 blocks, LLaDA 2.x (no dual cache)
-21 over 3; 12 leaves room. Without a cache every block shares one."""
+"""The compiled graphs one decoder block may need, in a process that decodes with every cache mode, when the cache
+hands it no layer of its own (transformers' caches): attention asks the cache to update the layer it names by index, a
+Python int ``torch.compile`` guards on, so each block compiles graphs of its own. Measured on the tiny students with
+such a cache, no cache, prefix and dual in one process: LLaDA 6-7 a block, LLaDA-MoE 23 over its 3 blocks, LLaDA 2.x
+(no dual cache) 21 over 3; 12 leaves room. trims_hf's decoding caches hand each block its layer
+(:class:`_CompiledBlockCall`), and all blocks share a few graphs."""
+
+
+class _CompiledBlockCall:
+    """A compiled decoder block's call (``nn.Module._compiled_call_impl``) that hands the block its own layer of a cache
+    that offers one (``cache.layer_view(layer_idx)``), before the compiled code sees the cache: nothing in the traced
+    call then tells one block from another, so every block of a depth runs the same few graphs."""
+
+    def __init__(self, compiled: Callable[..., Any], layer_idx: int) -> None:
+        self.compiled = compiled
+        self.layer_idx = layer_idx
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        layer_view = getattr(kwargs.get("cache"), "layer_view", None)  # transformers passes a block its cache so
+        if layer_view is not None:
+            kwargs["cache"] = layer_view(self.layer_idx)
+        return self.compiled(*args, **kwargs)
+
+
+def _layer_index(block: nn.Module) -> int | None:
+    """The layer index a decoder block's attention names its cache layer by (transformers' ``layer_idx``)."""
+    return next((module.layer_idx for module in block.modules() if isinstance(getattr(module, "layer_idx", None), int)),
+                None)
 
 
 def compile_blocks(model: nn.Module, dynamic: bool | None = None) -> int:
@@ -116,11 +138,10 @@ def compile_blocks(model: nn.Module, dynamic: bool | None = None) -> int:
 
     All blocks run one code object, whose compiled graphs dynamo caches together, 8 by default
     (``torch._dynamo.config.recompile_limit``): past that, dynamo stops compiling that code, and every block call that no
-    graph already made fits runs eagerly, which a cached decode reaches inside its first forward, one graph a block
-    (:data:`GRAPHS_PER_BLOCK`). The limits are raised to cover every block, never lowered. Each call of a block then
-    checks the other blocks' graphs' guards until one fits (most recently used first), a host cost that grows with the
-    depth (a 32-block student on a CPU: ~0.1 ms a block call): compiled blocks pay where the device sets the pace, as
-    under the graph step, which replays without the host."""
+    graph already made fits runs eagerly. Each block is handed its own layer of trims_hf's decoding caches
+    (:class:`_CompiledBlockCall`), so all blocks share a few graphs whatever the depth; a cache that cannot hand it over
+    costs each block graphs of its own (:data:`GRAPHS_PER_BLOCK`), so the limits are raised to cover every block, never
+    lowered."""
     import torch._dynamo  # the compiler, loaded only where something compiles
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -135,6 +156,9 @@ def compile_blocks(model: nn.Module, dynamic: bool | None = None) -> int:
     for block in blocks:
         if block._compiled_call_impl is None:
             block.compile(dynamic=dynamic)
+            layer_idx = _layer_index(block)
+            if layer_idx is not None:
+                block._compiled_call_impl = _CompiledBlockCall(block._compiled_call_impl, layer_idx)
     return len(blocks)
 
 
