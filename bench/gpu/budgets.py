@@ -127,7 +127,7 @@ DECODE_COMPILE_S = 60.0
 """A step with compiled blocks, per cache mode: the decoder block's forward compiled with symbolic lengths, once for
 every block (they share their graphs): one graph without a cache, three with one (the forward that allocates it, the
 refresh, the window), each cache mode its own. The H100 of 2026-11-28 compiled eight such graphs of an 8B block, and
-decoded seven rows, in a 100-s part."""
+decoded eight rows, in a 100-s part."""
 
 
 def recipe_budget(settings: Settings, explain: dict) -> float:

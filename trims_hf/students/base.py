@@ -116,7 +116,7 @@ class _CompiledBlockCall:
         self.layer_idx = layer_idx
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        layer_view = getattr(kwargs.get("cache"), "layer_view", None)  # transformers passes a block its cache so
+        layer_view = getattr(kwargs.get("cache"), "layer_view", None)  # transformers passes a block its cache by keyword
         if layer_view is not None:
             kwargs["cache"] = layer_view(self.layer_idx)
         return self.compiled(*args, **kwargs)
