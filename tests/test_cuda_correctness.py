@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import FIXTURES
+from conftest import FIXTURES, tiny_student
 from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedConfig
 
@@ -484,6 +484,42 @@ def test_compiled_blocks_commit_the_eager_tokens(device, kind, dtype):
             assert_held_to_eager_bf16(compiled, device, kind, dtype)
     assert counters["frames"]["total"] == counters["frames"]["ok"]
     assert all(layer._compiled_call_impl is not None for layer in compiled.model.layers)
+
+
+DEPTH_CASES = [pytest.param("cpu", ("static", "eager"), id="cpu"),
+               pytest.param("cuda", ("static", "graph"), id="cuda", marks=DEVICES[1].marks)]
+"""Per device, the step modes whose compiled blocks must share their graphs: the eager step keeps the cache's fresh
+tensors (another cache layer class), the graph step captures the compiled blocks."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("device", "steps"), DEPTH_CASES)
+def test_compiled_blocks_share_their_graphs_whatever_the_depth(tokenizer, device, steps):
+    """Under trims_hf's caches every compiled block runs the same graphs: a ten-block student decodes (prefix and dual
+    cache, every step mode) on the graphs a one-block student compiled, committing its uncompiled tokens. A cache that
+    names its layers by index alone (transformers' own) costs each block graphs of its own, past dynamo's default
+    limit of 8: ``compile_blocks`` raises the limit, and every block still runs compiled."""
+    from torch._dynamo.utils import counters
+    from transformers import DynamicCache
+
+    prompt = torch.tensor([[5, 40, 77, 90, 120, 31, 8]], device=device)
+    configs = [DecodingConfig(gen_length=16, block_length=8, threshold=0.9, early_stop=False, step=step, cache=cache)
+               for step in steps for cache in ("prefix", "dual")]
+    shallow, deep, uncompiled = (tiny_student(tokenizer, layers=layers).to(device).eval() for layers in (1, 10, 10))
+    torch._dynamo.reset()  # every graph is this test's own, counted
+    counters.clear()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for config in configs:
+            generate(shallow, prompt, config=replace(config, compile_blocks=True))
+        graphs = counters["stats"]["unique_graphs"]
+        for config in configs:
+            compiled = generate(deep, prompt, config=replace(config, compile_blocks=True)).sequences
+            assert torch.equal(compiled, generate(uncompiled, prompt, config=config).sequences), config
+        assert counters["stats"]["unique_graphs"] == graphs > 0
+        with torch.no_grad():
+            deep(input_ids=prompt, cache=DynamicCache(config=deep.config), use_cache=True)
+        assert counters["stats"]["unique_graphs"] - graphs >= 10
+    assert counters["frames"]["total"] == counters["frames"]["ok"]
 
 
 def assert_held_to_eager_bf16(compiled: torch.nn.Module, device: str, kind: str, dtype: torch.dtype) -> None:

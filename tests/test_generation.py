@@ -626,39 +626,6 @@ def test_static_buffers_are_allocated_once_and_written_in_place(request, kind, c
     assert len(pointers) == 1
 
 
-@pytest.mark.slow
-def test_compiled_blocks_share_their_graphs_whatever_the_depth(tokenizer):
-    """Under trims_hf's caches every compiled block runs the same graphs: a ten-block student decodes (prefix and dual
-    cache) on the graphs a one-block student compiled, committing its eager tokens. A cache that names its layers by
-    index alone (transformers' own) costs each block graphs of its own, past dynamo's default limit of 8:
-    ``compile_blocks`` raises the limit, and every block still runs compiled."""
-    import dataclasses
-
-    from torch._dynamo.utils import counters
-    from transformers import DynamicCache
-
-    prompt = torch.tensor([PROMPTS[0]])
-    config = DecodingConfig(gen_length=16, block_length=8, threshold=0.9, early_stop=False, step="static")
-    caches = ("prefix", "dual")
-    eager = {cache: generate(tiny_student(tokenizer, layers=10), prompt, config=dataclasses.replace(config, cache=cache))
-             for cache in caches}
-    shallow, deep = tiny_student(tokenizer, layers=1), tiny_student(tokenizer, layers=10)
-    torch._dynamo.reset()  # every graph is this test's own, counted
-    counters.clear()
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        for cache in caches:
-            generate(shallow, prompt, config=dataclasses.replace(config, cache=cache, compile_blocks=True))
-        graphs = counters["stats"]["unique_graphs"]
-        for cache in caches:
-            compiled = generate(deep, prompt, config=dataclasses.replace(config, cache=cache, compile_blocks=True))
-            assert torch.equal(compiled.sequences, eager[cache].sequences)
-        assert counters["stats"]["unique_graphs"] == graphs > 0
-        with torch.no_grad():
-            deep(input_ids=prompt, cache=DynamicCache(config=deep.config), use_cache=True)
-        assert counters["stats"]["unique_graphs"] - graphs >= 10
-    assert counters["frames"]["total"] == counters["frames"]["ok"]
-
-
 def test_step_mode_is_resolved_per_device_and_student(tokenizer, llama):
     from trims_hf.generation.cache import resolve_step
     from trims_hf.students import STUDENTS

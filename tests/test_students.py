@@ -194,3 +194,27 @@ def test_llada_moe_training_loss_has_no_router_auxiliary_loss(original_checkpoin
     assert out.get("aux_loss") is None and not model.config.output_router_logits
     expected = mdlm_loss(out.logits, labels, masked, weights, student_spec(model), torch.tensor(14))
     torch.testing.assert_close(out.loss, expected)
+
+
+def test_each_compiled_block_is_handed_the_cache_layer_its_attention_names(tokenizer):
+    """``compile_blocks`` hands each block, in place of a cache that offers it, the layer its attention updates (the
+    graphs then never see a layer index); a block whose modules name several layers keeps the whole cache."""
+    from trims_hf.students import compile_blocks
+    from trims_hf.students.base import _CompiledBlockCall
+
+    model = tiny_student(tokenizer, layers=3)
+    model.model.layers[2].mlp.layer_idx = 0  # as if this block also read layer 0's cache
+    compile_blocks(model)  # lazy: nothing compiles until a block runs
+    calls = [block._compiled_call_impl for block in model.model.layers]
+    assert [call.layer_idx for call in calls[:2]] == [block.self_attn.layer_idx for block in model.model.layers[:2]]
+    assert calls[2] is not None and not isinstance(calls[2], _CompiledBlockCall)
+
+    class Cache:
+        def layer_view(self, layer_idx: int) -> tuple[str, int]:
+            return ("layer", layer_idx)
+
+    seen = []
+    call = _CompiledBlockCall(lambda *args, **kwargs: seen.append((args, kwargs)), layer_idx=1)
+    call("hidden", cache=Cache(), use_cache=True)
+    call("hidden", cache=None)
+    assert seen == [(("hidden",), {"cache": ("layer", 1), "use_cache": True}), (("hidden",), {"cache": None})]

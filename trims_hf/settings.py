@@ -361,8 +361,8 @@ class DecodingConfig:
         metadata={"help": "Compile each decoder block of the student in place with torch.compile before decoding (the "
                           "blocks stay compiled): fuses the norms, rotary, SwiGLU and casts into fewer kernels, under "
                           "every step mode (the graph step captures the fused kernels). Lengths are symbolic, so a "
-                          "student compiles once; with a KV cache each block compiles its own few graphs (attention "
-                          "indexes the cache by its layer), and every block call checks the others' guards on the "
+                          "student compiles once, and every block shares the same few graphs (with a KV cache, each is "
+                          "handed its own layer). Compiling takes a while and each block call checks guards on the "
                           "host, so it pays off over many generations under the graph step. The fused kernels round "
                           "differently, so tokens are the eager blocks' only where the logits' margins allow."},
     )

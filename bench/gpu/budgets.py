@@ -58,11 +58,12 @@ DECODE_STEP_HOST_S = 0.004
 """Per decoding step outside the forward: confidences, the threshold strategy, hooks."""
 DEEPSPEED_INIT_S = 30.0
 """DeepSpeed's engine set-up for ZeRO-2 on one process (partitioning, buckets, the first step's allocations)."""
-TESTS_S = 200.0
+TESTS_S = 150.0
 """The CUDA variants of tests/test_cuda_correctness.py on the tiny fixtures: launch-bound, no FLOP count matters. On the
 H100 of 2026-11-27 they took 104 s, 39 s of it the first compiled-blocks case, which stopped compiling at dynamo's limit
-of 8 graphs; each compiled case now compiles every block's graphs from a reset (14 on the CPU for the LLaDA fixture),
-inductor's cache sharing the kernels between cases: about 100 s more, an estimate until a window measures it."""
+of 8 graphs. Each compiled case now compiles from a reset, the blocks sharing their graphs (8 on the CPU for the LLaDA
+fixture, about what that case compiled before its limit), and a depth check compiles a few more: 104 s and half again,
+an estimate until a window measures it."""
 TINY_BUDGET_S = 600.0
 GRADIENT_CHECKPOINTING_COST = 4 / 3
 """Recomputing each layer's forward during the backward: one extra forward per 3 units of forward+backward."""
@@ -126,8 +127,9 @@ def train_budget(settings: Settings, explain: dict) -> float:
 DECODE_COMPILE_S = 60.0
 """A step with compiled blocks, per cache mode: the decoder block's forward compiled with symbolic lengths, once for
 every block (they share their graphs): one graph without a cache, three with one (the forward that allocates it, the
-refresh, the window), each cache mode its own. The H100 of 2026-11-28 compiled eight such graphs of an 8B block, and
-decoded eight rows, in a 100-s part."""
+refresh, the window; the prefix and dual caches share them). An estimate: the H100 of 2026-11-28 compiled two distinct
+8B-block graphs (no cache; the cache-allocating forward, traced again for 6 more blocks) and decoded eight rows in a
+100-s part; the refresh and window graphs were not reached there."""
 
 
 def recipe_budget(settings: Settings, explain: dict) -> float:

@@ -123,9 +123,10 @@ class _CompiledBlockCall:
 
 
 def _layer_index(block: nn.Module) -> int | None:
-    """The layer index a decoder block's attention names its cache layer by (transformers' ``layer_idx``)."""
-    return next((module.layer_idx for module in block.modules() if isinstance(getattr(module, "layer_idx", None), int)),
-                None)
+    """The layer index a decoder block's attention names its cache layer by (transformers' ``layer_idx``); None where
+    its modules name none or several (a block that reads another layer's cache keeps the whole cache)."""
+    indices = {module.layer_idx for module in block.modules() if isinstance(getattr(module, "layer_idx", None), int)}
+    return indices.pop() if len(indices) == 1 else None
 
 
 def compile_blocks(model: nn.Module, dynamic: bool | None = None) -> int:
