@@ -64,9 +64,11 @@ needs_deepspeed = needs_module("deepspeed", 'pip install -e ".[deepspeed]"')
 def no_global_state_left():
     """Undo what a test leaves process-wide, so no later test depends on the order: transformers' DeepSpeed config
     (a half-built one, kept alive by a failed test's traceback, made ``load_student`` raise ``'HfTrainerDeepSpeedConfig'
-    object has no attribute 'is_zero3'`` in later tests), environment variables, and a default process group."""
-    environment = dict(os.environ)
+    object has no attribute 'is_zero3'`` in later tests), environment variables, torch's CPU thread count (the study
+    commands set it for their whole process), and a default process group."""
+    environment, threads = dict(os.environ), torch.get_num_threads()
     yield
+    torch.set_num_threads(threads)
     import sys
 
     if "transformers.integrations.deepspeed" in sys.modules:
