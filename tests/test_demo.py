@@ -94,12 +94,8 @@ def test_threads_are_pinned_unless_given(flags, threads, monkeypatch, tmp_path):
 
     seen = []
     monkeypatch.setattr(pipeline.DemoStudy, "run", lambda self: seen.append(torch.get_num_threads()))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(3)  # as OMP_NUM_THREADS=3 would: the demo sets its own
-        assert main(["demo", "--fast", "--output", str(tmp_path), *flags]) == 0
-    finally:
-        torch.set_num_threads(before)
+    torch.set_num_threads(3)  # as OMP_NUM_THREADS=3 would: the demo sets its own (conftest's guard restores it)
+    assert main(["demo", "--fast", "--output", str(tmp_path), *flags]) == 0
     assert seen == [threads]
 
 
