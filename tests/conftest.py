@@ -13,6 +13,15 @@ from pathlib import Path
 from trims_hf.determinism import PINNED_ENVIRONMENT
 
 os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes on the demo's code paths on any CPU
+# The README's test command runs the files on pytest-xdist workers, one process per CPU up to MAX_WORKERS. Each
+# computes on its share of the CPUs, as OpenMP threads that outnumber the cores spin against each other (docs/results.md:
+# the suite's times). Set before torch loads, so that the processes a test launches inherit it; an OMP_NUM_THREADS the
+# caller set is kept.
+MAX_WORKERS = 8  # past it the longest files (each on one worker) bound the suite's time, and every worker costs memory
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+CALLERS_THREADS = os.environ.get("OMP_NUM_THREADS")
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
 # torch.compile's on-disk cache, this session's own (unless one is named): its key leaves ATen's pinned instruction set
 # out, so a CPU kernel another process compiled unpinned (a bench run, another torch) and this pinned one loads gives
 # wrong logits or crashes it (torch 2.13).
@@ -58,6 +67,12 @@ def needs_module(module: str, install: str) -> pytest.MarkDecorator:
 
 
 needs_deepspeed = needs_module("deepspeed", 'pip install -e ".[deepspeed]"')
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per CPU, at most MAX_WORKERS."""
+    return min(os.cpu_count() or 1, MAX_WORKERS)
 
 
 @pytest.fixture(autouse=True)
