@@ -18,10 +18,11 @@ os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes 
 # the suite's times). Set before torch loads, so that the processes a test launches inherit it; an OMP_NUM_THREADS the
 # caller set is kept.
 MAX_WORKERS = 8  # past it the longest files (each on one worker) bound the suite's time, and every worker costs memory
+CPUS = os.cpu_count() or 1
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 CALLERS_THREADS = os.environ.get("OMP_NUM_THREADS")
 if WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, CPUS // WORKERS)))
 # torch.compile's on-disk cache, this session's own (unless one is named): its key leaves ATen's pinned instruction set
 # out, so a CPU kernel another process compiled unpinned (a bench run, another torch) and this pinned one loads gives
 # wrong logits or crashes it (torch 2.13).
@@ -72,7 +73,7 @@ needs_deepspeed = needs_module("deepspeed", 'pip install -e ".[deepspeed]"')
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one worker per CPU, at most MAX_WORKERS."""
-    return min(os.cpu_count() or 1, MAX_WORKERS)
+    return min(CPUS, MAX_WORKERS)
 
 
 @pytest.fixture(autouse=True)
