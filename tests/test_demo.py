@@ -257,6 +257,41 @@ def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path,
     assert not output.exists()
 
 
+def test_ctrl_c_is_one_line_and_a_rerun_starts_over_only_the_unit_it_cut(monkeypatch, tmp_path, capsys):
+    """Ctrl-C while the teacher trains: exit 130 with one line that says what was kept; the data unit stays
+    finished, and the cut unit is started afresh when the same command runs again."""
+    from trims_hf.studies import tiny
+    from trims_hf.studies.demo import pipeline
+
+    def ctrl_c(folder: Path, *args, **kwargs) -> None:
+        (folder / "half-written").write_text("")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiny, "pretrain_tiny_llama", ctrl_c)
+    argv = ["demo", "--fast", "--output", str(tmp_path)]
+    assert main(argv) == 130
+    assert capsys.readouterr().err.splitlines()[-1:] == [
+        f"error: interrupted in unit 'pretrained'; 1 finished unit kept in {tmp_path}: run the same command again to "
+        "continue."]
+    data = markers(tmp_path)
+    assert list(data) == ["data"] and (tmp_path / "pretrained" / "half-written").is_file()
+
+    seen = []
+
+    def ctrl_c_before_scoring(study: pipeline.DemoStudy) -> None:
+        seen.append((study.units.skipped, study.units.ran, sorted(p.name for p in (tmp_path / "pretrained").iterdir())))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.DemoStudy, "stage_score", ctrl_c_before_scoring)
+    monkeypatch.setattr(tiny, "pretrain_tiny_llama", lambda folder, *args, **kwargs: (folder / "model").write_text(""))
+    assert main(argv) == 130
+    assert seen == [(["data"], ["pretrained"], ["cache-key.json", "model", "unit.json"])]
+    assert markers(tmp_path)["data"] == data["data"]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: interrupted between units; 2 finished units kept in {tmp_path}: run the same command again to "
+        "continue.")
+
+
 @pytest.mark.slow
 def test_importing_the_pipeline_leaves_matplotlib_alone():
     """Figures are built with the object API: no pyplot state, and the user's backend choice survives."""

@@ -282,6 +282,19 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
+    def ctrl_c(self: regime_study.RegimeStudy) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(regime_study.RegimeStudy, "stage_pretrained", ctrl_c)
+    argv = ["curve", "--smoke", "--output", str(tmp_path), "--sizes", "32x2x2", "--batch-sizes", "8", "--base-steps", "2"]
+    assert recipe.main(argv) == 130
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(rf"error: interrupted between units; 1 finished unit kept in {re.escape(str(tmp_path))}/\S+: "
+                        r"run the same command again to continue\.", line), line
+    assert not (tmp_path / "curve.jsonl").exists()
+
+
 def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     curve = tmp_path / "curve"
     rule = ["--set", "target_accuracy=0", "--set", "min_hard_share=0"]  # a smoke base meets nothing else

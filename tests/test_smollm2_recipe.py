@@ -39,7 +39,7 @@ from trims_hf.studies.smollm2 import budgets
 from trims_hf.studies.smollm2.prestudy import problem_sets
 from trims_hf.studies.smollm2.study import Replication, converted
 from trims_hf.studies.study import REPORT_FILES, models_plan, unit_label
-from trims_hf.studies.units import OutOfBudget, Units
+from trims_hf.studies.units import OutOfBudget, StudyInterrupted, Units
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2" / "replicate.py"
 _spec = importlib.util.spec_from_file_location("smollm2_replicate", RECIPE)
@@ -250,8 +250,10 @@ def test_an_interrupted_evaluation_resumes_to_the_same_records(study, tmp_path, 
         return decode(*args, **kwargs)
 
     monkeypatch.setattr(evaluation, "generate_text", first_batch_only)
-    with pytest.raises(evaluation.EvaluationInterrupted):
-        smoke_study(copy).stage_models()
+    size, total = smollm2.SMOKE.eval_batch_size, smollm2.SMOKE.test_problems
+    with pytest.raises(StudyInterrupted, match=rf"^in unit '.+' \({size} of {total} problems saved\); \d+ finished "
+                                               "units kept in "):
+        smoke_study(copy).run(until="models")
     assert len((copy / "work" / "records" / name).read_text().splitlines()) == smollm2.SMOKE.eval_batch_size
     monkeypatch.setattr(evaluation, "generate_text", decode)
     smoke_study(copy).stage_models()
@@ -393,6 +395,18 @@ def test_bad_input_fails_in_one_line_before_any_work(flags, named, tmp_path, cap
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and error.startswith(f"error: {named}")
     assert not output.exists()
+
+
+def test_ctrl_c_is_one_line_exit_130_and_keeps_the_finished_units(tmp_path, monkeypatch, capsys):
+    def ctrl_c(self: Replication) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Replication, "stage_pretrained", ctrl_c)
+    output = tmp_path / "study"
+    assert recipe.main(["--size", "smoke", "--output", str(output), "--threads", "1"]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: interrupted between units; 1 finished unit kept in {output}: run the same command again to continue."]
+    assert [path.parent.name for path in markers(output)] == ["data"]
 
 
 def test_an_output_that_is_a_file_is_refused(tmp_path, capsys):

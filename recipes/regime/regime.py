@@ -21,9 +21,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from trims_hf.determinism import sleep_while_waiting
+
+if TYPE_CHECKING:
+    from trims_hf.studies.regime import RegimeProtocol
 
 sleep_while_waiting()  # before torch loads: two shared cores
 
@@ -179,7 +182,7 @@ def check_grid(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """0 done, 2 bad input, 3 stopped for time (rerun to continue)."""
+    """0 done, 2 bad input, 3 stopped for time, 130 interrupted (Ctrl-C); rerun to continue."""
     start = time.monotonic()
     from trims_hf.errors import InputError
 
@@ -190,8 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import torch
 
-    from trims_hf.reports import write_atomic
+    from trims_hf.commands import INTERRUPTED
     from trims_hf.studies import regime
+    from trims_hf.studies.units import StudyInterrupted
 
     torch.set_num_threads(protocol.threads)
     if args.command == "copies":
@@ -216,6 +220,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
+    try:
+        return run_studies(args, protocol, start, budget)
+    except StudyInterrupted as stop:
+        print(f"error: interrupted {stop}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def run_studies(args: argparse.Namespace, protocol: RegimeProtocol, start: float, budget: float) -> int:
+    """``curve`` or ``seeds``: the studies themselves (``budget`` seconds: the curve's from its start, the seeds' from
+    ``start``), their reports written and printed."""
+    from trims_hf.reports import write_atomic
+    from trims_hf.studies import regime
+
     if args.command == "curve":
         grid = regime.CurveGrid(tuple(args.sizes), tuple(args.batch_sizes), tuple(args.base_steps),
                                 tuple(args.pretrain_steps), tuple(args.base_lrs), tuple(args.anneal_fractions))

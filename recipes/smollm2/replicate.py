@@ -109,14 +109,17 @@ def read(folders: Sequence[Path]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the stages up to ``--until``, skipping finished units; 0 done, 2 bad input, 3 out of time budget."""
+    """Run the stages up to ``--until``, skipping finished units; 0 done, 2 bad input, 3 out of time budget, 130
+    interrupted (Ctrl-C; rerun to continue)."""
     args = arguments().parse_args(argv)  # --help answers here, before torch loads
     if args.read:
         return read(args.read)
     import torch
 
+    from trims_hf.commands import INTERRUPTED
     from trims_hf.studies.smollm2.budgets import budget_table
     from trims_hf.studies.smollm2.study import Replication
+    from trims_hf.studies.units import StudyInterrupted
 
     start = time.monotonic()  # --budget-minutes counts from here, after the imports
     try:
@@ -138,7 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     record_protocol(args.output, protocol, sources)
     print(f"protocol {protocol.fingerprint()} on {study.device}; output {args.output}", flush=True)
-    return 0 if study.run(args.until) else 3
+    try:
+        return 0 if study.run(args.until) else 3
+    except StudyInterrupted as stop:
+        print(f"error: interrupted {stop}", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

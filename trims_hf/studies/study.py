@@ -32,7 +32,7 @@ from transformers import (
 
 from ..data.buckets import bucket_statistics
 from ..distributed import name_cpu_accelerator
-from ..evaluation.evaluate import evaluate_task
+from ..evaluation.evaluate import EvaluationInterrupted, evaluate_task
 from ..evaluation.results import save_results
 from ..evaluation.tasks.base import Task, read_json_rows
 from ..generation import TrajectoryRecorder
@@ -52,7 +52,7 @@ from .stages import (
     trace_metrics,
     train_student,
 )
-from .units import KEY_FILE, OutOfBudget, Units
+from .units import KEY_FILE, OutOfBudget, StudyInterrupted, Units
 
 
 def slug(name: str) -> str:
@@ -485,9 +485,20 @@ class Study:
             shutil.copyfile(report / name, self.results_dir / name)
         print(f"copied {', '.join(REPORT_FILES)} to {self.results_dir}")
 
+    def interruption(self, stop: KeyboardInterrupt) -> str:
+        """Where a Ctrl-C stopped the run and what was kept, in one line (an evaluation's saved problems, which the
+        rerun continues from, included)."""
+        units = self.units
+        kept = len(units.skipped) + len(units.ran) - (units.current is not None)
+        saved = f" ({stop.done} of {stop.total} problems saved)" if isinstance(stop, EvaluationInterrupted) else ""
+        where = f"in unit {units.current!r}{saved}" if units.current else "between units"
+        return (f"{where}; {kept} finished unit{'s' * (kept != 1)} kept in {self.output}: run the same command again "
+                "to continue.")
+
     def run(self, until: str = "report") -> bool:
         """The stages up to ``until``, skipping finished units; False when the time budget stopped it (the finished
-        models' report is then written, marked partial, and running it again continues)."""
+        models' report is then written, marked partial, and running it again continues). Ctrl-C raises
+        :class:`StudyInterrupted`, which says what was kept."""
         start = self.started = time.monotonic()
         stages = self.stages[: self.stages.index(until) + 1]
         try:
@@ -500,6 +511,8 @@ class Study:
             if "report" in stages and reached == "models":  # every stage before it finished: the test task is known
                 self.stage_report()
             return False
+        except KeyboardInterrupt as stop:
+            raise StudyInterrupted(self.interruption(stop)) from None
         print(f"done in {time.monotonic() - start:.0f} s: ran {len(self.units.ran)} units, skipped "
               f"{len(self.units.skipped)} finished ones" + (f", dropped {len(self.dropped)} of the tail for time."
                                                             if self.dropped else "."), flush=True)

@@ -25,6 +25,12 @@ class OutOfBudget(Exception):
     """A study's time budget ran out between two units of work; running it again continues."""
 
 
+class StudyInterrupted(KeyboardInterrupt):
+    """Ctrl-C inside a study: the finished units are kept, and the unit cut short starts over (an evaluation inside
+    it continues from its records) when the same command runs again. Its message says where it stopped, in the
+    user's terms, for the command to print in one line."""
+
+
 @dataclasses.dataclass
 class Units:
     """Resumable units of work of one study: each unit is a folder, finished when its key file (written last, after
@@ -43,6 +49,8 @@ class Units:
     skipped: list[str] = dataclasses.field(default_factory=list)
     progress: Callable[[], str] | None = None
     """What the header line of a unit that starts adds (:meth:`Study.progress`: where the run is, the time left)."""
+    current: str | None = None
+    """The unit started and not yet finished (None between units)."""
 
     def key(self, name: str, stage: str | None) -> dict[str, str]:
         return {"unit": name, "protocol": self.protocol.fingerprint(stage), "format": UNIT_FORMAT}
@@ -66,6 +74,7 @@ class Units:
             raise OutOfBudget(f"{name} (expected {expected_s:.0f} s)" if expected_s else name)
         print(f"\n== {name} =={self.progress() if self.progress else ''}", flush=True)
         self.ran.append(name)
+        self.current = name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         return True
@@ -78,3 +87,4 @@ class Units:
         record = {**key, "device": self.device, "wall_s": round(time.perf_counter() - started, 2), **(info or {})}
         write_atomic(folder / "unit.json", json.dumps(record, indent=1, default=str))
         write_atomic(folder / KEY_FILE, json.dumps(key, indent=2))
+        self.current = None

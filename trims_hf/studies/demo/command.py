@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...commands import CommandParser, fail
+from ...commands import INTERRUPTED, CommandParser, fail
 from ...determinism import DEFAULT_THREADS, run_pinned
 
 DESCRIPTION = (
@@ -64,10 +64,13 @@ def main(argv: list[str]) -> int:
     code = run_pinned("trims_hf.cli", ["demo", *argv])
     if code is not None:
         return code
+    from ..units import StudyInterrupted
     from .pipeline import run_demo
 
     try:
         run_demo(args.output, settings)
     except (FileNotFoundError, NotADirectoryError, ValueError) as error:
         return fail(str(error))
+    except StudyInterrupted as stop:
+        return fail(f"interrupted {stop}", INTERRUPTED)
     return 0
