@@ -18,6 +18,7 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "bench" / "gpu")]
 
 import budgets  # noqa: E402
 import real_size  # noqa: E402
+import worst_part as worst  # noqa: E402
 from real_size_parts import decode as decoding  # noqa: E402
 from worst_part import worst_part  # noqa: E402
 
@@ -120,6 +121,21 @@ def test_worst_part_is_the_largest_shortfall_above_one():
     assert worst_part([line for line in lines if line["part"] != "decode"]) == ("train", 1.3)
     assert worst_part([{"part": "score", "goal_shortfall": 1.0}]) is None  # met exactly
     assert worst_part([{"part": "score", "goal_shortfall": None}]) is None
+    failed = {"part": "recipe", "error": "OutOfMemoryError: ..."}  # a part that failed missed its goal, by any factor
+    assert worst_part([*lines, failed]) == ("recipe", float("inf"))
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "error: {path}: no such file"), ('{"part": "decode"}\n\nnot json\n', "error: {path} line 3: not JSON"),
+    ('[1, 2]\n', 'error: {path} line 1: not a real_size.py line (no "part")')])
+def test_worst_part_refuses_what_it_cannot_read_in_one_line(content, expected, tmp_path, capsys):
+    path = tmp_path / "real_size.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert worst.main([str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(expected.format(path=path))
+    assert worst.main([]) == 2 and capsys.readouterr().err.startswith("usage: worst_part.py")
 
 
 def run_all(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -129,7 +145,8 @@ def run_all(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--parts", "train,fly"], "--parts: unknown part 'fly'"), (["--scale", "huge"], "--scale must be real or tiny"),
+    (["--parts", "train,fly"], "--parts: unknown part 'fly'"), (["--parts", ","], "--parts names no part"),
+    (["--scale", "huge"], "--scale must be real or tiny"),
     (["--deadline", "8m"], "--deadline must be whole seconds"), (["--shared", "/no/such"], "--shared: /no/such/fixtures"),
     (["--profile-worst", "/no/such.jsonl"], "--profile-worst: /no/such.jsonl does not exist"),
     (["--colour"], "unknown argument --colour"), (["--decode-batches", "1;16"], "--decode-batches must be whole numbers")])
@@ -159,3 +176,11 @@ def test_profile_worst_does_nothing_when_every_goal_was_met(tmp_path):
     met.write_text(json.dumps({"part": "decode", "goal_shortfall": 0.9}) + "\n")
     result = run_all(str(tmp_path / "out"), "--profile-worst", str(met), "--shared", str(TESTS), tmp_path=tmp_path)
     assert result.returncode == 0 and "nothing to profile" in result.stdout
+
+
+def test_budgets_refuse_an_explanation_file_that_is_a_folder(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "budgets.py"), "--explain-to", str(tmp_path)],
+                            check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1] == f"budgets.py: error: argument --explain-to: {tmp_path} is a folder or its " \
+                                             "folder does not exist"

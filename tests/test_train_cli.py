@@ -28,6 +28,7 @@ from trims_hf.commands import ALLOCATOR_SETTINGS
 from trims_hf.commands.recipe import parse_recipe, read_recipe
 from trims_hf.commands.train import parser as train_parser
 from trims_hf.errors import InputError
+from trims_hf.training.train_job import RUN_FILE
 from trims_hf.training.trainer import MDLMTrainer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -558,6 +559,36 @@ def test_resume_reproduces_a_straight_run(tmp_path, toy):
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
 
+
+
+def test_a_resumed_run_must_be_the_checkpoints_run_with_steps_left(tmp_path, toy, capsys):
+    """Resuming under other defining settings, or with no steps left, is one line before anything loads and leaves
+    the run's folder as it was; the split of the global batch and the length may change; a checkpoint that records
+    no settings resumes with a warning."""
+    common = ("--per_device_train_batch_size", "16", "--lr_scheduler_type", "constant", "--warmup_steps", "0")
+    run = tmp_path / "run"
+    assert train_cli(toy, run, *common, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2") == 0
+    checkpoint = run / "checkpoint-2"
+    recorded = json.loads((checkpoint / RUN_FILE).read_text())
+    assert recorded["TRIMS.num_buckets"] == 8 and recorded["optimisation.learning_rate"] == 3e-3
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    resume = ("--resume_from_checkpoint", "true")
+    capsys.readouterr()
+    assert train_cli(toy, run, *common, *resume, "--max_steps", "4", "--num_buckets", "4", "--learning_rate", "1") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: resume_from_checkpoint {checkpoint}: its run was trained with other settings: num_buckets (8 -> 4), "
+        "learning_rate (0.003 -> 1.0); resume with the run's settings, or start a new run in another output_dir."]
+    assert train_cli(toy, run, *common, *resume, "--max_steps", "2") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: resume_from_checkpoint {checkpoint}: it holds step 2 of the 2 asked for (max_steps), so nothing is "
+        "left to train; raise max_steps to train on."]
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+    split = ("--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2", *common[2:])
+    assert train_cli(toy, run, *split, *resume, "--max_steps", "3", "--save_strategy", "no") == 0
+    (checkpoint / RUN_FILE).unlink()
+    assert train_cli(toy, tmp_path / "plain", *common, "--max_steps", "3", "--save_strategy", "no",
+                     "--resume_from_checkpoint", str(checkpoint)) == 0
+    assert f"warning: {checkpoint} records no settings ({RUN_FILE})" in capsys.readouterr().err
 
 
 def test_trims_train_lets_cuda_segments_grow_unless_the_allocator_is_set_up(tmp_path, monkeypatch):

@@ -216,6 +216,8 @@ def main() -> None:
     parser.add_argument("--explain-to", type=Path, default=None, help="append the arithmetic as one JSON line to this file")
     parser.add_argument("--decode-batches", default=None, help="the decode part's batches, rising from 1 (e.g. 1)")
     args = parser.parse_args()
+    if args.explain_to is not None and (args.explain_to.is_dir() or not args.explain_to.parent.is_dir()):
+        parser.error(f"argument --explain-to: {args.explain_to} is a folder or its folder does not exist")
     settings = Settings()
     if args.decode_batches is not None:
         try:

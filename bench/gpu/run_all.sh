@@ -67,6 +67,7 @@ if [ -n "${decode_batches+set}" ]; then  # real_size_parts.decode.parse_decode_b
     || { echo "error: --decode-batches must be rising batch sizes starting at 1 (e.g. 1 or 1,16), got '$decode_batches'" >&2; exit 2; }
   budget_flags=(--decode-batches "$decode_batches")
 fi
+[ -n "${parts//,/}" ] || { echo "error: --parts names no part (tests, train, recipe, decode, score, zero2)" >&2; exit 2; }
 for part in ${parts//,/ }; do
   case $part in tests|train|recipe|decode|score|zero2) ;; *) echo "error: --parts: unknown part '$part' (tests, train, recipe, decode, score, zero2)" >&2; exit 2 ;; esac
 done

@@ -9,6 +9,7 @@ silently trains with a default.
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import sys
 import threading
@@ -32,7 +33,7 @@ from transformers import (
     set_seed,
 )
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ..data.hub import check_push_access, load_source_dataset
 from ..data.preparation import is_prepared
@@ -49,6 +50,7 @@ from ..model_config import (
     resolve_student,
 )
 from ..prompts import check_end_of_response
+from ..reports import write_atomic
 from ..settings import DecodingConfig, check_number_types
 from ..sources import SourceError, check_dataset_source
 from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
@@ -202,7 +204,8 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
         "warmup_steps": args.warmup_steps, "weight_decay": args.weight_decay, "num_train_epochs": args.num_train_epochs,
         "max_steps": args.max_steps, "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps, "num_devices": world,
-        "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * world,
+        "global_batch_size": args.global_batch_size or args.per_device_train_batch_size * args.gradient_accumulation_steps
+        * world,
         "bf16": args.bf16, "seed": args.seed,
     }
     lora = {"use_lora": model_args.use_lora, **({"adapter": model_args.adapter} if model_args.adapter else {})}
@@ -215,6 +218,65 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
         "optimisation": optimisation,
         "LoRA": lora,
     }
+
+
+RUN_FILE = "trims_run.json"
+"""What each checkpoint records of the settings that define its run (:func:`run_definition`), compared on resume."""
+
+MAY_CHANGE_ON_RESUME = ("optimisation.per_device_train_batch_size", "optimisation.gradient_accumulation_steps",
+                        "optimisation.num_devices", "optimisation.max_steps", "optimisation.num_train_epochs")
+"""Settings a resumed run may change: how the global batch is split (the objective is the same for every split, and
+another machine may fit another one) and the run's length (transformers' way to extend a run)."""
+
+
+def run_definition(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> dict[str, Any]:
+    """The settings that define a run, flattened to ``group.setting`` as JSON reads them back: the model card's
+    hyperparameters, the student and the data. A run resumed under others would continue another run's optimizer
+    state, and its card would describe neither."""
+    groups = hyperparameters(model_args, data_args, args) | {
+        "student": {"model_name_or_path": model_args.model_name_or_path, "model_revision": model_args.model_revision,
+                    "init_from_config": model_args.init_from_config},
+        "data": {"dataset_name": data_args.dataset_name, "train_split": data_args.train_split},
+    }
+    flat = {f"{group}.{name}": value for group, settings in groups.items() for name, value in settings.items()}
+    return json.loads(json.dumps(flat, default=str))
+
+
+class RecordRunCallback(TrainerCallback):
+    """Writes :data:`RUN_FILE` into every checkpoint the main process saves (``on_save`` comes after the save)."""
+
+    def __init__(self, definition: dict[str, Any]) -> None:
+        self.definition = definition
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            write_atomic(folder / RUN_FILE, json.dumps(self.definition, indent=1))
+
+
+def check_resume(checkpoint: str, definition: dict[str, Any], max_steps: int) -> None:
+    """A resumed run continues the checkpoint's run: the same defining settings (:data:`MAY_CHANGE_ON_RESUME` aside)
+    and steps left to train. A checkpoint that records no settings (written by a plain ``Trainer``) is resumed with a
+    warning that they were not compared."""
+    folder = Path(checkpoint)
+    state = json.loads((folder / TRAINER_STATE_NAME).read_text())
+    step = state.get("global_step", 0)
+    if not (folder / RUN_FILE).is_file():
+        print(f"warning: {checkpoint} records no settings ({RUN_FILE}): the resumed run's are not compared with its "
+              "run's.", file=sys.stderr)
+    else:
+        recorded = json.loads((folder / RUN_FILE).read_text())
+        changed = [f"{name.split('.', 1)[1]} ({recorded.get(name)} -> {definition.get(name)})"
+                   for name in sorted(recorded.keys() | definition.keys())
+                   if name not in MAY_CHANGE_ON_RESUME and recorded.get(name) != definition.get(name)]
+        if changed:
+            raise InputError(f"resume_from_checkpoint {checkpoint}: its run was trained with other settings: "
+                             f"{', '.join(changed)}; resume with the run's settings, or start a new run in another "
+                             "output_dir.")
+    length = max_steps if max_steps > 0 else state.get("max_steps", 0)
+    if length and step >= length:
+        raise InputError(f"resume_from_checkpoint {checkpoint}: it holds step {step} of the {length} asked for "
+                         "(max_steps), so nothing is left to train; raise max_steps to train on.")
 
 
 def last_checkpoint(output_dir: str) -> str | None:
@@ -289,6 +351,8 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
     Local checks come first; the Hub is only probed (write access, the student's and the data set's ids).
     """
     resume = resume_checkpoint(args)
+    if resume is not None:
+        check_resume(resume, run_definition(model_args, data_args, args), args.max_steps)
     # A new run never writes into an earlier one: its checkpoints, adapter and card would mix with the old files.
     earlier = last_checkpoint(args.output_dir) is not None
     check_output_path(args.output_dir, f"output_dir {args.output_dir}", existing="reuse" if resume else "empty",
@@ -421,6 +485,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     if data_args.decode_eval_task:
         DecodeEvalCallback(data_args.decode_eval_task, tokenizer, data_args.decoding_config(), limit=data_args.decode_eval_limit,
                            data_file=data_args.decode_eval_data_file, trainer=trainer)
+    trainer.add_callback(RecordRunCallback(run_definition(model_args, data_args, args)))
     stop = _CheckpointOnInterrupt()
     trainer.add_callback(stop)
     try:
