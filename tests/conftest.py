@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from trims_hf.determinism import PINNED_ENVIRONMENT
+from trims_hf.determinism import PINNED_ENVIRONMENT, usable_cpus
 
 os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes on the demo's code paths on any CPU
 # The README's test command runs the files on pytest-xdist workers, one process per CPU up to MAX_WORKERS. Each
@@ -18,7 +18,7 @@ os.environ.update(PINNED_ENVIRONMENT)  # before torch loads: the suite computes 
 # the suite's times). Set before torch loads, so that the processes a test launches inherit it; an OMP_NUM_THREADS the
 # caller set is kept.
 MAX_WORKERS = 8  # past it the longest files (each on one worker) bound the suite's time, and every worker costs memory
-CPUS = os.cpu_count() or 1
+CPUS = usable_cpus()
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 CALLERS_THREADS = os.environ.get("OMP_NUM_THREADS")
 if WORKERS > 1:

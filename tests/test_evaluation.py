@@ -260,6 +260,8 @@ NAN, INF = float("nan"), float("inf")
     {"threshold": 1.5}, {"threshold": -0.1}, {"threshold": NAN}, {"entropy_threshold": -0.5},
     {"entropy_threshold": NAN}, {"factor": INF}, {"factor": -1.0}, {"temperature": NAN}, {"temperature": -1.0},
     {"steps": 0, "strategy": "fixed_steps"}, {"eos_token_id": -1}, {"stop_token_ids": [2, -1]},
+    {"steps": 512, "strategy": "fixed_steps", "gen_length": 256}, {"steps": 512, "strategy": "threshold_quota"},
+    {"seed": 2**64}, {"seed": -1},
 ])
 def test_decoding_settings_out_of_range_are_refused_where_declared(setting):
     """Every decoding setting is checked by DecodingConfig itself (Python, the CLI, recipes, sweeps), naming it."""

@@ -11,6 +11,8 @@ import pytest
 import torch
 from conftest import CALLERS_THREADS, MAX_WORKERS, WORKERS, pytest_xdist_auto_num_workers
 
+from trims_hf.determinism import usable_cpus
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -36,5 +38,13 @@ def test_each_xdist_worker_computes_on_its_share_of_the_cpus():
     assert os.environ["PYTEST_XDIST_WORKER"].startswith("gw")
     assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])  # set before torch loaded: launches inherit it
     if CALLERS_THREADS is None:
-        assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // WORKERS)
-    assert pytest_xdist_auto_num_workers(None) == min(os.cpu_count() or 1, MAX_WORKERS)
+        assert torch.get_num_threads() == max(1, usable_cpus() // WORKERS)
+    assert pytest_xdist_auto_num_workers(None) == min(usable_cpus(), MAX_WORKERS)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="the platform reports no CPU affinity")
+def test_the_cpus_counted_are_those_the_process_may_run_on(monkeypatch):
+    """Under taskset or a container's CPU share the workers and their threads count the CPUs allowed, not the machine's."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cpus() == 1

@@ -250,6 +250,12 @@ MISTAKES = [
      r"^output_dir .*earlier-run is not empty \(checkpoint-3, notes\.txt\); .*--resume_from_checkpoint true\.$"),
     ("output-not-empty-no-checkpoint", None, {"output_dir": "{w}/other-files"}, [],  # nothing to resume: not advised
      r"^output_dir .*other-files is not empty \(notes\.txt\); [^-]*$"),
+    ("global-batch-above-the-rows", None, {"per_device_train_batch_size": "null", "gradient_accumulation_steps": "null",
+                                           "global_batch_size": "128"}, [],
+     r"^global batch 128 \(global_batch_size, .* x 1 processes\) is more than the 64 training rows of .*scored: each "
+     r"optimizer step would see 64; choose at most 64\.$"),
+    ("split-above-the-rows", None, {"per_device_train_batch_size": "40", "gradient_accumulation_steps": "2"}, [],
+     r"^global batch 80 .* is more than the 64 training rows"),
     ("seed-negative", None, {"seed": "-1"}, [], r"^seed=-1: must be in \[0, 4294967295\]\.$"),
     ("max-steps-zero", None, {"max_steps": "0"}, [],
      r"^max_steps=0: a number of optimizer steps > 0, or -1 \(the default\) to train num_train_epochs\.$"),

@@ -22,6 +22,12 @@ DEFAULT_THREADS = 2
 """The development machine's cores: the README's demo numbers are measured with this many threads."""
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity where the platform reports one (a container's or ``taskset``'s
+    share, which ``os.cpu_count`` ignores), else the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 PINNED_ENVIRONMENT = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 """Read when torch, MKL and oneDNN load: ATen's kernel dispatch, MKL's conditional numerical reproducibility branch,
 oneDNN's highest instruction set."""

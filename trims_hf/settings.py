@@ -399,6 +399,10 @@ class DecodingConfig:
                 raise ValueError(f"{name}={getattr(self, name)}: token ids are >= 0.")
         if self.strategy in ("fixed_steps", "threshold_quota") and self.total_steps % self.num_blocks:
             raise ValueError(f"steps={self.total_steps} must be a multiple of the number of blocks ({self.num_blocks}).")
+        if self.strategy in ("fixed_steps", "threshold_quota") and self.total_steps > self.gen_length:
+            raise ValueError(f"steps={self.total_steps}: more than gen_length={self.gen_length}; a block ends once its "
+                             "tokens are committed, so at most gen_length steps run.")
+        check_seed("seed", self.seed)
         if self.stop_token_ids is not None:
             self.stop_token_ids = tuple(int(i) for i in self.stop_token_ids)  # hashable, as the decoder keeps it
 

@@ -129,6 +129,12 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
             raise ValueError(f"{name} under FSDP or ZeRO-3: the search probes the whole model on one device; set the "
                              "split yourself (per_device_train_batch_size, gradient_accumulation_steps).")
 
+    @property
+    def rows_per_step(self) -> int:
+        """Rows in one optimizer step over every process: ``global_batch_size``, or the split it was given as."""
+        return self.global_batch_size or self.per_device_train_batch_size * self.gradient_accumulation_steps * \
+            self.world_size
+
     def masking(self) -> MaskingConfig:
         """The bucket and masking settings, for the collator and the data preparation."""
         return settings_of(self, MaskingConfig)

@@ -204,8 +204,7 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
         "warmup_steps": args.warmup_steps, "weight_decay": args.weight_decay, "num_train_epochs": args.num_train_epochs,
         "max_steps": args.max_steps, "per_device_train_batch_size": args.per_device_train_batch_size,
         "gradient_accumulation_steps": args.gradient_accumulation_steps, "num_devices": world,
-        "global_batch_size": args.global_batch_size or args.per_device_train_batch_size * args.gradient_accumulation_steps
-        * world,
+        "global_batch_size": args.rows_per_step,
         "bf16": args.bf16, "seed": args.seed,
     }
     lora = {"use_lora": model_args.use_lora, **({"adapter": model_args.adapter} if model_args.adapter else {})}
@@ -476,6 +475,11 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     tokenizer = student.tokenizer
     train_dataset = prepare_rows(train_dataset, "train_split", data_args.train_split, data_args.dataset_name, tokenizer, args)
     eval_dataset = prepare_rows(eval_dataset, "eval_split", data_args.eval_split, data_args.dataset_name, tokenizer, args)
+    if args.rows_per_step > len(train_dataset):  # each step would see the whole data set and no more
+        raise InputError(f"global batch {args.rows_per_step} (global_batch_size, or per_device_train_batch_size x "
+                         f"gradient_accumulation_steps x {args.world_size} processes) is more than the "
+                         f"{len(train_dataset)} training rows of {data_args.dataset_name}: each optimizer step would see "
+                         f"{len(train_dataset)}; choose at most {len(train_dataset)}.")
     set_seed(args.seed)
     if args.device.type == "cpu":  # also sets up (once, cached) the processes that distributed_state describes
         name_cpu_accelerator()

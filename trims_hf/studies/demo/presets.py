@@ -7,11 +7,10 @@ Each stage's outputs are kept in the output folder under a fingerprint of the fi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from ...determinism import DEFAULT_THREADS
+from ...determinism import DEFAULT_THREADS, usable_cpus
 from ...errors import did_you_mean
 from ...settings import DecodingConfig, MaskingConfig, StudentFormat
 from ..protocol import BUCKET_FIELDS, MDLM_MASKING_FIELDS, StudyProtocol, with_overrides
@@ -101,7 +100,7 @@ def settings_for(fast: bool, study: bool, data_file: str | None = None, threads:
             raise ValueError(f"{assignment}: no field {name}{did_you_mean(name, names)}; "
                              "`trims demo --fields` lists them.")
     settings = with_overrides(preset, assignments)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # a container's
+    cores = usable_cpus()
     most = max(DEFAULT_THREADS, cores)  # more threads than cores only contend (and change numbers)
     if settings.threads > most:
         raise ValueError(f"threads={settings.threads}: at most {most} on this machine ({cores} CPUs).")
