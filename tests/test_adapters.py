@@ -199,6 +199,7 @@ def test_plain_causal_lm_student_exports_with_model_kind(plain_llama, plain_llam
                                "--overwrite."),
     (["--model", "{w}/nope"], "--model {w}/nope: no such file or folder."),
     (["--adapter", "{w}/nope"], "--adapter {w}/nope: no such file or folder."),
+    (["--token", "abc"], "--token: only --push-to-hub reads it; drop it, or pass --push-to-hub REPO."),
 ])
 def test_export_mistakes_are_one_line_in_the_commands_terms_before_any_model_loads(
         argv, expected, plain_llama, plain_llama_adapter, tmp_path, capsys, monkeypatch):

@@ -146,9 +146,12 @@ CASES = {
                                             "--system-prompt goes into the chat template, and --prompt-format 'plain' "
                                             "renders none; drop --system-prompt, or use --prompt-format "
                                             "'chat_template'. (see `trims score --help`)"),
+    "hub flags without a push": (["--token", "abc", "--private"], {},
+                                 "--token, --private: only --push-to-hub reads them; drop them, or pass --push-to-hub "
+                                 "REPO."),
     "bucket seed of no random ordering": (["--bucket-seed", "3"], {},
                                           "--bucket-seed 3 seeds the random ordering only, and --bucket-ordering is "
-                                          "hard_to_easy; drop --bucket-seed, or pass --bucket-ordering random."),
+                                          "hard_to_easy; drop --bucket-seed, or set --bucket-ordering random."),
     "output is the dataset": (["--dataset", "{tmp}/d", "--output", "{tmp}/d", "--overwrite"], {"d/": ""},
                               "--output {tmp}/d is --dataset {tmp}/d, the data it is made from; write it to a folder "
                               "apart."),

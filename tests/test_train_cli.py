@@ -25,10 +25,10 @@ from transformers import AutoTokenizer, LlamaConfig
 from trims_hf import MDLMConfig
 from trims_hf.cli import main
 from trims_hf.commands import ALLOCATOR_SETTINGS
-from trims_hf.commands.recipe import parse_recipe, read_recipe
+from trims_hf.commands.recipe import override_keys, parse_recipe, read_recipe
 from trims_hf.commands.train import parser as train_parser
 from trims_hf.errors import InputError
-from trims_hf.training.train_job import RUN_FILE
+from trims_hf.training.train_job import RUN_FILE, check_overrides_read
 from trims_hf.training.trainer import MDLMTrainer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -251,11 +251,21 @@ MISTAKES = [
     ("output-not-empty-no-checkpoint", None, {"output_dir": "{w}/other-files"}, [],  # nothing to resume: not advised
      r"^output_dir .*other-files is not empty \(notes\.txt\); [^-]*$"),
     ("global-batch-above-the-rows", None, {"per_device_train_batch_size": "null", "gradient_accumulation_steps": "null",
-                                           "global_batch_size": "128"}, [],
+                                           "global_batch_size": "128", "padding": "max_length"}, [],
      r"^global batch 128 \(global_batch_size, .* x 1 processes\) is more than the 64 training rows of .*scored: each "
      r"optimizer step would see 64; choose at most 64\.$"),
     ("split-above-the-rows", None, {"per_device_train_batch_size": "40", "gradient_accumulation_steps": "2"}, [],
      r"^global batch 80 .* is more than the 64 training rows"),
+    ("lora-settings-without-lora", None, {"use_lora": "false", "lora_r": "4", "lora_dropout": "0.2"}, [],
+     r"^lora_r=4, lora_dropout=0\.2: only a LoRA run reads them, and use_lora=false trains every weight; drop them, "),
+    ("trajectory-settings-without-trajectories", None, {"trajectory_ratio": "0", "p_future": "0.5"}, [],
+     r"^p_future=0\.5: only trajectory samples read it, and trajectory_ratio=0 \(the MDLM baseline\) draws none; "),
+    ("bucket-seed-without-random-ordering", None, {"bucket_seed": "3"}, [],
+     r"^bucket_seed=3 seeds the random ordering only, and bucket_ordering is hard_to_easy; drop bucket_seed, or set "),
+    ("searched-split-with-longest-padding", None, {"per_device_train_batch_size": "null",
+                                                   "gradient_accumulation_steps": "null", "global_batch_size": "16",
+                                                   "padding": "longest"}, [],
+     r"^global_batch_size 16 with padding=longest: the split it chooses would change the loss "),
     ("seed-negative", None, {"seed": "-1"}, [], r"^seed=-1: must be in \[0, 4294967295\]\.$"),
     ("max-steps-zero", None, {"max_steps": "0"}, [],
      r"^max_steps=0: a number of optimizer steps > 0, or -1 \(the default\) to train num_train_epochs\.$"),
@@ -407,6 +417,17 @@ def test_user_mistakes_are_one_line_before_any_model_loads(edit, changes, extra,
     assert len(errors) == 1, errors
     assert re.search(expected, errors[0].removeprefix("error: ")), errors[0]
     assert not output_dir.exists()  # nothing half-written
+
+
+def test_a_recipes_own_settings_may_be_left_unread_by_an_override(toy):
+    """Only what the command line gives is held to being read: the toy recipe's LoRA and trajectory settings stay
+    when the command line turns LoRA or the trajectory samples off."""
+    overrides = [*toy, "--use_lora", "false", "--trajectory_ratio", "0", "--bucket_ordering", "random"]
+    model_args, _, args = parse_recipe(TOY, overrides)
+    assert not model_args.use_lora and model_args.lora_r == 8 and args.p_future == 0.95
+    check_overrides_read(model_args, args, override_keys(overrides))
+    with pytest.raises(InputError, match=r"^lora_alpha=16: only a LoRA run reads it"):
+        check_overrides_read(model_args, args, override_keys([*overrides, "--lora-alpha=16"]))
 
 
 def test_lora_target_modules_the_student_lacks_are_one_line_naming_its_layers(tmp_path, toy, capsys):

@@ -319,6 +319,34 @@ class MaskingConfig(BucketConfig):
             raise ValueError(f"min_t must be in (0, 1), got {self.min_t}.")
 
 
+TRAJECTORY_SETTINGS = ("p_context", "p_future", "trajectory_selection", "trajectory_loss_weight")
+"""The settings only trajectory samples read: a run with ``trajectory_ratio`` 0 (the MDLM baseline) reads none."""
+
+
+def check_masking_read(buckets: BucketConfig, given: Iterable[str] | None = None) -> None:
+    """Refuse a bucket or masking setting that the others leave unread, as a command's user believes it changes the run:
+    ``bucket_seed`` without the random ordering, and the trajectory settings without trajectory samples. Refused are
+    the values other than the defaults (a default cannot be told from a value not given), among ``given`` when the
+    command knows which the user gave (a recipe's own values stay). The commands' rule, not the settings': a study keeps
+    one seed for all its orderings, and its MDLM variant the TRIMS variants' settings."""
+    defaults = {f.name: f.default for f in dataclasses.fields(MaskingConfig)}
+    named = set(defaults) if given is None else set(given)
+
+    def changed(name: str) -> bool:
+        return name in named and getattr(buckets, name) != defaults[name]
+
+    if changed("bucket_seed") and buckets.bucket_ordering != "random":
+        raise ValueError(f"bucket_seed={buckets.bucket_seed} seeds the random ordering only, and bucket_ordering is "
+                         f"{buckets.bucket_ordering}; drop bucket_seed, or set bucket_ordering=random.")
+    if not isinstance(buckets, MaskingConfig) or buckets.trajectory_ratio > 0:
+        return
+    unread = [f"{name}={getattr(buckets, name)}" for name in TRAJECTORY_SETTINGS if changed(name)]
+    if unread:
+        them = "them" if len(unread) > 1 else "it"
+        raise ValueError(f"{', '.join(unread)}: only trajectory samples read {them}, and trajectory_ratio=0 (the MDLM "
+                         f"baseline) draws none; drop {them}, or set trajectory_ratio above 0.")
+
+
 @dataclass
 class DecodingConfig:
     """Settings of :func:`trims_hf.generate`; defaults are the paper's evaluation decoder (Fast-dLLM threshold)."""

@@ -174,3 +174,15 @@ def fail(message: str, code: int = 2) -> int:
     """Report a user mistake (or why a run stopped) in one line and return the exit code (usage error: 2)."""
     print(f"error: {message}", file=sys.stderr)
     return code
+
+
+def check_push_flags(push_to_hub: str | None, **push_only: Any) -> None:
+    """The flags only ``--push-to-hub`` reads (``push_only``: name -> value, unset as None or False), refused without
+    it: the user believes they changed what was written."""
+    from ..errors import InputError
+
+    given = [flag_name(name) for name, value in push_only.items() if value not in (None, False)]
+    if given and not push_to_hub:
+        them = "them" if len(given) > 1 else "it"
+        raise InputError(f"{', '.join(given)}: only --push-to-hub reads {them}; drop {them}, or pass --push-to-hub "
+                         "REPO.")

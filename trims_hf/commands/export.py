@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..model_config import ModelConfig, StudentKind, flag_name
-from . import CommandParser, fail
+from . import CommandParser, check_push_flags, fail
 
 FLAGS = {"model_name_or_path": "--model", "adapter": "--adapter", "model_kind": "--model-kind",
          "allow_base_mismatch": "--allow-base-mismatch"}
@@ -53,6 +53,7 @@ def main(argv: list[str]) -> int:
     try:
         check_output_path(args.output, f"--output {args.output}", existing="reuse" if args.overwrite else "empty",
                           advice=" or pass --overwrite")
+        check_push_flags(args.push_to_hub, token=args.token)
         check_model_sources(student, export_flag)
         kind = student_kind(student, student.config_dict(), export_flag)
         if args.push_to_hub:

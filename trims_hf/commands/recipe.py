@@ -135,6 +135,11 @@ def _override_key(token: str) -> str | None:
     return token.partition("=")[0].removeprefix("--").replace("-", "_") if token.startswith("--") else None
 
 
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """The recipe keys the command line gives (``--key value``, ``--key=value``, dashes or underscores)."""
+    return {key for token in overrides if (key := _override_key(token)) is not None}
+
+
 def unset_nulls(overrides: Sequence[str], hints: dict[str, Any], defaults: dict[str, Any]) -> list[str]:
     """``overrides`` without each ``--key null`` (YAML's spellings) of a key that may be unset and holds no text (a
     text key keeps "null" as its value), which sets ``defaults[key]`` to None instead and drops the key's earlier

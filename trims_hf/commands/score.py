@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..data.schema import COMPLETION, PROMPT, as_prompt_completion
-from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
-from . import INTERRUPTED, CommandParser, fail
+from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions, check_masking_read
+from . import INTERRUPTED, CommandParser, check_push_flags, fail
 
 
 @dataclass
@@ -87,17 +87,6 @@ def _job_messages() -> logging.Handler:
     return handler
 
 
-def check_bucket_seed(buckets: BucketConfig) -> None:
-    """``--bucket-seed`` seeds the random ordering only: refused with another, whose buckets it would not change.
-    (A study's settings keep one seed for all its orderings, so the rule is the command's, not the setting's; the seed
-    left at its default cannot be told from one given.)"""
-    from ..errors import InputError
-
-    if buckets.bucket_seed != BucketConfig.bucket_seed and buckets.bucket_ordering != "random":
-        raise InputError(f"--bucket-seed {buckets.bucket_seed} seeds the random ordering only, and --bucket-ordering is "
-                         f"{buckets.bucket_ordering}; drop --bucket-seed, or pass --bucket-ordering random.")
-
-
 @dataclass
 class DataSource:
     """The data set the rows come from, as the command names it."""
@@ -120,13 +109,14 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
     from ..sources import check_dataset_source, check_model_source
 
     try:
-        check_bucket_seed(buckets)
+        check_masking_read(buckets)  # a ValueError in the settings' terms, said in the flags'
+        check_push_flags(out.push_to_hub, token=out.token, private=out.private)
         check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
         check_dataset_source(data.flag, data.value, default=data.default)
         check_apart(out.output, f"--output {out.output}", data.value, f"{data.flag} {data.value}")
         check_output_path(out.output, f"--output {out.output}", existing="reuse" if out.overwrite else "refuse",
                           advice=" or pass --overwrite")
-    except InputError as error:
+    except ValueError as error:  # InputError among them
         return fail(in_user_terms(str(error), parser, fields))
     from ..data.hub import HubAccessError
     from ..data.schema import SchemaError

@@ -54,11 +54,13 @@ def main(argv: list[str]) -> int:
     from ..data.hub import HubAccessError
     from ..data.schema import SchemaError
     from ..errors import InputError
-    from ..training.train_job import TrainingInterrupted, train
-    from .recipe import parse_recipe
+    from ..training.train_job import TrainingInterrupted, check_overrides_read, train
+    from .recipe import override_keys, parse_recipe
 
     try:
-        train(*parse_recipe(args.config, overrides))
+        model_args, data_args, training_args = parse_recipe(args.config, overrides)
+        check_overrides_read(model_args, training_args, override_keys(overrides))
+        train(model_args, data_args, training_args)
     except (InputError, HubAccessError, SchemaError) as error:
         return fail(str(error))
     except TrainingInterrupted as stop:

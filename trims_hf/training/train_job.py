@@ -13,7 +13,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +51,7 @@ from ..model_config import (
 )
 from ..prompts import check_end_of_response
 from ..reports import write_atomic
-from ..settings import DecodingConfig, check_number_types
+from ..settings import DecodingConfig, check_masking_read, check_number_types
 from ..sources import SourceError, check_dataset_source
 from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
 from .batch_search import rows_per_process
@@ -344,6 +344,33 @@ def check_reporting(report_to: list[str | None]) -> None:
                              "none.")
 
 
+LORA_SETTINGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+"""The settings only a LoRA run reads."""
+
+
+def check_overrides_read(model_args: ModelArguments, args: MDLMConfig, given: Iterable[str]) -> None:
+    """The recipe keys ``given`` on the command line that the run's other settings leave unread, refused: the user
+    believes they change the run. (A recipe's own values stay: a recipe may keep settings another key turns off.)"""
+    given = set(given)
+    try:
+        check_masking_read(args.masking(), given)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    unread = [f"{name}={getattr(model_args, name)}" for name in LORA_SETTINGS if name in given]
+    if unread and not model_args.use_lora:
+        them = "them" if len(unread) > 1 else "it"
+        raise InputError(f"{', '.join(unread)}: only a LoRA run reads {them}, and use_lora=false trains every weight; "
+                         f"drop {them}, or set use_lora=true.")
+
+
+def check_split_search(args: MDLMConfig) -> None:
+    """A searched split keeps the objective only where padding does not depend on it."""
+    if args.global_batch_size is not None and args.padding == "longest" and args.train_on_padding:
+        raise InputError(f"global_batch_size {args.global_batch_size} with padding=longest: the split it chooses would "
+                         "change the loss (each micro-batch's EOS padding is trained on); set padding=max_length, whose "
+                         "objective is the same for every split, or train_on_padding=false.")
+
+
 def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> str | None:
     """Every mistake found without loading a model or a data set, in seconds; returns the checkpoint to resume from.
 
@@ -359,6 +386,7 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
     check_reporting(args.report_to)
     if args.push_to_hub:  # so a long run never ends in an auth error
         check_push_access(args.hub_model_id or Path(args.output_dir).absolute().name, args.hub_token)
+    check_split_search(args)
     if model_args.adapter and model_args.init_from_config:
         raise InputError("adapter: an adapter goes on trained weights; init_from_config builds random ones.")
     check_model_sources(model_args)
@@ -518,4 +546,5 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     return trainer
 
 
-__all__ = ["DataArguments", "ModelArguments", "TrainingInterrupted", "check_run", "load_data", "train"]
+__all__ = ["DataArguments", "ModelArguments", "TrainingInterrupted", "check_overrides_read", "check_run", "load_data",
+           "train"]
