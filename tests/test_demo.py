@@ -227,6 +227,12 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--threads", "0"], r"threads=0: must be at least 1"),
     (["--threads", "two"], r"argument --threads: invalid int value: 'two'"),
     (["--set", "variant_steps=0"], r"variant_steps=0: must be at least 1"),
+    (["--set", "num_test=0"], r"num_test=0: must be at least 1\.$"),
+    (["--set", "data_seed=-1"], r"data_seed=-1: must be in \[0, 4294967295\]\.$"),
+    (["--set", "seeds=0,-2"], r"seeds=-2: must be in \[0, 4294967295\]\.$"),
+    (["--set", "base_lr=nan"], r"base_lr=nan: must be a finite number > 0\.$"),
+    (["--set", "seeds=0,1,0"], r"seeds: 0 is given twice; each value once\.$"),
+    (["--set", "thresholds=0.5,0.9,0.5"], r"thresholds: 0\.5 is given twice; each value once\.$"),
     (["--set", "thresholds=0.5,1.5"], r"threshold=1\.5: must be in \[0, 1\]"),
     (["--set", "teacher=qwen"], r"teacher=qwen: choose embedded or smollm2\."),
     (["--set", "variant_step=3"], r"variant_step=3: no field variant_step \(did you mean variant_steps\?\); `trims demo "

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import math
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from ..settings import (
     MaskingConfig,
     ScoringOptions,
     StudentFormat,
+    check_seed,
     settings_of,
     settings_record,
 )
@@ -322,6 +324,17 @@ class StudyProtocol:
             raise ValueError(f"variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}.")
         if small := [name for name in self.POSITIVE_FIELDS if getattr(self, name) < 1]:
             raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name.endswith("_lr") and not 0 < value < math.inf:  # NaN fails too
+                raise ValueError(f"{field.name}={value}: must be a finite number > 0.")
+            if field.name.endswith("seed"):
+                check_seed(field.name, value)
+            if field.name == "seeds":
+                for seed in value:
+                    check_seed("seeds", seed)
+            if isinstance(value, tuple) and (twice := [v for i, v in enumerate(value) if v in value[:i]]):
+                raise ValueError(f"{field.name}: {twice[0]} is given twice; each value once.")
         for tau in self.decoded_thresholds():
             self.decoding_at(tau)
 

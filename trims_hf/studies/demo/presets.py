@@ -64,6 +64,8 @@ class DemoSettings(StudyProtocol):
             raise ValueError("seeds: give at least one SFT seed (e.g. seeds=0 or seeds=0,1,2).")
         super().__post_init__()
 
+    POSITIVE_FIELDS = ("num_train", "num_test", "hidden_size", "num_layers", "num_heads", "teacher_steps",
+                       *StudyProtocol.POSITIVE_FIELDS)
     STAGE_FIELDS = {"data": DATA_FIELDS, "pretrained": PRETRAINED_FIELDS, "score": SCORE_FIELDS,
                     "base": (*PRETRAINED_FIELDS, "teacher", *MDLM_MASKING_FIELDS, "base_steps", "base_lr")}
 
