@@ -171,6 +171,17 @@ def test_max_length_is_a_prepared_length(tokenizer, max_length):
         TrimsDataCollator(tokenizer, max_length=max_length)
 
 
+@pytest.mark.parametrize("settings,error,match", [
+    ({"mask_token_id": -1}, ValueError, r"^mask_token_id=-1: token ids are >= 0\.$"),
+    ({"mask_token_id": 3.0}, TypeError, r"^mask_token_id=3\.0: must be a whole number \(int\), not float\.$"),
+    ({"seed": 1.5}, TypeError, r"^seed=1\.5: must be a whole number \(int\), not float\.$"),
+    ({"seed": -1}, ValueError, r"^seed=-1: must be in \[0, 4294967295\]\.$"),
+])
+def test_collator_settings_refused_before_any_batch(tokenizer, settings, error, match):
+    with pytest.raises(error, match=match):
+        TrimsDataCollator(tokenizer, **settings)
+
+
 def test_an_empty_batch_is_one_clear_error(tokenizer):
     with pytest.raises(ValueError, match="^The collator got an empty batch; a batch holds at least one row"):
         collator(tokenizer)([])

@@ -534,6 +534,7 @@ def test_one_end_of_response_string_is_one_token_not_its_characters():
     ({"gen_length": 256.0}, r"^gen_length=256\.0: must be a whole number \(int\), not float\.$"),
     ({"steps": "8"}, r"^steps='8': must be a whole number"),
     ({"threshold": "0.9"}, r"^threshold='0\.9': must be a number, not str\.$"),
+    ({"early_stop": "no"}, r"^early_stop='no': must be true or false \(a bool\), not str\.$"),
 ])
 def test_decoding_settings_of_the_wrong_type_are_named(settings, match):
     with pytest.raises(TypeError, match=match):

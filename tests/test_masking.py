@@ -88,6 +88,8 @@ def test_trajectory_context_and_future_rates():
     ({"pad_to_multiple_of": 8.0}, TypeError, r"^pad_to_multiple_of=8\.0: must be a whole number"),
     ({"bucket_seed": None}, TypeError, r"^bucket_seed=None: must be a whole number"),
     ({"p_context": "0.05"}, TypeError, r"^p_context='0\.05': must be a number, not str\.$"),
+    ({"train_on_padding": "false"}, TypeError, r"^train_on_padding='false': must be true or false \(a bool\), not str\.$"),
+    ({"train_on_padding": 0}, TypeError, r"^train_on_padding=0: must be true or false"),
 ])
 def test_masking_settings_refused_when_set(settings, error, match):
     with pytest.raises(error, match=match):

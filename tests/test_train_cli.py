@@ -117,11 +117,23 @@ def test_null_on_the_command_line_unsets_a_key_that_may_be_unset(spelling):
     ({"learning_rate": float("nan")}, r"^learning_rate=nan: must be a finite number > 0"),
     ({"learning_rate": 0.0}, r"^learning_rate=0\.0: must be a finite number > 0 \(0 would train nothing\)"),
     ({"num_train_epochs": 0, "max_steps": -1}, r"^num_train_epochs=0: must be > 0 unless max_steps > 0"),
+    ({"loss_normalization": "bogus"}, r"^loss_normalization='bogus': choose token or sequence\.$"),
 ])
 def test_mdlm_config_refuses_what_training_would_fail_on_or_train_nothing_with(settings, match):
     with pytest.raises(ValueError, match=match):
         MDLMConfig(report_to="none", **settings)
     assert MDLMConfig(report_to="none", num_train_epochs=0, max_steps=3).max_steps == 3  # max_steps decides
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"compile_blocks": "no"}, r"^compile_blocks='no': must be true or false \(a bool\), not str\.$"),
+    ({"global_batch_size": 2.5}, r"^global_batch_size=2\.5: must be a whole number \(int\), not float\.$"),
+    ({"per_device_train_batch_size": "8"}, r"^per_device_train_batch_size='8': must be a whole number"),
+])
+def test_mdlm_config_names_a_setting_of_the_wrong_type(settings, match):
+    """A string or a fraction given in Python would otherwise pass a truth test or fail in a division far from it."""
+    with pytest.raises(TypeError, match=match):
+        MDLMConfig(report_to="none", **settings)
 
 
 def test_recipe_values_are_parser_defaults_typed_as_on_the_command_line(tmp_path):

@@ -70,20 +70,22 @@ def check_seed(name: str, value: int | None) -> None:
         raise ValueError(f"{name}={value}: must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}].")
 
 
-_NUMBER_KINDS = {"int": (Integral, "a whole number (int)"), "float": (Real, "a number")}
+_FIELD_KINDS = {"int": (Integral, "a whole number (int)"), "float": (Real, "a number"),
+                "bool": (bool, "true or false (a bool)")}
 
 
-def check_number_types(settings: Any, cls: type) -> None:
-    """Each ``int`` and ``float`` field that ``cls`` itself declares holds a number of that kind (a bool is neither
-    here): a string or a fraction given in Python (``num_buckets=2.5``, ``"8"``) would otherwise pass or fail far
-    from the setting, in a comparison or a shape. Called first in each class's ``__post_init__``, before the ranges."""
+def check_field_types(settings: Any, cls: type) -> None:
+    """Each ``int``, ``float`` and ``bool`` field that ``cls`` itself declares holds a value of that kind (a bool is no
+    number here, and a number or string no bool): a string or a fraction given in Python (``num_buckets=2.5``,
+    ``"8"``, ``compile_blocks="no"``) would otherwise pass or fail far from the setting, in a comparison, a shape or a
+    truth test. Called first in each class's ``__post_init__``, before the ranges."""
     for name, hint in cls.__annotations__.items():
         kind, optional = hint.removesuffix(" | None"), hint.endswith(" | None")
         value = getattr(settings, name)
-        if kind not in _NUMBER_KINDS or (optional and value is None):
+        if kind not in _FIELD_KINDS or (optional and value is None):
             continue
-        types, what = _NUMBER_KINDS[kind]
-        if isinstance(value, bool) or not isinstance(value, types):
+        types, what = _FIELD_KINDS[kind]
+        if not isinstance(value, types) or (kind != "bool" and isinstance(value, bool)):
             raise TypeError(f"{name}={value!r}: must be {what}, not {type(value).__name__}.")
 
 
@@ -160,7 +162,7 @@ class StudentFormat(ResponseFormat):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_number_types(self, StudentFormat)
+        check_field_types(self, StudentFormat)
         if self.max_length < 2:
             raise ValueError(f"max_length must be at least 2, got {self.max_length}.")
 
@@ -201,7 +203,7 @@ class ScoringOptions(PromptFormat):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_number_types(self, ScoringOptions)
+        check_field_types(self, ScoringOptions)
         if self.teacher_max_length is not None and self.teacher_max_length < 2:
             raise ValueError(f"teacher_max_length={self.teacher_max_length}: must be at least 2 (one prompt and one "
                              "completion token).")
@@ -236,7 +238,7 @@ class BucketConfig:
     )
 
     def __post_init__(self) -> None:
-        check_number_types(self, BucketConfig)
+        check_field_types(self, BucketConfig)
         if not 1 <= self.num_buckets <= MAX_BUCKETS:
             raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {self.num_buckets}.")
         check_choice("bucket_ordering", self.bucket_ordering, Ordering)
@@ -299,7 +301,7 @@ class MaskingConfig(BucketConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_number_types(self, MaskingConfig)
+        check_field_types(self, MaskingConfig)
         for name in ("p_context", "p_future", "trajectory_ratio"):
             _check_probability(name, getattr(self, name))
         if self.p_future == 0:
@@ -406,7 +408,7 @@ class DecodingConfig:
     )
 
     def __post_init__(self) -> None:
-        check_number_types(self, DecodingConfig)
+        check_field_types(self, DecodingConfig)
         ids = self.stop_token_ids
         if ids is not None and not (isinstance(ids, (list, tuple)) and all(
                 isinstance(i, Integral) and not isinstance(i, bool) for i in ids)):

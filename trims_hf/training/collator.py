@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..data import schema
-from ..settings import MaskingConfig
+from ..settings import MaskingConfig, check_field_types, check_seed
 from .masking import noise_batch, select_fixed_subset, select_per_draw
 
 # Columns the collator reads; the trainer keeps them when it drops unused dataset columns.
@@ -67,6 +67,10 @@ class TrimsDataCollator:
                                             or self.max_length < 2):
             raise ValueError(f"max_length={self.max_length!r}: must be a whole number of at least 2, the max_length the "
                              "rows were prepared with (StudentFormat.max_length).")
+        check_field_types(self, TrimsDataCollator)
+        if self.mask_token_id < 0:
+            raise ValueError(f"mask_token_id={self.mask_token_id}: token ids are >= 0.")
+        check_seed("seed", self.seed)
         if self.masking.padding == "max_length" and self.max_length is None:
             raise ValueError("padding='max_length' needs the collator's max_length (the one the rows were prepared with).")
 

@@ -51,7 +51,7 @@ from ..model_config import (
 )
 from ..prompts import check_end_of_response
 from ..reports import write_atomic
-from ..settings import DecodingConfig, check_masking_read, check_number_types
+from ..settings import DecodingConfig, check_field_types, check_masking_read
 from ..sources import SourceError, check_dataset_source
 from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
 from .batch_search import rows_per_process
@@ -87,7 +87,7 @@ class ModelArguments(ModelConfig):
         """The LoRA values peft would reject, or take and train nothing with, refused before the model loads (the
         target modules' names are checked against the model when it is wrapped, :func:`wrap_lora`)."""
         super().__post_init__()
-        check_number_types(self, ModelArguments)
+        check_field_types(self, ModelArguments)
         if self.lora_r < 1:
             raise ValueError(f"lora_r={self.lora_r}: the adapter's rank must be at least 1.")
         if not self.lora_alpha > 0:
