@@ -183,6 +183,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
         path = getattr(args, flag)
         if path is not None and not path.parent.is_dir():
             parser.error(f"argument --{flag}: folder {path.parent} does not exist")
+        if path is not None and path.is_dir():
+            parser.error(f"argument --{flag}: {path} is a folder; name a file in it")
     step_modes = tuple(dict.fromkeys(mode.strip() for mode in (args.step_modes or ",".join(STEP_MODES[device.type]))
                                      .split(",")))
     if step_modes[0] != "eager" or any(mode not in STEP_MODES["cuda"] + COMPILED_STEPS for mode in step_modes):

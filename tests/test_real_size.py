@@ -347,6 +347,7 @@ def test_goals_both_ways_and_unjudged_without_a_bound():
 
 @pytest.mark.parametrize("argv,flag", [(["--steps", "0"], "--steps"), (["--max-batch", "-1"], "--max-batch"),
                                        (["--output", "/no/such/folder/x.jsonl"], "--output"),
+                                       (["--output", "/tmp"], "--output"), (["--train-profile", "/tmp"], "--train-profile"),
                                        (["--device", "tpu"], "--device"), (["--device", "cuda:1"], "--device"),
                                        (["--score-budget-s", "0"], "--score-budget-s"),
                                        (["--logits-chunk-elements", "0"], "--logits-chunk-elements")])
