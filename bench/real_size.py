@@ -179,8 +179,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, Run]:
     checkpointing = tuple(dict.fromkeys(settings.get(name.strip()) for name in args.checkpointing.split(",")))
     if None in checkpointing:
         parser.error(f"argument --checkpointing: {args.checkpointing!r}: off, on or off,on")
-    for flag in ("output", "profile", "train_profile"):
-        path = getattr(args, flag)
+    for name in ("output", "profile", "train_profile"):
+        path, flag = getattr(args, name), name.replace("_", "-")
         if path is not None and not path.parent.is_dir():
             parser.error(f"argument --{flag}: folder {path.parent} does not exist")
         if path is not None and path.is_dir():
