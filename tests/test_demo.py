@@ -247,6 +247,7 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--data-file", "{w}/no-answer.jsonl"], r"--data-file .*no-answer\.jsonl: row 0 field 'answer' ends with no '#### N'"),
     (["--data-file", "{w}/few.jsonl"], r"--data-file .*few\.jsonl has 3 rows; the demo needs more than 8\.$"),
     (["--output", "{w}/a-file"], r"--output .*a-file: a file, not a folder\.$"),
+    (["--data-file", "{w}/a-model"], r"--data-file .*a-model: a folder, not a file\.$"),
     (["--output", "{w}/a-model"], r"--output .*a-model is not empty and holds no demo run \(no data/ folder\): "),
 ])
 def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path, capsys):

@@ -227,6 +227,8 @@ ERRORS = {
                                      "--allow-code-execution to run it in the sandbox.", None),
     "missing data file": (["--task", "gsm8k", "--data-file", "missing.jsonl"], "--data-file missing.jsonl: no such file.",
                           None),
+    "data file that is a folder": (["--task", "gsm8k", "--data-file", str(DATA)], f"--data-file {DATA}: a folder, not a "
+                                   "file.", None),
     "data file with other columns": (["--task", "gsm8k", "--data-file", MBPP],
                                      f"{MBPP}: row 0 has no field 'question' (fields: ['challenge_test_list', 'code', "
                                      "'task_id', 'test_list', 'test_setup_code', 'text'])", None),

@@ -462,6 +462,7 @@ def test_unwritable_output_parent(toy, tmp_path, capsys, offline_hub, monkeypatc
     ([], "error: trims train needs --config RECIPE.yaml"),
     (["recipes/toy/trims_toy.yaml"], "error: trims train needs --config RECIPE.yaml"),
     (["--config", "recipes/toy/trims_toy.yml"], "error: --config recipes/toy/trims_toy.yml: no such file."),
+    (["--config", str(RECIPES / "toy")], f"error: --config {RECIPES / 'toy'}: a folder, not a file."),
     (["--config", "recipes/toy/trims_toy.yaml", "--lora_r", "4", "--config=recipes/llada/trims_s1k.yaml"],
      "error: trims train takes one --config RECIPE.yaml"),
 ])

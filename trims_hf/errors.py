@@ -32,6 +32,15 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
+def check_input_file(path: str | os.PathLike, label: str) -> None:
+    """One line when the file a flag names is missing or a folder (``label``: the flag and the path as given)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise InputError(f"{label}: a folder, not a file.")
+    if not path.is_file():
+        raise InputError(f"{label}: no such file.")
+
+
 def check_output_path(path: str | os.PathLike, label: str, *, folder: bool = True, existing: Existing = "reuse",
                       advice: str = "") -> Path:
     """``path`` can be written: a folder (or with ``folder=False`` a file) that can be created where it is.

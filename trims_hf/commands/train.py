@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import INTERRUPTED, CommandParser, fail, growable_cuda_segments
 
@@ -48,12 +47,15 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.config:
         return fail("trims train needs --config RECIPE.yaml (see `trims train --help`; recipes/ has examples).")
-    if not Path(args.config).is_file():  # before the seconds of importing torch and transformers
-        return fail(f"--config {args.config}: no such file.")
+    from ..errors import InputError, check_input_file
+
+    try:  # before the seconds of importing torch and transformers
+        check_input_file(args.config, f"--config {args.config}")
+    except InputError as error:
+        return fail(str(error))
     growable_cuda_segments()  # before CUDA starts (parsing the recipe may start it)
     from ..data.hub import HubAccessError
     from ..data.schema import SchemaError
-    from ..errors import InputError
     from ..training.train_job import TrainingInterrupted, check_overrides_read, train
     from .recipe import override_keys, parse_recipe
 

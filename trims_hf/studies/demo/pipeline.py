@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...data.schema import as_prompt_completion
 from ...data.teacher import load_teacher
-from ...errors import InputError, check_output_path
+from ...errors import InputError, check_input_file, check_output_path
 from ...evaluation.tasks.base import read_json_rows, write_json_rows
 from ...sources import smollm2_gguf
 from ..arith import ArithTask, make_splits
@@ -35,8 +35,7 @@ def load_rows(settings: DemoSettings) -> tuple[list[dict], list[dict]]:
     """Train and test rows (question/answer): procedural, or a seeded split of a GSM8K-style file."""
     if settings.data_file is None:
         return make_splits(settings.num_train, settings.num_test, settings.data_seed)
-    if not Path(settings.data_file).is_file():
-        raise FileNotFoundError(f"--data-file {settings.data_file}: no such file.")
+    check_input_file(settings.data_file, f"--data-file {settings.data_file}")
     rows = read_json_rows(settings.data_file)
     ArithTask(rows, name=f"--data-file {settings.data_file}").load()  # every row has a question and a gradable answer
     random.Random(settings.data_seed).shuffle(rows)
