@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -326,3 +327,14 @@ def test_every_task_names_its_gold_answer() -> None:
     assert reference.startswith(problem.fields["prompt"]) and reference.endswith(problem.fields["canonical_solution"])
     mbpp = MBPPTask().load(str(DATA / "mbpp" / "mbpp.jsonl"), limit=1)[0]
     assert MBPPTask().reference(mbpp) == mbpp.fields["code"] and "def " in mbpp.fields["code"]
+
+
+@pytest.mark.parametrize("value, kind, said", [(5, str, "is a number, expected a string"),
+                                               (None, str, "is null, expected a string"),
+                                               ("7", (int, float), "is a string, expected a number"),
+                                               ([1], dict, "is a list, expected an object")])
+def test_a_field_of_the_wrong_type_is_named_in_the_data_files_terms(value, kind, said):
+    from trims_hf.evaluation.tasks.base import TaskDataError, require
+
+    with pytest.raises(TaskDataError, match=rf"^rows\.jsonl: row 3 field 'question' {re.escape(said)}$"):
+        require({"question": value}, "question", kind, 3, "rows.jsonl")

@@ -195,11 +195,19 @@ def write_json_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None
     write_atomic(Path(path), "".join(json.dumps(dict(row)) + "\n" for row in rows))
 
 
+JSON_KINDS = {str: "a string", int: "a number", float: "a number", bool: "true or false", list: "a list",
+              dict: "an object", type(None): "null"}
+"""How a data file's user knows the Python types its JSON values read as."""
+
+
 def require(row: Mapping[str, Any], key: str, kind: type | tuple[type, ...], index: int, source: str) -> Any:
     """``row[key]`` after checking it exists and has type ``kind``."""
     if key not in row:
         raise TaskDataError(f"{source}: row {index} has no field {key!r} (fields: {sorted(row)})")
     value = row[key]
     if not isinstance(value, kind):
-        raise TaskDataError(f"{source}: row {index} field {key!r} is {type(value).__name__}, expected {kind}")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        expected = " or ".join(dict.fromkeys(JSON_KINDS.get(k, k.__name__) for k in kinds))
+        raise TaskDataError(f"{source}: row {index} field {key!r} is {JSON_KINDS.get(type(value), type(value).__name__)}, "
+                            f"expected {expected}")
     return value
