@@ -178,9 +178,11 @@ def test_profile_worst_does_nothing_when_every_goal_was_met(tmp_path):
     assert result.returncode == 0 and "nothing to profile" in result.stdout
 
 
-def test_budgets_refuse_an_explanation_file_that_is_a_folder(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "budgets.py"), "--explain-to", str(tmp_path)],
-                            check=False, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.splitlines()[-1] == f"budgets.py: error: argument --explain-to: {tmp_path} is a folder or its " \
-                                             "folder does not exist"
+def test_budgets_refuse_an_explanation_file_that_is_a_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["budgets.py", "--explain-to", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        budgets.main()
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 2 and out == ""
+    assert err.splitlines()[-1] == f"budgets.py: error: argument --explain-to: {tmp_path} is a folder or its folder " \
+                                   "does not exist"

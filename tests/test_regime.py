@@ -281,7 +281,6 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
     assert "--problems 0: must be at least 1" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
     def ctrl_c(self: regime_study.RegimeStudy) -> None:
         raise KeyboardInterrupt
@@ -295,6 +294,7 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "curve.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     curve = tmp_path / "curve"
     rule = ["--set", "target_accuracy=0", "--set", "min_hard_share=0"]  # a smoke base meets nothing else
