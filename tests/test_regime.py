@@ -293,6 +293,15 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
                         r"run the same command again to continue\.", line), line
     assert not (tmp_path / "curve.jsonl").exists()
 
+    def ctrl_c_between_studies(*args) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe, "run_studies", ctrl_c_between_studies)
+    assert recipe.main(argv) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: interrupted between studies; their finished units are kept in {tmp_path}: run the same command again to "
+        "continue."]
+
 
 @pytest.mark.slow
 def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):

@@ -609,19 +609,22 @@ def test_a_resumed_run_must_be_the_checkpoints_run_with_steps_left(tmp_path, toy
     run = tmp_path / "run"
     assert train_cli(toy, run, *common, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2") == 0
     checkpoint = run / "checkpoint-2"
-    recorded = json.loads((checkpoint / RUN_FILE).read_text())
-    assert recorded["TRIMS.num_buckets"] == 8 and recorded["optimisation.learning_rate"] == 3e-3
+    recorded = json.loads((checkpoint / RUN_FILE).read_text())["settings"]
+    assert recorded["num_buckets"] == 8 and recorded["learning_rate"] == 3e-3 and recorded["lora_r"] == 8
+    assert Path(recorded["dataset_name"]).is_absolute()  # a resume from another working folder names the same data
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     resume = ("--resume_from_checkpoint", "true")
     capsys.readouterr()
-    assert train_cli(toy, run, *common, *resume, "--max_steps", "4", "--num_buckets", "4", "--learning_rate", "1") == 2
+    assert train_cli(toy, run, *common, *resume, "--max_steps", "4", "--num_buckets", "4", "--learning_rate", "1",
+                     "--lora_r", "4") == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"error: resume_from_checkpoint {checkpoint}: its run was trained with other settings: num_buckets (8 -> 4), "
-        "learning_rate (0.003 -> 1.0); resume with the run's settings, or start a new run in another output_dir."]
+        f"error: resume_from_checkpoint {checkpoint}: its run was trained with other settings: learning_rate (0.003 -> "
+        "1.0), lora_r (8 -> 4), num_buckets (8 -> 4); resume with the run's settings, or start a new run in another "
+        "output_dir."]
     assert train_cli(toy, run, *common, *resume, "--max_steps", "2") == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"error: resume_from_checkpoint {checkpoint}: it holds step 2 of the 2 asked for (max_steps), so nothing is "
-        "left to train; raise max_steps to train on."]
+        f"error: resume_from_checkpoint {checkpoint}: it holds step 2, and max_steps is 2, so nothing is left to train; "
+        "raise max_steps to train on."]
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
     split = ("--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2", *common[2:])
     assert train_cli(toy, run, *split, *resume, "--max_steps", "3", "--save_strategy", "no") == 0
@@ -629,6 +632,33 @@ def test_a_resumed_run_must_be_the_checkpoints_run_with_steps_left(tmp_path, toy
     assert train_cli(toy, tmp_path / "plain", *common, "--max_steps", "3", "--save_strategy", "no",
                      "--resume_from_checkpoint", str(checkpoint)) == 0
     assert f"warning: {checkpoint} records no settings ({RUN_FILE})" in capsys.readouterr().err
+    (checkpoint / "trainer_state.json").write_text("{")
+    assert train_cli(toy, tmp_path / "plain", *common, "--max_steps", "3", "--resume_from_checkpoint", str(checkpoint)) == 2
+    assert capsys.readouterr().err.startswith(f"error: resume_from_checkpoint {checkpoint}: trainer_state.json is not "
+                                              "JSON (")
+
+
+def test_a_run_of_epochs_is_extended_by_more_epochs_and_refused_without(tmp_path, toy, capsys):
+    """transformers' way to extend a finished run of epochs: the same command with more of them."""
+    common = ("--per_device_train_batch_size", "32", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
+              "--save_strategy", "epoch")
+    run = tmp_path / "run"
+    assert train_cli(toy, run, *common, "--num_train_epochs", "1") == 0
+    capsys.readouterr()
+    assert train_cli(toy, run, *common, "--num_train_epochs", "1", "--resume_from_checkpoint", "true") == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: resume_from_checkpoint {run / 'checkpoint-2'}: its run finished its 1 epochs (step 2), so nothing is "
+        "left to train; raise num_train_epochs to train on."]
+    assert train_cli(toy, run, *common, "--num_train_epochs", "2", "--resume_from_checkpoint", "true") == 0
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 4
+
+
+def test_ctrl_c_in_the_last_step_finishes_the_run(tmp_path, toy, capsys, monkeypatch):
+    """The checkpoint Ctrl-C saves at the last step holds the whole run: it ends as an uninterrupted one (adapter,
+    state, card), not with advice to resume a run that has nothing left."""
+    interrupt_at_step(monkeypatch, 3, signal.SIGINT)
+    assert train_cli(toy, tmp_path / "run", "--max_steps", "3", "--save_strategy", "no") == 0
+    assert (tmp_path / "run" / "adapter_model.safetensors").is_file() and (tmp_path / "run" / "README.md").is_file()
 
 
 def test_trims_train_lets_cuda_segments_grow_unless_the_allocator_is_set_up(tmp_path, monkeypatch):

@@ -222,8 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = float("inf") if args.budget_minutes is None else 60 * args.budget_minutes
     try:
         return run_studies(args, protocol, start, budget)
-    except StudyInterrupted as stop:
-        print(f"error: interrupted {stop}", file=sys.stderr)
+    except KeyboardInterrupt as stop:  # inside a study, it says where; between two, the finished ones are kept
+        where = str(stop) if isinstance(stop, StudyInterrupted) else \
+            f"between studies; their finished units are kept in {args.output}: run the same command again to continue."
+        print(f"error: interrupted {where}", file=sys.stderr)
         return INTERRUPTED
 
 

@@ -27,6 +27,12 @@ Normalization = Literal["token", "sequence"]
 NORMALIZATIONS = ("token", "sequence")
 
 
+def check_normalization(value: str) -> None:
+    """One line for a ``loss_normalization`` that is none of :data:`NORMALIZATIONS`."""
+    if value not in NORMALIZATIONS:
+        raise ValueError(f"loss_normalization={value!r}: choose {' or '.join(NORMALIZATIONS)}.")
+
+
 def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor, masked: torch.Tensor, loss_weights: torch.Tensor,
                     spec: StudentSpec) -> torch.Tensor:
     """``w_b`` times the cross-entropy summed over the masked tokens of each sample ([B]).

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ..reports import write_atomic
 from ..settings import (
+    TRAJECTORY_SETTINGS,
     BucketConfig,
     DecodingConfig,
     MaskingConfig,
@@ -50,7 +51,7 @@ the MDLM baseline uses the same collator with ratio 0."""
 BASE = "base (before SFT)"
 BUCKET_FIELDS = tuple(f"masking.{f.name}" for f in dataclasses.fields(BucketConfig))
 """The masking fields the teacher's buckets depend on: a score stage's part of the masking."""
-TRAJECTORY_ONLY = ("p_context", "p_future", "trajectory_selection", "trajectory_loss_weight", "bucket_ordering")
+TRAJECTORY_ONLY = (*TRAJECTORY_SETTINGS, "bucket_ordering")
 """Masking settings that only trajectory rows read (which rows, their two mask probabilities, their loss weight) and the
 bucket ordering, which the base takes from MDLM's entry of :data:`VARIANTS`. At ratio 0 the collator draws the same
 numbers whatever they are (``fixed_subset`` keeps ``per_draw``'s streams aligned), and a base trains with them at their

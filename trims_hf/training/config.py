@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from ..settings import MaskingConfig, StudentFormat, check_field_types, check_seed, settings_of
-from ..students.loss import NORMALIZATIONS
+from ..students.loss import check_normalization
 
 SPLIT = ("per_device_train_batch_size", "gradient_accumulation_steps")
 """How a global batch is split; MDLMConfig leaves both unset (None) until ``__post_init__`` fills in transformers'
@@ -72,8 +72,7 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
             if getattr(self, name) is None:
                 setattr(self, name, TrainingArguments.__dataclass_fields__[name].default)
         check_field_types(self, MDLMConfig)
-        if self.loss_normalization not in NORMALIZATIONS:
-            raise ValueError(f"loss_normalization={self.loss_normalization!r}: choose {' or '.join(NORMALIZATIONS)}.")
+        check_normalization(self.loss_normalization)
         TrainingArguments.__post_init__(self)
         MaskingConfig.__post_init__(self)
         StudentFormat.__post_init__(self)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import signal
 import sys
 import threading
@@ -221,61 +222,85 @@ def hyperparameters(model_args: ModelArguments, data_args: DataArguments, args: 
 
 RUN_FILE = "trims_run.json"
 """What each checkpoint records of the settings that define its run (:func:`run_definition`), compared on resume."""
+RUN_FORMAT = 1
+"""The shape of :data:`RUN_FILE`; a file of another format is compared on the settings both name."""
 
-MAY_CHANGE_ON_RESUME = ("optimisation.per_device_train_batch_size", "optimisation.gradient_accumulation_steps",
-                        "optimisation.num_devices", "optimisation.max_steps", "optimisation.num_train_epochs")
+MAY_CHANGE_ON_RESUME = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_devices", "max_steps",
+                        "num_train_epochs")
 """Settings a resumed run may change: how the global batch is split (the objective is the same for every split, and
 another machine may fit another one) and the run's length (transformers' way to extend a run)."""
 
+CARD_NAMES = {"r": "lora_r", "alpha": "lora_alpha", "dropout": "lora_dropout", "target_modules": "lora_target_modules"}
+"""The model card's names of settings whose recipe keys differ."""
+
 
 def run_definition(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig) -> dict[str, Any]:
-    """The settings that define a run, flattened to ``group.setting`` as JSON reads them back: the model card's
-    hyperparameters, the student and the data. A run resumed under others would continue another run's optimizer
-    state, and its card would describe neither."""
-    groups = hyperparameters(model_args, data_args, args) | {
-        "student": {"model_name_or_path": model_args.model_name_or_path, "model_revision": model_args.model_revision,
-                    "init_from_config": model_args.init_from_config},
-        "data": {"dataset_name": data_args.dataset_name, "train_split": data_args.train_split},
-    }
-    flat = {f"{group}.{name}": value for group, settings in groups.items() for name, value in settings.items()}
-    return json.loads(json.dumps(flat, default=str))
+    """The settings that define a run, by recipe key, as JSON reads them back: the model card's hyperparameters, the
+    student and the data (local paths resolved, so a resume from another working folder names the same ones). A run
+    resumed under others would continue another run's optimizer state, and its card would describe neither."""
+    def where(name_or_path: str | None) -> str | None:
+        return str(Path(name_or_path).resolve()) if name_or_path and Path(name_or_path).exists() else name_or_path
+
+    card = hyperparameters(model_args, data_args, args)
+    settings = {CARD_NAMES.get(name, name): value for group in card.values() for name, value in group.items()
+                if name not in MAY_CHANGE_ON_RESUME}
+    settings |= {"model_name_or_path": where(model_args.model_name_or_path), "model_revision": model_args.model_revision,
+                 "init_from_config": model_args.init_from_config, "dataset_name": where(data_args.dataset_name),
+                 "train_split": data_args.train_split}
+    return json.loads(json.dumps(settings, default=str))
 
 
 class RecordRunCallback(TrainerCallback):
-    """Writes :data:`RUN_FILE` into every checkpoint the main process saves (``on_save`` comes after the save)."""
+    """Writes :data:`RUN_FILE` into every checkpoint, where transformers writes the checkpoint's files (``should_save``:
+    the main process, or each node's with ``save_on_each_node``); ``on_save`` comes after the save."""
 
     def __init__(self, definition: dict[str, Any]) -> None:
         self.definition = definition
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.is_world_process_zero:
+        if args.should_save:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            write_atomic(folder / RUN_FILE, json.dumps(self.definition, indent=1))
+            write_atomic(folder / RUN_FILE, json.dumps({"format": RUN_FORMAT, "settings": self.definition}, indent=1))
 
 
-def check_resume(checkpoint: str, definition: dict[str, Any], max_steps: int) -> None:
+def _read_json(path: Path, checkpoint: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as error:
+        raise InputError(f"resume_from_checkpoint {checkpoint}: {path.name} is not JSON ({one_line(error)}).") from None
+
+
+def check_resume(checkpoint: str, definition: dict[str, Any], args: MDLMConfig) -> None:
     """A resumed run continues the checkpoint's run: the same defining settings (:data:`MAY_CHANGE_ON_RESUME` aside)
     and steps left to train. A checkpoint that records no settings (written by a plain ``Trainer``) is resumed with a
     warning that they were not compared."""
     folder = Path(checkpoint)
-    state = json.loads((folder / TRAINER_STATE_NAME).read_text())
-    step = state.get("global_step", 0)
+    state = _read_json(folder / TRAINER_STATE_NAME, checkpoint)
     if not (folder / RUN_FILE).is_file():
-        print(f"warning: {checkpoint} records no settings ({RUN_FILE}): the resumed run's are not compared with its "
-              "run's.", file=sys.stderr)
+        if args.process_index == 0:
+            print(f"warning: {checkpoint} records no settings ({RUN_FILE}): the resumed run's are not compared with its "
+                  "run's.", file=sys.stderr)
     else:
-        recorded = json.loads((folder / RUN_FILE).read_text())
-        changed = [f"{name.split('.', 1)[1]} ({recorded.get(name)} -> {definition.get(name)})"
-                   for name in sorted(recorded.keys() | definition.keys())
-                   if name not in MAY_CHANGE_ON_RESUME and recorded.get(name) != definition.get(name)]
+        record = _read_json(folder / RUN_FILE, checkpoint)
+        recorded = record.get("settings", {}) if isinstance(record, dict) else {}
+        names = (recorded.keys() | definition.keys() if record.get("format") == RUN_FORMAT
+                 else recorded.keys() & definition.keys())
+        shown = {"global_batch_size": "global batch (per_device_train_batch_size x gradient_accumulation_steps x "
+                                      "processes)"} if args.global_batch_size is None else {}
+        changed = [f"{shown.get(name, name)} ({recorded.get(name)} -> {definition.get(name)})"
+                   for name in sorted(names) if recorded.get(name) != definition.get(name)]
         if changed:
             raise InputError(f"resume_from_checkpoint {checkpoint}: its run was trained with other settings: "
                              f"{', '.join(changed)}; resume with the run's settings, or start a new run in another "
                              "output_dir.")
-    length = max_steps if max_steps > 0 else state.get("max_steps", 0)
-    if length and step >= length:
-        raise InputError(f"resume_from_checkpoint {checkpoint}: it holds step {step} of the {length} asked for "
-                         "(max_steps), so nothing is left to train; raise max_steps to train on.")
+    step = state.get("global_step", 0)
+    if args.max_steps > 0 and step >= args.max_steps:
+        raise InputError(f"resume_from_checkpoint {checkpoint}: it holds step {step}, and max_steps is {args.max_steps}, "
+                         "so nothing is left to train; raise max_steps to train on.")
+    epochs = state.get("num_train_epochs")
+    if args.max_steps <= 0 and step >= state.get("max_steps", math.inf) and epochs and args.num_train_epochs <= epochs:
+        raise InputError(f"resume_from_checkpoint {checkpoint}: its run finished its {epochs} epochs (step {step}), so "
+                         "nothing is left to train; raise num_train_epochs to train on.")
 
 
 def last_checkpoint(output_dir: str) -> str | None:
@@ -364,7 +389,8 @@ def check_overrides_read(model_args: ModelArguments, args: MDLMConfig, given: It
 
 
 def check_split_search(args: MDLMConfig) -> None:
-    """A searched split keeps the objective only where padding does not depend on it."""
+    """A split searched by ``trims train`` keeps the objective only where padding does not depend on it (the Python
+    API leaves that choice to its caller, as ``MDLMConfig``'s help says)."""
     if args.global_batch_size is not None and args.padding == "longest" and args.train_on_padding:
         raise InputError(f"global_batch_size {args.global_batch_size} with padding=longest: the split it chooses would "
                          "change the loss (each micro-batch's EOS padding is trained on); set padding=max_length, whose "
@@ -378,15 +404,15 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
     """
     resume = resume_checkpoint(args)
     if resume is not None:
-        check_resume(resume, run_definition(model_args, data_args, args), args.max_steps)
+        check_resume(resume, run_definition(model_args, data_args, args), args)
     # A new run never writes into an earlier one: its checkpoints, adapter and card would mix with the old files.
     earlier = last_checkpoint(args.output_dir) is not None
     check_output_path(args.output_dir, f"output_dir {args.output_dir}", existing="reuse" if resume else "empty",
                       advice=", or continue its run with --resume_from_checkpoint true" if earlier else "")
     check_reporting(args.report_to)
+    check_split_search(args)
     if args.push_to_hub:  # so a long run never ends in an auth error
         check_push_access(args.hub_model_id or Path(args.output_dir).absolute().name, args.hub_token)
-    check_split_search(args)
     if model_args.adapter and model_args.init_from_config:
         raise InputError("adapter: an adapter goes on trained weights; init_from_config builds random ones.")
     check_model_sources(model_args)
@@ -525,7 +551,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
             result = trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:
         raise TrainingInterrupted(args.output_dir, trainer.state.global_step, trainer.state.max_steps) from None
-    if stop.requested:
+    if stop.requested and trainer.state.global_step < trainer.state.max_steps:  # at the last step: the run is done
         raise TrainingInterrupted(args.output_dir, trainer.state.global_step, trainer.state.max_steps)
     trainer.log_metrics("train", result.metrics)
     trainer.save_metrics("train", result.metrics)

@@ -24,7 +24,7 @@ from ..data import schema
 from ..data.preparation import is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
-from ..students.loss import NORMALIZATIONS, masked_token_loss, normaliser, per_unit_loss
+from ..students.loss import check_normalization, masked_token_loss, normaliser, per_unit_loss
 from .batch_search import fit_global_batch, optimizer_spec
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
@@ -102,8 +102,7 @@ class MDLMTrainer(Trainer):
             if isinstance(eval_dataset, dict) else self.prepare_rows(eval_dataset, processing_class, fmt, masking, args)
         )
         self.loss_normalization = getattr(args, "loss_normalization", "token")
-        if self.loss_normalization not in NORMALIZATIONS:
-            raise ValueError(f"loss_normalization must be 'token' or 'sequence', got {self.loss_normalization!r}.")
+        check_normalization(self.loss_normalization)
         if getattr(args, "global_batch_size", None) is not None:  # eager: compiled, each probed shape would compile
             built = (kwargs.get("optimizers") or (None, None))[0]
             fit_global_batch(model, args, args.global_batch_size, args.max_length,
