@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from ..errors import did_you_mean
+from ..errors import InputError, did_you_mean
 from ..model_config import flag_name
 
 INTERRUPTED = 130
@@ -179,8 +179,6 @@ def fail(message: str, code: int = 2) -> int:
 def check_push_flags(push_to_hub: str | None, **push_only: Any) -> None:
     """The flags only ``--push-to-hub`` reads (``push_only``: name -> value, unset as None or False), refused without
     it: the user believes they changed what was written."""
-    from ..errors import InputError
-
     given = [flag_name(name) for name, value in push_only.items() if value not in (None, False)]
     if given and not push_to_hub:
         them = "them" if len(given) > 1 else "it"
