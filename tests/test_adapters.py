@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from trims_hf import AdapterError, load_student, lora_config
 from trims_hf.cli import main as cli
+from trims_hf.students.adapters import BASE_FINGERPRINT, base_difference, base_fingerprint, write_base_fingerprint
 
 
 def fixture(kind: str) -> str:
@@ -90,6 +91,73 @@ def test_adapter_of_another_base_fails_before_loading_unless_allowed(tmp_path: P
     with pytest.raises(AdapterError, match="trained on 'someone/other-8b'.*--allow-base-mismatch"):
         load_student(fixture("llada"), adapter=str(tmp_path))
     assert load_student(fixture("llada"), adapter=str(tmp_path), allow_base_mismatch=True) is not None
+
+
+def refilled_base(folder: Path, relative_change: float) -> str:
+    """The LLaDA fixture under the same folder name with every weight moved by ``relative_change`` (a fine-tune of it,
+    or a folder refilled with another model of the same shapes)."""
+    folder.mkdir(parents=True)
+    shutil.copytree(fixture("llada"), folder / "llada_tiny")
+    weights = folder / "llada_tiny" / "model.safetensors"
+    noise = torch.Generator().manual_seed(0)
+    save_file({key: value * (1 + relative_change * torch.randn(value.shape, generator=noise))
+               for key, value in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    return str(folder / "llada_tiny")
+
+
+def test_adapter_refuses_a_base_of_its_base_name_with_other_weights(tmp_path: Path) -> None:
+    """The recorded sample of the base's weights, not its name, decides: the same checkpoint loaded in any float
+    precision passes, the same folder name holding moved weights is refused (also once exported), unless allowed."""
+    native_adapter("llada", tmp_path / "adapter")
+    write_base_fingerprint(tmp_path / "adapter", base_fingerprint(load_student(fixture("llada"))))
+    adapter = str(tmp_path / "adapter")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert load_student(fixture("llada"), adapter=adapter, dtype=dtype).dtype == dtype
+    other = refilled_base(tmp_path / "other", relative_change=0.02)
+    with pytest.raises(AdapterError, match=rf"^adapter {adapter} was trained on a base with other weights than "
+                                           rf"{other}: \d{{3}} of 336 sampled weights differ beyond rounding "
+                                           r"\(lm_head\.weight first\); if"):
+        load_student(other, adapter=adapter)
+    assert load_student(other, adapter=adapter, allow_base_mismatch=True) is not None
+    assert cli(["export", "--model", fixture("llada"), "--adapter", adapter, "--output", str(tmp_path / "original"),
+                "--format", "adapter"]) == 0
+    with pytest.raises(AdapterError, match="other weights"):
+        load_student(other, adapter=str(tmp_path / "original"))
+    assert load_student(fixture("llada"), adapter=str(tmp_path / "original")) is not None
+
+
+def test_base_record_refuses_one_value_moved_by_one_step_and_skips_offloaded_weights() -> None:
+    """Under one dtype a sampled value must be the recorded one bit for bit; a weight on the meta device (offloaded,
+    no values) is left out of the comparison, the others still compared."""
+    base = torch.nn.Linear(64, 64)
+    recorded = base_fingerprint(base)
+    with torch.no_grad():
+        base.weight.view(-1)[64 * 64 // 16] = torch.nextafter(base.weight.view(-1)[256], torch.tensor(1.0))
+    assert base_difference(recorded, base_fingerprint(base)) == "1 of 32 sampled weights differ beyond rounding (weight first)"
+    base.weight = torch.nn.Parameter(torch.empty(64, 64, device="meta"))
+    assert base_difference(recorded, base_fingerprint(base)) is None
+    with torch.no_grad():
+        base.bias.add_(1e-3)
+    assert base_difference(recorded, base_fingerprint(base)) == "16 of 16 sampled weights differ beyond rounding (bias first)"
+
+
+@pytest.mark.parametrize(("record", "message"), [
+    ("{not json", r"is not a record of a base this version reads \(not JSON\); delete it to load on the name check"),
+    ('{"format": 2, "samples": {}}', r"reads \(format 2, this version reads 1\); upgrade trims_hf$"),
+    ("[1]", r"reads \(format None, this version reads 1\)"),
+    ('{"format": 1, "samples": {"model.extra.weight": {"shape": [2], "dtype": "float32", "values": ""}}}',
+     r"other weights than .*: its parameters differ \(the recorded base had model\.extra\.weight; this one has "),
+    ("SAMPLES", r"reads \(ValueError: dtype 'int8'\); delete it"),
+])
+def test_unreadable_or_foreign_base_record_is_one_line(tmp_path: Path, record: str, message: str) -> None:
+    native_adapter("llada", tmp_path)
+    if record == "SAMPLES":  # the base's own record with one dtype no float
+        samples = base_fingerprint(load_student(fixture("llada")))
+        next(iter(samples["samples"].values()))["dtype"] = "int8"
+        record = json.dumps(samples)
+    (tmp_path / BASE_FINGERPRINT).write_text(record)
+    with pytest.raises(AdapterError, match=message):
+        load_student(fixture("llada"), adapter=str(tmp_path))
 
 
 def test_adapter_of_other_shapes_or_modules_fails_naming_the_keys(tmp_path: Path) -> None:

@@ -10,9 +10,11 @@ from datasets import Dataset
 from peft import PeftModel, get_peft_model
 
 from trims_hf import (
+    AdapterError,
     MDLMConfig,
     MDLMTrainer,
     TrimsDataCollator,
+    load_adapter,
     load_student,
     lora_config,
     per_sample_loss,
@@ -20,6 +22,7 @@ from trims_hf import (
     prepare_student,
     student_spec,
 )
+from trims_hf.students.adapters import BASE_FINGERPRINT
 
 
 def test_lora_targets_projections_not_head():
@@ -60,6 +63,12 @@ def test_adapter_save_and_reload(tmp_path, tokenizer, gsm8k_rows):
         base = tiny_student(tokenizer, "dream", seed=3)(input_ids=ids).logits
     assert torch.equal(trained, again)
     assert not torch.allclose(trained, base)  # the adapter learned something
+    # The saved adapter records its base's weights: the same base loads it, another of the same shapes is refused.
+    assert (tmp_path / "adapter" / BASE_FINGERPRINT).is_file()
+    assert load_adapter(tiny_student(tokenizer, "dream", seed=3), str(tmp_path / "adapter")) is not None
+    with pytest.raises(AdapterError, match=r"trained on a base with other weights than this model: \d+ of \d+ sampled"):
+        load_adapter(tiny_student(tokenizer, "dream", seed=4), str(tmp_path / "adapter"))
+    assert load_adapter(tiny_student(tokenizer, "dream", seed=4), str(tmp_path / "adapter"), allow_base_mismatch=True)
 
 
 def test_peft_student_returns_the_mdlm_loss_on_a_collator_batch(tokenizer, gsm8k_rows):

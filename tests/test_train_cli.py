@@ -28,6 +28,7 @@ from trims_hf.commands import ALLOCATOR_SETTINGS
 from trims_hf.commands.recipe import override_keys, parse_recipe, read_recipe
 from trims_hf.commands.train import parser as train_parser
 from trims_hf.errors import InputError
+from trims_hf.students.adapters import BASE_FINGERPRINT
 from trims_hf.training.train_job import RUN_FILE, check_overrides_read
 from trims_hf.training.trainer import MDLMTrainer
 
@@ -83,6 +84,7 @@ def test_toy_recipe_end_to_end(tmp_path, toy):
     assert state["global_step"] == 3 and len(losses) == 3 and all(loss > 0 for loss in losses)
     card = (tmp_path / "README.md").read_text()
     assert "library_name: peft" in card and "trajectory_ratio" in card
+    assert (tmp_path / BASE_FINGERPRINT).is_file()  # the base's weights as training read them (here random ones)
 
 
 def test_overrides_win_and_are_typed():
@@ -610,6 +612,7 @@ def test_a_resumed_run_must_be_the_checkpoints_run_with_steps_left(tmp_path, toy
     assert train_cli(toy, run, *common, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2") == 0
     checkpoint = run / "checkpoint-2"
     recorded = json.loads((checkpoint / RUN_FILE).read_text())["settings"]
+    assert (checkpoint / BASE_FINGERPRINT).is_file()  # each checkpoint is an adapter folder of its own
     assert recorded["num_buckets"] == 8 and recorded["learning_rate"] == 3e-3 and recorded["lora_r"] == 8
     assert Path(recorded["dataset_name"]).is_absolute()  # a resume from another working folder names the same data
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}

@@ -11,6 +11,7 @@ load them either way; :func:`push_folder` uploads the folder.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from .students import STUDENTS, detect_student_kind
 from .students.adapters import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    BASE_FINGERPRINT,
     adapter_folder,
     check_adapter_base,
     read_adapter,
@@ -67,12 +69,14 @@ def export_adapter(base: str, adapter: str, output: Path, *, model_kind: str | N
                    allow_base_mismatch: bool = False) -> Path:
     """Write ``adapter`` with the original module names of ``base``'s family (tensors, ``target_modules``); a base that
     is no original checkpoint of its family (a plain causal LM trained as a student) has the native names as its own,
-    so they stay."""
+    so they stay. The base is checked by name only (its weights are not read here); the adapter's record of its base's
+    weights goes along, so loading the export with trims_hf checks them."""
     from transformers import PreTrainedConfig
 
     config_dict, _ = PreTrainedConfig.get_config_dict(base)
     spec = STUDENTS[model_kind or detect_student_kind(config_dict)]
-    adapter_config, tensors = read_adapter(adapter_folder(adapter))
+    folder = adapter_folder(adapter)
+    adapter_config, tensors = read_adapter(folder)
     check_adapter_base(adapter_config, base, adapter, allow_base_mismatch)
     native_config, native = renamed_adapter(adapter_config, tensors, spec.module_names.to_native)
     original_config, original = (renamed_adapter(native_config, native, spec.module_names.to_original)
@@ -83,6 +87,8 @@ def export_adapter(base: str, adapter: str, output: Path, *, model_kind: str | N
     save_file({key: value.contiguous() for key, value in original.items()}, output / ADAPTER_WEIGHTS,
               metadata={"format": "pt"})
     (output / ADAPTER_CONFIG).write_text(json.dumps(original_config, indent=2, sort_keys=True) + "\n")
+    if (folder / BASE_FINGERPRINT).is_file():  # the base's weights, by native names: load_student still checks them
+        shutil.copyfile(folder / BASE_FINGERPRINT, output / BASE_FINGERPRINT)
     return output
 
 

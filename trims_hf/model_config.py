@@ -62,8 +62,9 @@ class ModelConfig:
                   "trained further by trims train (merged first with use_lora false)."},
     )
     allow_base_mismatch: bool = field(
-        default=False, metadata={"help": "Accept an adapter recorded as trained on a base of another name (the same "
-                                 "model renamed)."}
+        default=False, metadata={"help": "Accept an adapter recorded as trained on another base: one of another name "
+                                 "(the same model renamed), or one whose weights differ from those trims train recorded "
+                                 "beside the adapter (trims_base.json)."}
     )
     tokenizer_name_or_path: str | None = field(
         default=None, metadata={"help": "Tokenizer Hub id or folder, when not the student's.", "aliases": ["--tokenizer"]}

@@ -31,8 +31,8 @@ class ExportArguments:
                                     "the adapter with the original code's module names and target_modules."})
     model_kind: StudentKind | None = field(
         default=None, metadata={f.name: f for f in dataclasses.fields(ModelConfig)}["model_kind"].metadata)
-    allow_base_mismatch: bool = field(default=False, metadata={"help": "Accept an adapter recorded as trained on a base "
-                                                                      "of another name (the same model renamed)."})
+    allow_base_mismatch: bool = field(
+        default=False, metadata={f.name: f for f in dataclasses.fields(ModelConfig)}["allow_base_mismatch"].metadata)
     overwrite: bool = field(default=False, metadata={"help": "Write into an existing, non-empty output folder (its "
                                                               "files of the same names are replaced)."})
     push_to_hub: str | None = field(default=None, metadata={"help": "Hub repo id to upload the export to."})

@@ -5,19 +5,24 @@ does (``model.transformer.blocks.N.q_proj``...); ours name the native Llama modu
 wraps some modules, loads nothing and only warns, and an adapter of another base decodes as a different model.
 :func:`load_adapter` renames original names to native ones through the one table of
 :mod:`trims_hf.students.names`, checks the recorded base and every shape before the model is touched, and refuses
-any tensor that does not land in the model.
+any tensor that does not land in the model. A name says little (two repositories can share one; a folder can be
+refilled), so ``trims train`` also records a sample of the base's own weights beside the adapter
+(:data:`BASE_FINGERPRINT`), and :func:`load_adapter` refuses a base whose weights are not those.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from ..errors import one_line
 from .registry import student_spec
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -26,6 +31,12 @@ PEFT_PREFIX = "base_model.model."
 """Prefix of every tensor name in a saved peft adapter (the model root follows it)."""
 LORA_MARK = ".lora_"
 """Start of the LoRA parameter part of a tensor name (``.lora_A.weight``, ``.lora_B.weight``...)."""
+BASE_FINGERPRINT = "trims_base.json"
+"""The file beside an adapter that records a sample of the weights of the base it was trained on."""
+FINGERPRINT_FORMAT = 1
+FINGERPRINT_SAMPLES = 16
+"""Values read per base tensor, evenly spaced over it: a few thousand for an 8B model, read in milliseconds."""
+_WRAPPER_PARTS = re.compile(r"\.(base_layer|original_module)(?=\.)")
 
 
 class AdapterError(ValueError):
@@ -43,7 +54,7 @@ def adapter_folder(adapter: str, revision: str | None = None, token: str | bool 
 
     try:
         return Path(snapshot_download(adapter, revision=revision, token=token,
-                                      allow_patterns=[ADAPTER_CONFIG, ADAPTER_WEIGHTS]))
+                                      allow_patterns=[ADAPTER_CONFIG, ADAPTER_WEIGHTS, BASE_FINGERPRINT]))
     except Exception as error:  # noqa: BLE001 - a bad id, no network, no such repo: one line, the cause named
         raise AdapterError(f"adapter {adapter}: no such folder, and not loadable from the Hub "
                            f"({type(error).__name__})") from None
@@ -71,6 +82,103 @@ def check_adapter_base(adapter_config: dict[str, Any], base: str, adapter: str, 
         return
     raise AdapterError(f"adapter {adapter} was trained on {recorded!r}, not {base!r}; if that is the same model renamed, "
                        "pass --allow-base-mismatch (allow_base_mismatch=True)")
+
+
+def base_fingerprint(model: nn.Module) -> dict[str, Any]:
+    """A sample of ``model``'s floating-point weights (the base: a peft-wrapped model reads as its base, its LoRA
+    weights left out): per parameter, its shape, its dtype and :data:`FINGERPRINT_SAMPLES` evenly spaced values
+    (float32, little-endian, in hex; none for a weight offloaded to the meta device, which holds no values).
+    Written beside an adapter by :func:`write_base_fingerprint`, compared by :func:`base_difference`."""
+    samples = {}
+    for name, parameter in model.named_parameters():
+        if LORA_MARK in name or ".modules_to_save." in name or not parameter.is_floating_point() or not parameter.numel():
+            continue
+        flat = parameter.detach().reshape(-1)
+        count = min(FINGERPRINT_SAMPLES, flat.numel())
+        positions = torch.arange(count, device=flat.device) * flat.numel() // count
+        samples[_WRAPPER_PARTS.sub("", name.removeprefix(PEFT_PREFIX))] = {
+            "shape": list(parameter.shape), "dtype": str(parameter.dtype).removeprefix("torch."),
+            "values": None if flat.is_meta else flat[positions].float().cpu().numpy().astype("<f4").tobytes().hex()}
+    return {"format": FINGERPRINT_FORMAT, "samples": samples}
+
+
+def write_base_fingerprint(folder: Path, fingerprint: dict[str, Any]) -> None:
+    """Write ``fingerprint`` (:func:`base_fingerprint`) into the adapter folder ``folder``."""
+    from ..reports import write_atomic
+
+    write_atomic(Path(folder) / BASE_FINGERPRINT, json.dumps(fingerprint, separators=(",", ":")) + "\n")
+
+
+def _sampled(sample: dict[str, Any]) -> tuple[torch.Tensor, torch.dtype]:
+    dtype = getattr(torch, sample["dtype"])
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype {sample['dtype']!r}")
+    values = torch.from_numpy(np.frombuffer(bytes.fromhex(sample["values"]), dtype="<f4").astype(np.float32))
+    return values, dtype
+
+
+def _rounding(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s values at ``magnitude`` (subnormal spacing below its smallest normal)."""
+    info = torch.finfo(dtype)
+    return info.eps * torch.exp2(torch.floor(torch.log2(magnitude))).clamp(min=info.tiny)
+
+
+def base_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """How the base ``current`` differs from the one ``recorded`` (both :func:`base_fingerprint`), or None when it
+    is the same checkpoint. Both read the same stored values, each rounded to the dtype it was loaded in, so a
+    sampled value agrees when it is bit for bit the recorded one (same dtype), or within half a spacing of each dtype
+    of it (float32, bfloat16, float16 loads of one checkpoint): every value must agree, and a fine-tune moves
+    nearly all of them beyond that. Raises ``ValueError``/``KeyError`` on a malformed record."""
+    old, new = recorded["samples"], current["samples"]
+    if set(old) != set(new):
+        gone, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
+        return (f"its parameters differ (the recorded base had {', '.join(gone[:2]) or 'no others'}; this one has "
+                f"{', '.join(extra[:2]) or 'no others'})")
+    shapes = [name for name in sorted(old) if list(old[name]["shape"]) != new[name]["shape"]]
+    if shapes:
+        return f"{shapes[0]} is {tuple(new[shapes[0]]['shape'])}, was {tuple(old[shapes[0]]['shape'])}"
+    differing, total, first = 0, 0, None
+    for name in sorted(new):
+        if old[name]["values"] is None or new[name]["values"] is None:  # offloaded when recorded or now: not compared
+            continue
+        (was, was_dtype), (now, now_dtype) = _sampled(old[name]), _sampled(new[name])
+        if was.shape != now.shape:
+            raise ValueError(f"{name}: {was.numel()} values")
+        if was_dtype == now_dtype:
+            agree = was.view(torch.int32) == now.view(torch.int32)
+        else:
+            magnitude = torch.maximum(was.abs(), now.abs())
+            agree = (was - now).abs() <= (_rounding(magnitude, was_dtype) + _rounding(magnitude, now_dtype)) / 2
+        differing, total = differing + int((~agree).sum()), total + now.numel()
+        first = first or (name if not agree.all() else None)
+    if differing:
+        return f"{differing} of {total} sampled weights differ beyond rounding ({first} first)"
+    return None
+
+
+def check_base_weights(folder: Path, model: nn.Module, adapter: str, allow_base_mismatch: bool) -> None:
+    """Refuse ``model`` as the base of the adapter in ``folder`` when the adapter recorded a base of other weights
+    (:data:`BASE_FINGERPRINT`; adapters trained elsewhere record none, and keep only the name check)."""
+    path = Path(folder) / BASE_FINGERPRINT
+    if allow_base_mismatch or not path.is_file():
+        return
+    unreadable = f"adapter {adapter}: {BASE_FINGERPRINT} is not a record of a base this version reads"
+    try:
+        recorded = json.loads(path.read_text())
+    except ValueError:
+        raise AdapterError(f"{unreadable} (not JSON); delete it to load on the name check alone") from None
+    if not isinstance(recorded, dict) or recorded.get("format") != FINGERPRINT_FORMAT:
+        found = recorded.get("format") if isinstance(recorded, dict) else None
+        raise AdapterError(f"{unreadable} (format {found!r}, this version reads {FINGERPRINT_FORMAT}); upgrade trims_hf")
+    try:
+        difference = base_difference(recorded, base_fingerprint(model))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise AdapterError(f"{unreadable} ({type(error).__name__}: {one_line(error)}); delete it to load on the name "
+                           "check alone") from None
+    if difference is not None:
+        raise AdapterError(f"adapter {adapter} was trained on a base with other weights than "
+                           f"{getattr(model.config, '_name_or_path', '') or 'this model'!s}: {difference}; if that is "
+                           "intended, pass --allow-base-mismatch (allow_base_mismatch=True)")
 
 
 def module_path(key: str) -> str:
@@ -112,12 +220,14 @@ def _check_shapes(model: nn.Module, tensors: dict[str, torch.Tensor], adapter: s
 def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None, token: str | bool | None = None,
                  allow_base_mismatch: bool = False) -> nn.Module:
     """``model`` (a prepared student) wrapped as a ``PeftModel`` with ``adapter`` loaded, whether the adapter names
-    the original modules or the native ones; raises :class:`AdapterError` naming the keys when anything does not fit."""
+    the original modules or the native ones; raises :class:`AdapterError` naming the keys when anything does not fit,
+    or when the adapter recorded a base of other weights (:func:`check_base_weights`) unless ``allow_base_mismatch``."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
 
     folder = adapter_folder(adapter, revision, token)
     adapter_config, tensors = read_adapter(folder)
     check_adapter_base(adapter_config, getattr(model.config, "_name_or_path", ""), adapter, allow_base_mismatch)
+    check_base_weights(folder, model, adapter, allow_base_mismatch)
     rename = student_spec(model).module_names.to_native
     in_file = {rename(key): key for key in tensors}
     adapter_config, tensors = renamed_adapter(adapter_config, tensors, rename)

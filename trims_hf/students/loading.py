@@ -93,8 +93,9 @@ def load_student(
     Extra keyword arguments (``dtype``, ``device_map``, ``attn_implementation``...) go to ``from_pretrained``.
 
     ``adapter`` (a LoRA folder or Hub id, with the original or the native module names) is loaded on top and the
-    ``PeftModel`` returned (:func:`~trims_hf.students.adapters.load_adapter`); one recorded as trained on another base
-    fails before any weight is read, unless ``allow_base_mismatch``.
+    ``PeftModel`` returned (:func:`~trims_hf.students.adapters.load_adapter`); one recorded as trained on a base of
+    another name fails before any weight is read, one recorded with other base weights once they are read, unless
+    ``allow_base_mismatch``.
     """
     hub_kwargs = {"revision": revision, "token": token}
     config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **hub_kwargs)
@@ -122,5 +123,5 @@ def load_student(
         model = AutoModelForMaskedLM.from_pretrained(name_or_path, **hub_kwargs, **from_pretrained_kwargs)
     model = prepare_student(model, spec.kind, mask_token_id)
     if adapter is not None:
-        return load_adapter(model, adapter, token=token, allow_base_mismatch=True)  # the base was checked above
+        return load_adapter(model, adapter, token=token, allow_base_mismatch=allow_base_mismatch)
     return model

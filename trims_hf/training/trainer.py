@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from ..data import schema
 from ..data.preparation import is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
+from ..students.adapters import base_fingerprint, write_base_fingerprint
 from ..students.loss import check_normalization, masked_token_loss, normaliser, per_unit_loss
 from .batch_search import fit_global_batch, optimizer_spec
 from .collator import INPUT_COLUMNS, TrimsDataCollator
@@ -228,6 +230,20 @@ class MDLMTrainer(Trainer):
         if sums["tokens_std"]:
             metrics["loss_standard"] = sums["loss_std"] / sums["tokens_std"]
         return metrics
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save as the Trainer does (the final model and every checkpoint); a LoRA adapter gets its base's fingerprint
+        beside it first (:func:`~trims_hf.students.adapters.base_fingerprint`, before a push uploads the folder), so it
+        later refuses a base of other weights. Weights sharded over processes (FSDP, ZeRO-3) are whole on none of
+        them: such an adapter records no fingerprint and keeps the name check alone."""
+        from peft import PeftModel
+
+        sharded = self.is_fsdp_enabled or any(hasattr(p, "ds_id") for p in self.model.parameters())
+        if self.args.should_save and isinstance(self.model, PeftModel) and not sharded:
+            folder = Path(output_dir or self.args.output_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            write_base_fingerprint(folder, base_fingerprint(self.model))
+        super().save_model(output_dir, _internal_call)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Add the training statistics (mask ratio, trajectory share, per-kind losses) to the Trainer's logs."""
