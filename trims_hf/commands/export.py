@@ -12,6 +12,8 @@ from . import CommandParser, check_push_flags, fail
 FLAGS = {"model_name_or_path": "--model", "adapter": "--adapter", "model_kind": "--model-kind",
          "allow_base_mismatch": "--allow-base-mismatch"}
 """The student settings as this command's flags name them (checks shared with trims eval say them so)."""
+_MODEL_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
+"""The student settings this command shares with :class:`ModelConfig`, whose help it reuses."""
 
 
 def export_flag(name: str) -> str:
@@ -30,9 +32,8 @@ class ExportArguments:
         default="merged", metadata={"help": "merged: base + adapter merged, in the original checkpoint layout; adapter: "
                                     "the adapter with the original code's module names and target_modules."})
     model_kind: StudentKind | None = field(
-        default=None, metadata={f.name: f for f in dataclasses.fields(ModelConfig)}["model_kind"].metadata)
-    allow_base_mismatch: bool = field(
-        default=False, metadata={f.name: f for f in dataclasses.fields(ModelConfig)}["allow_base_mismatch"].metadata)
+        default=None, metadata=_MODEL_FIELDS["model_kind"].metadata)
+    allow_base_mismatch: bool = field(default=False, metadata=_MODEL_FIELDS["allow_base_mismatch"].metadata)
     overwrite: bool = field(default=False, metadata={"help": "Write into an existing, non-empty output folder (its "
                                                               "files of the same names are replaced)."})
     push_to_hub: str | None = field(default=None, metadata={"help": "Hub repo id to upload the export to."})

@@ -150,7 +150,8 @@ def base_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | 
             magnitude = torch.maximum(was.abs(), now.abs())
             agree = (was - now).abs() <= (_rounding(magnitude, was_dtype) + _rounding(magnitude, now_dtype)) / 2
         differing, total = differing + int((~agree).sum()), total + now.numel()
-        first = first or (name if not agree.all() else None)
+        if first is None and not agree.all():
+            first = name
     if differing:
         return f"{differing} of {total} sampled weights differ beyond rounding ({first} first)"
     return None
