@@ -160,6 +160,37 @@ def test_unreadable_or_foreign_base_record_is_one_line(tmp_path: Path, record: s
         load_student(fixture("llada"), adapter=str(tmp_path))
 
 
+_SHARDED_AFTER_RECORD = """
+import sys
+import torch.distributed as dist
+from peft import LoraConfig, get_peft_model
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+from trims_hf.students.adapters import training_base_fingerprint
+
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+model = get_peft_model(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4)), LoraConfig(target_modules=["0"], r=2))
+before = training_base_fingerprint(model)
+print(sorted(before["samples"]) if before else None)
+fully_shard(model)  # FSDP2: every weight a DTensor, this process holding its shard
+print(training_base_fingerprint(model))
+dist.destroy_process_group()
+"""
+
+
+def test_a_model_sharded_by_fsdp_records_no_base(tmp_path: Path) -> None:
+    """What the trainer records is taken before FSDP shards the model; a model that comes sharded (DTensor
+    weights) records nothing rather than a sample of one shard. In a process of its own: a process group."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _SHARDED_AFTER_RECORD, str(tmp_path / "store")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # Before: every base weight, under its base name; after: nothing.
+    assert result.stdout.splitlines() == ["['0.bias', '0.weight', '1.bias', '1.weight']", "None"]
+
+
 def test_adapter_of_other_shapes_or_modules_fails_naming_the_keys(tmp_path: Path) -> None:
     original_adapter(tmp_path, ["q_proj"])
     tensors = load_file(tmp_path / "adapter_model.safetensors")

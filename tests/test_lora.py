@@ -71,6 +71,40 @@ def test_adapter_save_and_reload(tmp_path, tokenizer, gsm8k_rows):
     assert load_adapter(tiny_student(tokenizer, "dream", seed=4), str(tmp_path / "adapter"), allow_base_mismatch=True)
 
 
+def test_the_base_record_is_the_base_as_the_trainer_got_it(tmp_path, tokenizer, gsm8k_rows):
+    """The record is taken when the trainer is built: a base weight trained beside the adapter (which does not save
+    it) is recorded as it came, so the adapter goes back on the base it came from; weights sharded after that, as
+    FSDP and ZeRO-3 shard them inside train, are still recorded; weights that came partitioned record nothing."""
+    def lora_student(seed: int) -> PeftModel:
+        return get_peft_model(tiny_student(tokenizer, "dream", seed=seed),
+                              lora_config(tiny_student(tokenizer, "dream", seed=seed), r=4, lora_alpha=8))
+
+    def args(folder: str) -> MDLMConfig:
+        return MDLMConfig(output_dir=str(tmp_path / folder), per_device_train_batch_size=4, max_steps=3,
+                          learning_rate=1e-2, report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True)
+
+    model = lora_student(3)
+    norm = model.get_base_model().model.norm.weight
+    norm.requires_grad_(True)
+    trainer = MDLMTrainer(model, args("run"), processing_class=tokenizer,
+                          train_dataset=Dataset.from_list(synthetic_scored_rows(gsm8k_rows[:12], tokenizer)))
+    trainer.train()
+    assert not torch.equal(norm, tiny_student(tokenizer, "dream", seed=3).model.norm.weight)  # it trained
+    for parameter in model.parameters():
+        parameter.ds_id = 0  # partitioned, as ZeRO-3 leaves them
+    trainer.save_model(str(tmp_path / "adapter"))
+    assert load_adapter(tiny_student(tokenizer, "dream", seed=3), str(tmp_path / "adapter")) is not None
+    with pytest.raises(AdapterError, match="trained on a base with other weights"):
+        load_adapter(tiny_student(tokenizer, "dream", seed=4), str(tmp_path / "adapter"))
+
+    partitioned = lora_student(3)
+    for parameter in partitioned.parameters():
+        parameter.ds_id = 0
+    MDLMTrainer(partitioned, args("partitioned"), processing_class=tokenizer).save_model(str(tmp_path / "partitioned"))
+    assert (tmp_path / "partitioned" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "partitioned" / BASE_FINGERPRINT).exists()
+
+
 def test_peft_student_returns_the_mdlm_loss_on_a_collator_batch(tokenizer, gsm8k_rows):
     """What a plain Trainer sees through PEFT: model(**batch, num_items_in_batch=N).loss is the MDLM loss / N."""
     student = tiny_student(tokenizer, "dream")

@@ -102,6 +102,30 @@ def base_fingerprint(model: nn.Module) -> dict[str, Any]:
     return {"format": FINGERPRINT_FORMAT, "samples": samples}
 
 
+def training_base_fingerprint(model: nn.Module) -> dict[str, Any] | None:
+    """:func:`base_fingerprint` of a peft-wrapped ``model`` about to be trained, or None: not an adapter, weights no
+    process holds whole (ZeRO-3 partitions, FSDP shards, DTensors), or no floating-point base weight to sample.
+    Taken before training, while FSDP has not yet sharded the model, it records the base that the saved adapter goes
+    on: its frozen weights, and the values a trained non-adapter weight had, which the adapter does not save."""
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        return None
+    for name, parameter in model.named_parameters():
+        if hasattr(parameter, "ds_id") or "_fsdp_wrapped_module" in name or _is_dtensor(parameter):
+            return None
+    fingerprint = base_fingerprint(model)
+    return fingerprint if fingerprint["samples"] else None
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
 def write_base_fingerprint(folder: Path, fingerprint: dict[str, Any]) -> None:
     """Write ``fingerprint`` (:func:`base_fingerprint`) into the adapter folder ``folder``."""
     from ..reports import write_atomic

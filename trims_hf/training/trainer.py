@@ -25,7 +25,7 @@ from ..data import schema
 from ..data.preparation import is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
-from ..students.adapters import base_fingerprint, write_base_fingerprint
+from ..students.adapters import training_base_fingerprint, write_base_fingerprint
 from ..students.loss import check_normalization, masked_token_loss, normaliser, per_unit_loss
 from .batch_search import fit_global_batch, optimizer_spec
 from .collator import INPUT_COLUMNS, TrimsDataCollator
@@ -91,6 +91,7 @@ class MDLMTrainer(Trainer):
     ) -> None:
         args = args if args is not None else MDLMConfig(output_dir="trims-output")
         self.student = student_spec(model)
+        self._base_fingerprint = training_base_fingerprint(model)  # the base as given, before any probe or shard
         masking = args.masking() if isinstance(args, MDLMConfig) else MaskingConfig()
         fmt = args.student_format() if isinstance(args, MDLMConfig) else StudentFormat()
         if data_collator is None:
@@ -233,16 +234,13 @@ class MDLMTrainer(Trainer):
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save as the Trainer does (the final model and every checkpoint); a LoRA adapter gets its base's fingerprint
-        beside it first (:func:`~trims_hf.students.adapters.base_fingerprint`, before a push uploads the folder), so it
-        later refuses a base of other weights. Weights sharded over processes (FSDP, ZeRO-3) are whole on none of
-        them: such an adapter records no fingerprint and keeps the name check alone."""
-        from peft import PeftModel
-
-        sharded = self.is_fsdp_enabled or any(hasattr(p, "ds_id") for p in self.model.parameters())
-        if self.args.should_save and isinstance(self.model, PeftModel) and not sharded:
+        beside it first (taken when the trainer was built: :func:`~trims_hf.students.adapters.training_base_fingerprint`;
+        written before a push uploads the folder), so it later refuses a base of other weights. A model whose weights
+        were already partitioned when it came (ZeRO-3 under ``zero.Init``) records none and keeps the name check."""
+        if self.args.should_save and self._base_fingerprint is not None:
             folder = Path(output_dir or self.args.output_dir)
             folder.mkdir(parents=True, exist_ok=True)
-            write_base_fingerprint(folder, base_fingerprint(self.model))
+            write_base_fingerprint(folder, self._base_fingerprint)
         super().save_model(output_dir, _internal_call)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
