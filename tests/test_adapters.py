@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -141,23 +142,76 @@ def test_base_record_refuses_one_value_moved_by_one_step_and_skips_offloaded_wei
     assert base_difference(recorded, base_fingerprint(base)) == "16 of 16 sampled weights differ beyond rounding (bias first)"
 
 
+def test_base_record_reads_infinities_and_nan_as_the_values_they_are() -> None:
+    """Across dtypes an infinity agrees only with the same infinity, or with a value that overflows to it in the
+    narrower dtype, and NaN only with NaN; the finite values keep their rounding tolerance."""
+    specials = torch.tensor([float("inf"), float("-inf"), float("nan"), 7e4, 1.0, -2.5, 3e-3, 0.0])
+    base = torch.nn.Linear(2, 8, bias=False)
+    with torch.no_grad():
+        base.weight.copy_(specials.repeat(2, 1).T)  # 16 values: each sampled
+    recorded = base_fingerprint(base)
+    for dtype in (torch.bfloat16, torch.float16):  # 7e4 is past float16's largest finite value: inf there
+        assert base_difference(recorded, base_fingerprint(copy.deepcopy(base).to(dtype))) is None, dtype
+    for index, value in ((4, float("inf")), (0, float("-inf")), (0, 1.0), (2, 0.0), (4, float("nan"))):
+        changed = torch.nn.Linear(2, 8, bias=False)
+        with torch.no_grad():
+            changed.weight.copy_(base.weight)
+            changed.weight[index] = value
+        assert base_difference(recorded, base_fingerprint(changed.to(torch.bfloat16))) == \
+            "2 of 16 sampled weights differ beyond rounding (weight first)", (index, value)
+
+
+def test_base_record_compares_quantized_weights_with_their_own_kind_only() -> None:
+    """An integer (quantized) weight is sampled too: bit for bit against one of its own dtype, not at all against a
+    floating-point one of the same name (an adapter trained on a 4-bit base goes on the full one)."""
+    full = torch.nn.Linear(16, 4)
+    quantized = copy.deepcopy(full)
+    quantized.weight = torch.nn.Parameter(torch.randint(0, 255, (32, 1), dtype=torch.uint8), requires_grad=False)
+    recorded = base_fingerprint(quantized)
+    assert recorded["samples"]["weight"]["dtype"] == "uint8"
+    assert base_difference(recorded, base_fingerprint(quantized)) is None
+    assert base_difference(recorded, base_fingerprint(full)) is None  # packed 4-bit onto float: the bias compared
+    with torch.no_grad():
+        full.bias.add_(1.0)
+    assert base_difference(recorded, base_fingerprint(full)) == "4 of 4 sampled weights differ beyond rounding (bias first)"
+    with torch.no_grad():
+        quantized.weight.add_(1)
+    assert base_difference(recorded, base_fingerprint(quantized)) == \
+        "16 of 20 sampled weights differ beyond rounding (weight first)"
+
+
+def test_trainable_token_rows_are_the_adapters_not_the_bases(tmp_path: Path) -> None:
+    """An adapter that trains new token rows (peft's trainable_token_indices, e.g. a mask token) records the embedding
+    under its base name, so it loads onto its own base."""
+    model = load_student(fixture("dream"))
+    peft_model = get_peft_model(model, lora_config(model, r=4, lora_alpha=8, trainable_token_indices=[3]))
+    assert any(".trainable_tokens_" in name for name, _ in peft_model.named_parameters())
+    assert base_difference(base_fingerprint(peft_model), base_fingerprint(load_student(fixture("dream")))) is None
+
+
 @pytest.mark.parametrize(("record", "message"), [
     ("{not json", r"is not a record of a base this version reads \(not JSON\); delete it to load on the name check"),
     ('{"format": 2, "samples": {}}', r"reads \(format 2, this version reads 1\); upgrade trims_hf$"),
     ("[1]", r"reads \(format None, this version reads 1\)"),
     ('{"format": 1, "samples": {"model.extra.weight": {"shape": [2], "dtype": "float32", "values": ""}}}',
      r"other weights than .*: its parameters differ \(the recorded base had model\.extra\.weight; this one has "),
-    ("SAMPLES", r"reads \(ValueError: dtype 'int8'\); delete it"),
+    ('{"format": 1, "samples": {"model.extra\\nweight": {"shape": [2], "dtype": "float32", "values": ""}}}',
+     r"the recorded base had model\.extra weight; this one has "),  # a name's line break kept off the line
+    ('{"format": 1, "samples": "weight"}', r"reads \(ValueError: samples is not a mapping of parameter names"),
+    ('{"format": 1, "samples": []}', r"reads \(ValueError: samples is not a mapping of parameter names"),
+    ("DTYPE tensor", r"reads \(ValueError: dtype 'tensor'\); delete it"),
+    ("DTYPE complex64", r"reads \(ValueError: dtype 'complex64'\); delete it"),
 ])
 def test_unreadable_or_foreign_base_record_is_one_line(tmp_path: Path, record: str, message: str) -> None:
     native_adapter("llada", tmp_path)
-    if record == "SAMPLES":  # the base's own record with one dtype no float
+    if record.startswith("DTYPE "):  # the base's own record with one dtype no real one
         samples = base_fingerprint(load_student(fixture("llada")))
-        next(iter(samples["samples"].values()))["dtype"] = "int8"
+        next(iter(samples["samples"].values()))["dtype"] = record.removeprefix("DTYPE ")
         record = json.dumps(samples)
     (tmp_path / BASE_FINGERPRINT).write_text(record)
-    with pytest.raises(AdapterError, match=message):
+    with pytest.raises(AdapterError, match=message) as error:
         load_student(fixture("llada"), adapter=str(tmp_path))
+    assert "\n" not in str(error.value)
 
 
 _SHARDED_AFTER_RECORD = """

@@ -3,6 +3,11 @@ through PEFT."""
 
 from __future__ import annotations
 
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import FIXTURES, synthetic_scored_rows, tiny_student
@@ -100,9 +105,42 @@ def test_the_base_record_is_the_base_as_the_trainer_got_it(tmp_path, tokenizer, 
     partitioned = lora_student(3)
     for parameter in partitioned.parameters():
         parameter.ds_id = 0
+    shutil.copytree(tmp_path / "adapter", tmp_path / "partitioned")  # an earlier run's adapter and record
     MDLMTrainer(partitioned, args("partitioned"), processing_class=tokenizer).save_model(str(tmp_path / "partitioned"))
     assert (tmp_path / "partitioned" / "adapter_model.safetensors").is_file()
-    assert not (tmp_path / "partitioned" / BASE_FINGERPRINT).exists()
+    assert not (tmp_path / "partitioned" / BASE_FINGERPRINT).exists()  # the earlier record is not this adapter's
+
+    trainer.model = model.merge_and_unload()  # no adapter any more: full weights, no record beside them
+    trainer.save_model(str(tmp_path / "merged"))
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+    assert not (tmp_path / "merged" / BASE_FINGERPRINT).exists()
+
+
+def test_a_push_during_training_uploads_the_base_record(tmp_path, tokenizer, gsm8k_rows, monkeypatch):
+    """The Trainer pushes each checkpoint by copying the model's files into output_dir and uploading that folder:
+    the record goes along with the adapter (offline: the Hub client replaced by one that lists what it uploads)."""
+    uploads: list[list[str]] = []
+
+    class Hub:
+        def create_repo(self, repo_id: str, **kwargs: object) -> SimpleNamespace:
+            return SimpleNamespace(repo_id=repo_id)
+
+        def upload_folder(self, folder_path: str, **kwargs: object) -> Future:
+            uploads.append(sorted(path.name for path in Path(folder_path).iterdir()))
+            done = Future()
+            done.set_result("uploaded")
+            return done
+
+    monkeypatch.setattr("transformers.trainer.hf_api", Hub)
+    model = get_peft_model(tiny_student(tokenizer, "dream", seed=3),
+                           lora_config(tiny_student(tokenizer, "dream", seed=3), r=4, lora_alpha=8))
+    args = MDLMConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=2, report_to="none",
+                      use_cpu=True, save_strategy="steps", save_steps=1, disable_tqdm=True, push_to_hub=True,
+                      hub_model_id="me/student", hub_strategy="every_save", hub_token="hf_fake")
+    MDLMTrainer(model, args, processing_class=tokenizer,
+                train_dataset=Dataset.from_list(synthetic_scored_rows(gsm8k_rows[:8], tokenizer))).train()
+    assert len(uploads) == 2
+    assert all({"adapter_model.safetensors", BASE_FINGERPRINT} <= set(files) for files in uploads)
 
 
 def test_peft_student_returns_the_mdlm_loss_on_a_collator_batch(tokenizer, gsm8k_rows):

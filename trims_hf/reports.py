@@ -36,9 +36,10 @@ def library_versions(*extra: str) -> dict[str, str]:
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` through a temporary sibling and a rename, so a crash never leaves half a file."""
+    """Write ``text`` through a temporary sibling and a rename, so a crash never leaves half a file (the sibling named
+    by process, so processes writing one file on shared storage never rename each other's half-written one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     partial.write_text(text)
     os.replace(partial, path)
     return path

@@ -36,7 +36,10 @@ BASE_FINGERPRINT = "trims_base.json"
 FINGERPRINT_FORMAT = 1
 FINGERPRINT_SAMPLES = 16
 """Values read per base tensor, evenly spaced over it: a few thousand for an 8B model, read in milliseconds."""
-_WRAPPER_PARTS = re.compile(r"\.(base_layer|original_module)(?=\.)")
+_WRAPPER_PARTS = re.compile(r"\.(base_layer|original_module|token_adapter)(?=\.)")
+"""The module levels peft inserts above a base weight (LoRA layers, ``modules_to_save``, trainable tokens)."""
+_ADAPTER_PARTS = (LORA_MARK, ".modules_to_save.", ".trainable_tokens_")
+"""Marks of the tensors an adapter trains or saves, which are not the base's."""
 
 
 class AdapterError(ValueError):
@@ -85,13 +88,14 @@ def check_adapter_base(adapter_config: dict[str, Any], base: str, adapter: str, 
 
 
 def base_fingerprint(model: nn.Module) -> dict[str, Any]:
-    """A sample of ``model``'s floating-point weights (the base: a peft-wrapped model reads as its base, its LoRA
-    weights left out): per parameter, its shape, its dtype and :data:`FINGERPRINT_SAMPLES` evenly spaced values
-    (float32, little-endian, in hex; none for a weight offloaded to the meta device, which holds no values).
-    Written beside an adapter by :func:`write_base_fingerprint`, compared by :func:`base_difference`."""
+    """A sample of ``model``'s weights (the base: a peft-wrapped model reads as its base, the adapter's tensors left
+    out): per parameter, its shape, its dtype and :data:`FINGERPRINT_SAMPLES` evenly spaced values (as float32,
+    little-endian, in hex, which holds an integer weight's values exactly too; none for a weight offloaded to the meta
+    device, which holds no values). Written beside an adapter by :func:`write_base_fingerprint`, compared by
+    :func:`base_difference`."""
     samples = {}
     for name, parameter in model.named_parameters():
-        if LORA_MARK in name or ".modules_to_save." in name or not parameter.is_floating_point() or not parameter.numel():
+        if any(part in name for part in _ADAPTER_PARTS) or parameter.is_complex() or not parameter.numel():
             continue
         flat = parameter.detach().reshape(-1)
         count = min(FINGERPRINT_SAMPLES, flat.numel())
@@ -133,12 +137,15 @@ def write_base_fingerprint(folder: Path, fingerprint: dict[str, Any]) -> None:
     write_atomic(Path(folder) / BASE_FINGERPRINT, json.dumps(fingerprint, separators=(",", ":")) + "\n")
 
 
-def _sampled(sample: dict[str, Any]) -> tuple[torch.Tensor, torch.dtype]:
-    dtype = getattr(torch, sample["dtype"])
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+def _dtype(sample: dict[str, Any]) -> torch.dtype:
+    dtype = getattr(torch, sample["dtype"], None)
+    if not isinstance(dtype, torch.dtype) or dtype.is_complex:
         raise ValueError(f"dtype {sample['dtype']!r}")
-    values = torch.from_numpy(np.frombuffer(bytes.fromhex(sample["values"]), dtype="<f4").astype(np.float32))
-    return values, dtype
+    return dtype
+
+
+def _sampled(sample: dict[str, Any]) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(bytes.fromhex(sample["values"]), dtype="<f4").astype(np.float32))
 
 
 def _rounding(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -147,32 +154,54 @@ def _rounding(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return info.eps * torch.exp2(torch.floor(torch.log2(magnitude))).clamp(min=info.tiny)
 
 
+def _checked(fingerprint: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    samples = fingerprint["samples"]
+    if not isinstance(samples, dict) or not all(isinstance(sample, dict) for sample in samples.values()):
+        raise ValueError("samples is not a mapping of parameter names to samples")
+    for sample in samples.values():
+        _dtype(sample)
+    return samples
+
+
+def _agreeing(was: torch.Tensor, was_dtype: torch.dtype, now: torch.Tensor, now_dtype: torch.dtype) -> torch.Tensor:
+    """Which sampled values read the same stored value, each rounded to the dtype it was loaded in: bit for bit in one
+    dtype; across floating-point dtypes within half a spacing of each, an infinite value only where the other is the
+    same infinity or overflows to it, NaN where both are."""
+    if was_dtype == now_dtype:
+        return was.view(torch.int32) == now.view(torch.int32)
+    finite = was.isfinite() & now.isfinite()
+    magnitude = torch.where(finite, torch.maximum(was.abs(), now.abs()), 1.0)
+    close = (was - now).abs() <= (_rounding(magnitude, was_dtype) + _rounding(magnitude, now_dtype)) / 2
+    overflowed = (was.to(now_dtype).float() == now) | (now.to(was_dtype).float() == was)
+    return torch.where(finite, close, (~finite & overflowed & (was.isinf() | now.isinf())) | (was.isnan() & now.isnan()))
+
+
 def base_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
     """How the base ``current`` differs from the one ``recorded`` (both :func:`base_fingerprint`), or None when it
     is the same checkpoint. Both read the same stored values, each rounded to the dtype it was loaded in, so a
     sampled value agrees when it is bit for bit the recorded one (same dtype), or within half a spacing of each dtype
     of it (float32, bfloat16, float16 loads of one checkpoint): every value must agree, and a fine-tune moves
-    nearly all of them beyond that. Raises ``ValueError``/``KeyError`` on a malformed record."""
-    old, new = recorded["samples"], current["samples"]
+    nearly all of them beyond that. A quantized (integer) weight on one side and a floating-point one on the other
+    (an adapter trained on a 4-bit base, loaded on the full one) are not compared. Raises
+    ``ValueError``/``KeyError`` on a malformed record."""
+    old, new = _checked(recorded), _checked(current)
     if set(old) != set(new):
         gone, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
         return (f"its parameters differ (the recorded base had {', '.join(gone[:2]) or 'no others'}; this one has "
                 f"{', '.join(extra[:2]) or 'no others'})")
-    shapes = [name for name in sorted(old) if list(old[name]["shape"]) != new[name]["shape"]]
+    dtypes = {name: (_dtype(old[name]), _dtype(new[name])) for name in sorted(new)}
+    compared = [name for name, (was, now) in dtypes.items() if was == now or was.is_floating_point and now.is_floating_point]
+    shapes = [name for name in compared if list(old[name]["shape"]) != list(new[name]["shape"])]
     if shapes:
         return f"{shapes[0]} is {tuple(new[shapes[0]]['shape'])}, was {tuple(old[shapes[0]]['shape'])}"
     differing, total, first = 0, 0, None
-    for name in sorted(new):
+    for name in compared:
         if old[name]["values"] is None or new[name]["values"] is None:  # offloaded when recorded or now: not compared
             continue
-        (was, was_dtype), (now, now_dtype) = _sampled(old[name]), _sampled(new[name])
+        was, now = _sampled(old[name]), _sampled(new[name])
         if was.shape != now.shape:
             raise ValueError(f"{name}: {was.numel()} values")
-        if was_dtype == now_dtype:
-            agree = was.view(torch.int32) == now.view(torch.int32)
-        else:
-            magnitude = torch.maximum(was.abs(), now.abs())
-            agree = (was - now).abs() <= (_rounding(magnitude, was_dtype) + _rounding(magnitude, now_dtype)) / 2
+        agree = _agreeing(was, dtypes[name][0], now, dtypes[name][1])
         differing, total = differing + int((~agree).sum()), total + now.numel()
         if first is None and not agree.all():
             first = name
@@ -195,15 +224,17 @@ def check_base_weights(folder: Path, model: nn.Module, adapter: str, allow_base_
     if not isinstance(recorded, dict) or recorded.get("format") != FINGERPRINT_FORMAT:
         found = recorded.get("format") if isinstance(recorded, dict) else None
         raise AdapterError(f"{unreadable} (format {found!r}, this version reads {FINGERPRINT_FORMAT}); upgrade trims_hf")
+    current = base_fingerprint(model)
     try:
-        difference = base_difference(recorded, base_fingerprint(model))
+        difference = base_difference(recorded, current)
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise AdapterError(f"{unreadable} ({type(error).__name__}: {one_line(error)}); delete it to load on the name "
                            "check alone") from None
     if difference is not None:
-        raise AdapterError(f"adapter {adapter} was trained on a base with other weights than "
-                           f"{getattr(model.config, '_name_or_path', '') or 'this model'!s}: {difference}; if that is "
-                           "intended, pass --allow-base-mismatch (allow_base_mismatch=True)")
+        raise AdapterError(" ".join(
+            f"adapter {adapter} was trained on a base with other weights than "
+            f"{getattr(model.config, '_name_or_path', '') or 'this model'!s}: {difference}; if that is intended, pass "
+            "--allow-base-mismatch (allow_base_mismatch=True)".split()))
 
 
 def module_path(key: str) -> str:

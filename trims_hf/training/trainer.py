@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..data import schema
 from ..data.preparation import is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
-from ..students.adapters import training_base_fingerprint, write_base_fingerprint
+from ..students.adapters import BASE_FINGERPRINT, training_base_fingerprint, write_base_fingerprint
 from ..students.loss import check_normalization, masked_token_loss, normaliser, per_unit_loss
 from .batch_search import fit_global_batch, optimizer_spec
 from .collator import INPUT_COLUMNS, TrimsDataCollator
@@ -236,12 +237,25 @@ class MDLMTrainer(Trainer):
         """Save as the Trainer does (the final model and every checkpoint); a LoRA adapter gets its base's fingerprint
         beside it first (taken when the trainer was built: :func:`~trims_hf.students.adapters.training_base_fingerprint`;
         written before a push uploads the folder), so it later refuses a base of other weights. A model whose weights
-        were already partitioned when it came (ZeRO-3 under ``zero.Init``) records none and keeps the name check."""
-        if self.args.should_save and self._base_fingerprint is not None:
-            folder = Path(output_dir or self.args.output_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            write_base_fingerprint(folder, self._base_fingerprint)
+        were already partitioned when it came (ZeRO-3 under ``zero.Init``) records none and keeps the name check; a
+        record an earlier run left in the folder is removed, as it is not this adapter's."""
+        from peft import PeftModel
+
+        if self.args.should_save and isinstance(self.model, PeftModel):
+            record = Path(output_dir or self.args.output_dir) / BASE_FINGERPRINT
+            if self._base_fingerprint is not None:
+                write_base_fingerprint(record.parent, self._base_fingerprint)
+            else:
+                record.unlink(missing_ok=True)
         super().save_model(output_dir, _internal_call)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Push during training as the Trainer does, which copies the model's files from the checkpoint into
+        ``output_dir`` and uploads that folder: the base's record goes along with the adapter."""
+        record = Path(checkpoint_folder) / BASE_FINGERPRINT
+        if self.is_world_process_zero() and record.is_file():
+            shutil.copy(record, Path(self.args.output_dir) / BASE_FINGERPRINT)
+        super()._push_from_checkpoint(checkpoint_folder)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Add the training statistics (mask ratio, trajectory share, per-kind losses) to the Trainer's logs."""
