@@ -179,6 +179,16 @@ def test_base_record_compares_quantized_weights_with_their_own_kind_only() -> No
     assert base_difference(recorded, base_fingerprint(quantized)) == \
         "16 of 20 sampled weights differ beyond rounding (weight first)"
 
+    class Packed(torch.nn.Parameter):  # bitsandbytes' 4-bit weight, its bytes stored in a float dtype (quant_storage)
+        quant_state = None
+
+    stored_in_float = copy.deepcopy(full)
+    stored_in_float.weight = Packed(torch.randn(32, 1), requires_grad=False)
+    recorded = base_fingerprint(stored_in_float)
+    assert recorded["samples"]["weight"]["packed"] and "packed" not in base_fingerprint(full)["samples"]["weight"]
+    assert base_difference(recorded, base_fingerprint(full)) is None  # not compared with the full weight
+    assert base_difference(base_fingerprint(full), recorded) is None
+
 
 def test_trainable_token_rows_are_the_adapters_not_the_bases(tmp_path: Path) -> None:
     """An adapter that trains new token rows (peft's trainable_token_indices, e.g. a mask token) records the embedding
@@ -201,6 +211,7 @@ def test_trainable_token_rows_are_the_adapters_not_the_bases(tmp_path: Path) -> 
     ('{"format": 1, "samples": []}', r"reads \(ValueError: samples is not a mapping of parameter names"),
     ("DTYPE tensor", r"reads \(ValueError: dtype 'tensor'\); delete it"),
     ("DTYPE complex64", r"reads \(ValueError: dtype 'complex64'\); delete it"),
+    ("DTYPE float4_e2m1fn_x2", r"reads \(ValueError: dtype 'float4_e2m1fn_x2'\); delete it"),  # packed: no spacing
 ])
 def test_unreadable_or_foreign_base_record_is_one_line(tmp_path: Path, record: str, message: str) -> None:
     native_adapter("llada", tmp_path)

@@ -110,7 +110,16 @@ def test_the_base_record_is_the_base_as_the_trainer_got_it(tmp_path, tokenizer, 
     assert (tmp_path / "partitioned" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "partitioned" / BASE_FINGERPRINT).exists()  # the earlier record is not this adapter's
 
-    trainer.model = model.merge_and_unload()  # no adapter any more: full weights, no record beside them
+    trainer.model = torch.nn.DataParallel(model)  # wrapped, as DDP, FSDP or DeepSpeed wrap it inside train
+    trainer.save_model(str(tmp_path / "wrapped"))
+    record = (tmp_path / "wrapped" / BASE_FINGERPRINT).read_text()
+    assert record == (tmp_path / "adapter" / BASE_FINGERPRINT).read_text()  # the base's, sampled when built
+    trainer.model = other = lora_student(4)  # another model set on the trainer: its own base recorded
+    trainer.save_model(str(tmp_path / "other"))
+    assert load_adapter(tiny_student(tokenizer, "dream", seed=4), str(tmp_path / "other")) is not None
+    with pytest.raises(AdapterError, match="trained on a base with other weights"):
+        load_adapter(tiny_student(tokenizer, "dream", seed=3), str(tmp_path / "other"))
+    trainer.model = other.merge_and_unload()  # no adapter any more: full weights, no record beside them
     trainer.save_model(str(tmp_path / "merged"))
     assert (tmp_path / "merged" / "model.safetensors").is_file()
     assert not (tmp_path / "merged" / BASE_FINGERPRINT).exists()
@@ -141,6 +150,13 @@ def test_a_push_during_training_uploads_the_base_record(tmp_path, tokenizer, gsm
                 train_dataset=Dataset.from_list(synthetic_scored_rows(gsm8k_rows[:8], tokenizer))).train()
     assert len(uploads) == 2
     assert all({"adapter_model.safetensors", BASE_FINGERPRINT} <= set(files) for files in uploads)
+    # A checkpoint without a record (weights that came partitioned) uploads none, not an earlier one left there.
+    bare = tmp_path / "run" / "checkpoint-bare"
+    shutil.copytree(tmp_path / "run" / "checkpoint-2", bare)
+    (bare / BASE_FINGERPRINT).unlink()
+    trainer = MDLMTrainer(model, args, processing_class=tokenizer)
+    trainer._push_from_checkpoint(str(bare))
+    assert "adapter_model.safetensors" in uploads[-1] and BASE_FINGERPRINT not in uploads[-1]
 
 
 def test_peft_student_returns_the_mdlm_loss_on_a_collator_batch(tokenizer, gsm8k_rows):

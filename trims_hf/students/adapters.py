@@ -95,13 +95,14 @@ def base_fingerprint(model: nn.Module) -> dict[str, Any]:
     :func:`base_difference`."""
     samples = {}
     for name, parameter in model.named_parameters():
-        if any(part in name for part in _ADAPTER_PARTS) or parameter.is_complex() or not parameter.numel():
+        if any(part in name for part in _ADAPTER_PARTS) or not _readable(parameter.dtype) or not parameter.numel():
             continue
         flat = parameter.detach().reshape(-1)
         count = min(FINGERPRINT_SAMPLES, flat.numel())
         positions = torch.arange(count, device=flat.device) * flat.numel() // count
         samples[_WRAPPER_PARTS.sub("", name.removeprefix(PEFT_PREFIX))] = {
             "shape": list(parameter.shape), "dtype": str(parameter.dtype).removeprefix("torch."),
+            **({"packed": True} if hasattr(parameter, "quant_state") else {}),
             "values": None if flat.is_meta else flat[positions].float().cpu().numpy().astype("<f4").tobytes().hex()}
     return {"format": FINGERPRINT_FORMAT, "samples": samples}
 
@@ -137,9 +138,20 @@ def write_base_fingerprint(folder: Path, fingerprint: dict[str, Any]) -> None:
     write_atomic(Path(folder) / BASE_FINGERPRINT, json.dumps(fingerprint, separators=(",", ":")) + "\n")
 
 
+def _readable(dtype: torch.dtype) -> bool:
+    """Whether ``dtype``'s values read as float32 and, if floating point, have a spacing (not complex, not packed
+    sub-byte floats such as ``float4_e2m1fn_x2``)."""
+    if dtype.is_complex:
+        return False
+    try:
+        return not dtype.is_floating_point or torch.finfo(dtype).eps > 0
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+
+
 def _dtype(sample: dict[str, Any]) -> torch.dtype:
     dtype = getattr(torch, sample["dtype"], None)
-    if not isinstance(dtype, torch.dtype) or dtype.is_complex:
+    if not isinstance(dtype, torch.dtype) or not _readable(dtype):
         raise ValueError(f"dtype {sample['dtype']!r}")
     return dtype
 
@@ -176,13 +188,23 @@ def _agreeing(was: torch.Tensor, was_dtype: torch.dtype, now: torch.Tensor, now_
     return torch.where(finite, close, (~finite & overflowed & (was.isinf() | now.isinf())) | (was.isnan() & now.isnan()))
 
 
+def _comparable(old: dict[str, Any], was: torch.dtype, new: dict[str, Any], now: torch.dtype) -> bool:
+    """Whether two samples of one weight hold comparable values: the same dtype and packing, or two unpacked floating
+    point dtypes. A quantized weight (integer, or packed 4-bit data stored in a float dtype: bitsandbytes'
+    ``quant_storage``) against a full one is not comparable."""
+    packed = bool(old.get("packed")), bool(new.get("packed"))
+    if packed[0] != packed[1]:
+        return False
+    return was == now or not packed[0] and was.is_floating_point and now.is_floating_point
+
+
 def base_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
     """How the base ``current`` differs from the one ``recorded`` (both :func:`base_fingerprint`), or None when it
     is the same checkpoint. Both read the same stored values, each rounded to the dtype it was loaded in, so a
     sampled value agrees when it is bit for bit the recorded one (same dtype), or within half a spacing of each dtype
     of it (float32, bfloat16, float16 loads of one checkpoint): every value must agree, and a fine-tune moves
-    nearly all of them beyond that. A quantized (integer) weight on one side and a floating-point one on the other
-    (an adapter trained on a 4-bit base, loaded on the full one) are not compared. Raises
+    nearly all of them beyond that. A quantized weight on one side and a full one on the other (an adapter trained
+    on a 4-bit base, loaded on the full one) are not compared (:func:`_comparable`). Raises
     ``ValueError``/``KeyError`` on a malformed record."""
     old, new = _checked(recorded), _checked(current)
     if set(old) != set(new):
@@ -190,7 +212,7 @@ def base_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | 
         return (f"its parameters differ (the recorded base had {', '.join(gone[:2]) or 'no others'}; this one has "
                 f"{', '.join(extra[:2]) or 'no others'})")
     dtypes = {name: (_dtype(old[name]), _dtype(new[name])) for name in sorted(new)}
-    compared = [name for name, (was, now) in dtypes.items() if was == now or was.is_floating_point and now.is_floating_point]
+    compared = [name for name, (was, now) in dtypes.items() if _comparable(old[name], was, new[name], now)]
     shapes = [name for name in compared if list(old[name]["shape"]) != list(new[name]["shape"])]
     if shapes:
         return f"{shapes[0]} is {tuple(new[shapes[0]]['shape'])}, was {tuple(old[shapes[0]]['shape'])}"

@@ -92,7 +92,7 @@ class MDLMTrainer(Trainer):
     ) -> None:
         args = args if args is not None else MDLMConfig(output_dir="trims-output")
         self.student = student_spec(model)
-        self._base_fingerprint = training_base_fingerprint(model)  # the base as given, before any probe or shard
+        self._fingerprinted, self._base_fingerprint = model, training_base_fingerprint(model)  # before probe or shard
         masking = args.masking() if isinstance(args, MDLMConfig) else MaskingConfig()
         fmt = args.student_format() if isinstance(args, MDLMConfig) else StudentFormat()
         if data_collator is None:
@@ -238,10 +238,14 @@ class MDLMTrainer(Trainer):
         beside it first (taken when the trainer was built: :func:`~trims_hf.students.adapters.training_base_fingerprint`;
         written before a push uploads the folder), so it later refuses a base of other weights. A model whose weights
         were already partitioned when it came (ZeRO-3 under ``zero.Init``) records none and keeps the name check; a
-        record an earlier run left in the folder is removed, as it is not this adapter's."""
+        record an earlier run left in the folder is removed, as it is not this adapter's. A model set on the trainer
+        after it was built is sampled when saved."""
         from peft import PeftModel
 
-        if self.args.should_save and isinstance(self.model, PeftModel):
+        model = self.accelerator.unwrap_model(self.model)  # FSDP and DeepSpeed wrap it inside train
+        if self.args.should_save and isinstance(model, PeftModel):
+            if model is not self._fingerprinted:
+                self._fingerprinted, self._base_fingerprint = model, training_base_fingerprint(model)
             record = Path(output_dir or self.args.output_dir) / BASE_FINGERPRINT
             if self._base_fingerprint is not None:
                 write_base_fingerprint(record.parent, self._base_fingerprint)
@@ -251,10 +255,14 @@ class MDLMTrainer(Trainer):
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """Push during training as the Trainer does, which copies the model's files from the checkpoint into
-        ``output_dir`` and uploads that folder: the base's record goes along with the adapter."""
-        record = Path(checkpoint_folder) / BASE_FINGERPRINT
-        if self.is_world_process_zero() and record.is_file():
-            shutil.copy(record, Path(self.args.output_dir) / BASE_FINGERPRINT)
+        ``output_dir`` and uploads that folder: the base's record goes along with the adapter (and an earlier run's
+        record there is removed when the checkpoint has none)."""
+        record, uploaded = Path(checkpoint_folder) / BASE_FINGERPRINT, Path(self.args.output_dir) / BASE_FINGERPRINT
+        if self.is_world_process_zero():
+            if record.is_file():
+                shutil.copy(record, uploaded)
+            else:
+                uploaded.unlink(missing_ok=True)
         super()._push_from_checkpoint(checkpoint_folder)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
