@@ -243,6 +243,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # a subprocess launch with a process group
 def test_a_model_sharded_by_fsdp_records_no_base(tmp_path: Path) -> None:
     """What the trainer records is taken before FSDP shards the model; a model that comes sharded (DTensor
     weights) records nothing rather than a sample of one shard. In a process of its own: a process group."""
