@@ -109,7 +109,7 @@ def base_fingerprint(model: nn.Module) -> dict[str, Any]:
 
 def training_base_fingerprint(model: nn.Module) -> dict[str, Any] | None:
     """:func:`base_fingerprint` of a peft-wrapped ``model`` about to be trained, or None: not an adapter, weights no
-    process holds whole (ZeRO-3 partitions, FSDP shards, DTensors), or no floating-point base weight to sample.
+    process holds whole (ZeRO-3 partitions, FSDP shards, DTensors), or no base weight to sample.
     Taken before training, while FSDP has not yet sharded the model, it records the base that the saved adapter goes
     on: its frozen weights, and the values a trained non-adapter weight had, which the adapter does not save."""
     from peft import PeftModel
@@ -166,13 +166,12 @@ def _rounding(magnitude: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return info.eps * torch.exp2(torch.floor(torch.log2(magnitude))).clamp(min=info.tiny)
 
 
-def _checked(fingerprint: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _checked(fingerprint: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, torch.dtype]]:
+    """The samples of ``fingerprint`` and each one's dtype, or ``ValueError`` on a malformed record."""
     samples = fingerprint["samples"]
     if not isinstance(samples, dict) or not all(isinstance(sample, dict) for sample in samples.values()):
         raise ValueError("samples is not a mapping of parameter names to samples")
-    for sample in samples.values():
-        _dtype(sample)
-    return samples
+    return samples, {name: _dtype(sample) for name, sample in samples.items()}
 
 
 def _agreeing(was: torch.Tensor, was_dtype: torch.dtype, now: torch.Tensor, now_dtype: torch.dtype) -> torch.Tensor:
@@ -185,7 +184,7 @@ def _agreeing(was: torch.Tensor, was_dtype: torch.dtype, now: torch.Tensor, now_
     magnitude = torch.where(finite, torch.maximum(was.abs(), now.abs()), 1.0)
     close = (was - now).abs() <= (_rounding(magnitude, was_dtype) + _rounding(magnitude, now_dtype)) / 2
     overflowed = (was.to(now_dtype).float() == now) | (now.to(was_dtype).float() == was)
-    return torch.where(finite, close, (~finite & overflowed & (was.isinf() | now.isinf())) | (was.isnan() & now.isnan()))
+    return torch.where(finite, close, (overflowed & (was.isinf() | now.isinf())) | (was.isnan() & now.isnan()))
 
 
 def _comparable(old: dict[str, Any], was: torch.dtype, new: dict[str, Any], now: torch.dtype) -> bool:
@@ -206,13 +205,12 @@ def base_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | 
     nearly all of them beyond that. A quantized weight on one side and a full one on the other (an adapter trained
     on a 4-bit base, loaded on the full one) are not compared (:func:`_comparable`). Raises
     ``ValueError``/``KeyError`` on a malformed record."""
-    old, new = _checked(recorded), _checked(current)
+    (old, old_dtypes), (new, new_dtypes) = _checked(recorded), _checked(current)
     if set(old) != set(new):
         gone, extra = sorted(set(old) - set(new)), sorted(set(new) - set(old))
         return (f"its parameters differ (the recorded base had {', '.join(gone[:2]) or 'no others'}; this one has "
                 f"{', '.join(extra[:2]) or 'no others'})")
-    dtypes = {name: (_dtype(old[name]), _dtype(new[name])) for name in sorted(new)}
-    compared = [name for name, (was, now) in dtypes.items() if _comparable(old[name], was, new[name], now)]
+    compared = [name for name in sorted(new) if _comparable(old[name], old_dtypes[name], new[name], new_dtypes[name])]
     shapes = [name for name in compared if list(old[name]["shape"]) != list(new[name]["shape"])]
     if shapes:
         return f"{shapes[0]} is {tuple(new[shapes[0]]['shape'])}, was {tuple(old[shapes[0]]['shape'])}"
@@ -223,7 +221,7 @@ def base_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | 
         was, now = _sampled(old[name]), _sampled(new[name])
         if was.shape != now.shape:
             raise ValueError(f"{name}: {was.numel()} values")
-        agree = _agreeing(was, dtypes[name][0], now, dtypes[name][1])
+        agree = _agreeing(was, old_dtypes[name], now, new_dtypes[name])
         differing, total = differing + int((~agree).sum()), total + now.numel()
         if first is None and not agree.all():
             first = name
