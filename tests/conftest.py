@@ -96,6 +96,23 @@ def no_global_state_left():
         torch.distributed.destroy_process_group()
 
 
+@pytest.fixture
+def compile_without_codegen(monkeypatch):
+    """``nn.Module.compile`` (so ``compile_blocks``) lowers with ``aot_eager_decomp_partition``: dynamo's graphs,
+    AOTAutograd's decompositions and inductor's partition of forward and backward, but no generated C++, which the CPU
+    compiles one kernel at a time (about 2 s each: most of a compiled test's minutes). For a test whose claim is
+    what trims_hf decides (which blocks compile, how many graphs, hooks, adapters, gradients through the partition);
+    the fused kernels' own roundings stay with the tests that keep inductor: ``test_compiled_blocks_commit_the_eager_tokens``
+    and the compiled ZeRO-2 steps of test_distributed.py."""
+    compile_module = torch.nn.Module.compile
+
+    def compile(self, *args, **kwargs):
+        kwargs.setdefault("backend", "aot_eager_decomp_partition")
+        return compile_module(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile)
+
+
 @pytest.fixture(scope="session")
 def original_checkpoint(tmp_path_factory):
     """``kind`` -> a tiny checkpoint in that family's original layout, with ``parity.safetensors``: LLaDA and Dream from

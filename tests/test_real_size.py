@@ -513,7 +513,7 @@ def test_moe_bound_counts_the_experts_the_routing_reaches():
 
 
 @pytest.mark.slow
-def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch):
+def test_moe_decode_rows_with_compiled_blocks(tmp_path, monkeypatch, compile_without_codegen):
     """The tiny LLaDA-MoE through the decode part with the window's compiled graph step (timed on a CPU as the compiled
     static step, at batch 1 only): its rows say so in their columns and keep the eager tokens, and every row's bound is
     the bytes of the experts its forwards reach, at most all of them, from the line's own numbers."""

@@ -562,7 +562,7 @@ def test_sequence_mode_logs_per_sequence_losses(tmp_path, tokenizer, scored, pre
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llada"])
-def test_compiled_blocks_train_the_same_objective(tmp_path, tokenizer, prepared, kind):
+def test_compiled_blocks_train_the_same_objective(tmp_path, tokenizer, prepared, kind, compile_without_codegen):
     """compile_blocks compiles every decoder block in place (adapters, hooks and parameters stay the model's own) and
     the loss and every LoRA gradient equal the eager ones to float rounding; a second batch shape still runs."""
     from peft import get_peft_model
@@ -595,7 +595,7 @@ def test_compile_blocks_names_a_model_without_blocks():
 
 
 @pytest.mark.slow
-def test_compiled_blocks_train_as_eager_under_gradient_checkpointing(tmp_path, tokenizer, prepared):
+def test_compiled_blocks_train_as_eager_under_gradient_checkpointing(tmp_path, tokenizer, prepared, compile_without_codegen):
     """Two optimizer steps of a LoRA student with gradient checkpointing: compiled blocks end at the eager run's
     weights (to float rounding), so the recipes may combine the two."""
     from peft import get_peft_model
