@@ -101,7 +101,7 @@ def test_zero2_line_comes_from_the_shipped_recipe(lines):
 
 
 @pytest.mark.slow
-def test_recipe_line_trains_the_recipe_as_trims_train_does(tmp_path, monkeypatch):
+def test_recipe_line_trains_the_recipe_as_trims_train_does(tmp_path, monkeypatch, compile_without_codegen):
     """The recipe part on a card with room for 8 rows of the tiny student: the recipe's global batch of 32 split 8 x
     GA 4 by the batch search, its blocks compiled, and the numbers derived from the measured steps."""
     from trims_hf.training import batch_search
@@ -612,7 +612,7 @@ def test_a_decode_stopped_while_compiling_keeps_the_rows_already_timed(tmp_path,
 
 
 @pytest.mark.slow
-def test_compiled_blocks_past_the_recompile_limit_are_an_error_row(tmp_path, monkeypatch):
+def test_compiled_blocks_past_the_recompile_limit_are_an_error_row(tmp_path, monkeypatch, compile_without_codegen):
     """Dynamo runs the blocks past its recompile limit eagerly; a compiled row would then time eager blocks under the
     compiled step's name. The part makes it an error row instead, the other rows as usual."""
     import trims_hf.students.base as students_base
@@ -667,7 +667,7 @@ def test_graph_replays_are_told_apart_from_first_calls_and_captures(monkeypatch)
 
 
 @pytest.mark.slow
-def test_a_student_no_graph_captures_is_timed_without_the_graph_step(tmp_path):
+def test_a_student_no_graph_captures_is_timed_without_the_graph_step(tmp_path, compile_without_codegen):
     """The tiny LLaDA-MoE in fp32, whose grouped GEMM no CUDA graph captures, asked for the graph steps: one line says
     they are left out and why, and the static step (the compiled blocks under it) is timed in their place."""
     output = tmp_path / "moe.jsonl"
