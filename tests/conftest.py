@@ -102,8 +102,8 @@ def compile_without_codegen(monkeypatch):
     AOTAutograd's decompositions and inductor's partition of forward and backward, but no generated C++, which the CPU
     compiles one kernel at a time (about 2 s each: most of a compiled test's minutes). For a test whose claim is
     what trims_hf decides (which blocks compile, how many graphs, hooks, adapters, gradients through the partition);
-    the fused kernels' own roundings stay with the tests that keep inductor: ``test_compiled_blocks_commit_the_eager_tokens``
-    and the compiled ZeRO-2 steps of test_distributed.py."""
+    the fused kernels' own roundings stay with the tests that keep inductor: ``test_compiled_blocks_commit_the_eager_tokens``,
+    the compiled ZeRO-2 steps of test_distributed.py and the bench's tiny run of test_real_size.py."""
     compile_module = torch.nn.Module.compile
 
     def compile(self, *args, **kwargs):

@@ -501,10 +501,10 @@ def test_compiled_blocks_share_their_graphs_whatever_the_depth(tokenizer, device
     limit of 8: ``compile_blocks`` raises the limit, and every block still runs compiled. The graphs are dynamo's: on
     the CPU they are lowered without generated code; on CUDA by inductor, as the graph step captures them."""
     from torch._dynamo.utils import counters
+    from transformers import DynamicCache
 
     if device == "cpu":
         request.getfixturevalue("compile_without_codegen")
-    from transformers import DynamicCache
 
     prompt = torch.tensor([[5, 40, 77, 90, 120, 31, 8]], device=device)
     configs = [DecodingConfig(gen_length=16, block_length=8, threshold=0.9, early_stop=False, step=step, cache=cache)
