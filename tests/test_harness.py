@@ -4,6 +4,7 @@ ours), the ``python -m trims_hf.evaluation.harness`` command on a tiny saved stu
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -275,22 +276,42 @@ def test_lm_eval_mistakes_are_one_error_line_before_the_model_loads(case, saved_
     assert code == 2 and err.startswith(f"error: {message.format(**names)}") and err.count("\n") == 1, err
 
 
-def test_lm_eval_unknown_task_is_one_error_line_before_the_model_loads(saved_student, capsys, monkeypatch,
-                                                                      harness_builds_no_model):
+@pytest.fixture
+def task_indexes(monkeypatch) -> list[bool]:
+    """Whether each task index the command's check builds includes the harness's own thousands of tasks; they are
+    left out here (seconds to read), so the index holds the package's *_local tasks only."""
     import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
+    built = []
+
+    def manager(include_path=None, include_defaults=True):
+        built.append(include_defaults)
+        return TaskManager(include_path=include_path, include_defaults=False)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", manager)
+    return built
+
+
+def test_lm_eval_unknown_task_is_one_error_line_before_the_model_loads(saved_student, capsys, monkeypatch,
+                                                                      harness_builds_no_model, task_indexes):
     from trims_hf.cli import main
 
-    # the harness's index without its thousands of own tasks (seconds to read): the package's *_local tasks only
-    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda include_path: TaskManager(include_path=include_path,
-                                                                                       include_defaults=False))
     monkeypatch.setenv("TRIMS_HARNESS_DATA", str(DATA))
     code = main(["lm-eval", "--model", "trims", "--model_args", f"pretrained={saved_student}", "--tasks",
                  "gsm8k_local,gsm8k_locall"])
     assert code == 2
     assert capsys.readouterr().err == "error: --tasks gsm8k_locall: no such task (did you mean gsm8k_local?) " \
                                       "(`lm-eval ls tasks` lists them).\n"
+    assert task_indexes == [False, True]  # a name not on the include path is looked up among the harness's tasks
+
+
+def test_tasks_on_the_include_path_are_checked_without_the_harness_index(task_indexes):
+    from trims_hf.evaluation.harness import TASKS_DIR
+    from trims_hf.evaluation.harness.__main__ import _check_run
+
+    _check_run(argparse.Namespace(tasks="gsm8k_cot_local,mbpp_local", include_path=str(TASKS_DIR), model="hf"))
+    assert task_indexes == [False]  # the harness indexes its own tasks once, when it runs
 
 
 def test_lm_eval_data_that_cannot_be_fetched_is_one_error_line(saved_student, tmp_path, capsys, monkeypatch):
