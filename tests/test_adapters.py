@@ -365,6 +365,10 @@ def test_plain_causal_lm_student_exports_with_model_kind(plain_llama, plain_llam
     (["--model", "{w}/nope"], "--model {w}/nope: no such file or folder."),
     (["--adapter", "{w}/nope"], "--adapter {w}/nope: no such file or folder."),
     (["--token", "abc"], "--token: only --push-to-hub reads it; drop it, or pass --push-to-hub REPO."),
+    (["--output", "{model}", "--overwrite", ""], "--output {model} is --model {model}, a model it is made from; "
+                                                     "write it to a folder apart."),
+    (["--output", "{adapter}", "--overwrite", "", "--format", "adapter"],
+     "--output {adapter} is --adapter {adapter}, a model it is made from; write it to a folder apart."),
 ])
 def test_export_mistakes_are_one_line_in_the_commands_terms_before_any_model_loads(
         argv, expected, plain_llama, plain_llama_adapter, tmp_path, capsys, monkeypatch):
@@ -377,6 +381,9 @@ def test_export_mistakes_are_one_line_in_the_commands_terms_before_any_model_loa
     given = dict(zip(argv[::2], argv[1::2]))
     flags = {"--model": plain_llama, "--adapter": plain_llama_adapter, "--output": "{w}/out", "--model-kind": "llada",
              **given}
-    assert cli(["export", *(arg.format(w=tmp_path) for pair in flags.items() for arg in pair)]) == 2
-    assert capsys.readouterr().err.splitlines() == [f"error: {expected.format(w=tmp_path)}"]
+    names = {"w": tmp_path, "model": plain_llama, "adapter": plain_llama_adapter}
+    inputs = {path: path.read_bytes() for folder in (plain_llama, plain_llama_adapter) for path in Path(folder).iterdir()}
+    assert cli(["export", *(arg.format(**names) for pair in flags.items() for arg in pair if arg)]) == 2  # "": a switch
+    assert capsys.readouterr().err.splitlines() == [f"error: {expected.format(**names)}"]
     assert not (tmp_path / "out").exists()
+    assert {path: path.read_bytes() for path in inputs} == inputs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -324,6 +325,14 @@ ERRORS = {
     "graph step on the CPU": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--device", "cpu", "--step", "graph"],
                               "--step graph captures CUDA graphs, but the model runs on cpu; use --step static (what "
                               "--step auto runs there).", None),
+    "output is the data file": (["--task", "gsm8k", "--data-file", "{tmp}/empty.jsonl", "--output", "{tmp}/empty.jsonl"],
+                                "--output {tmp}/empty.jsonl is --data-file {tmp}/empty.jsonl, the benchmark it is made "
+                                "from; write it to another file. (see `trims eval --help`)", None),
+    "progress records are the data file": (["--task", "gsm8k", "--data-file", "{tmp}/r.progress.jsonl", "--output",
+                                            "{tmp}/r.json"],
+                                           "--output {tmp}/r.json (the progress records: {tmp}/r.progress.jsonl) is "
+                                           "--data-file {tmp}/r.progress.jsonl, the benchmark it is made from; write it "
+                                           "to another file. (see `trims eval --help`)", None),
     "more tokens than positions": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--gen-length", "512"],
                                    "--gen-length 512: the student has 512 positions (max_position_embeddings), and the "
                                    "prompt needs some of them; generate fewer tokens.", None),
@@ -337,6 +346,7 @@ def test_input_errors_are_one_line_before_any_model_loads(case, saved_student, p
     if environment is not None:
         environment(monkeypatch)
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "r.progress.jsonl").write_text(Path(GSM8K_TEST).read_text())
     (tmp_path / "plot.png").mkdir()
     no_mask = tokenizer.__class__.from_pretrained(plain_llama)
     no_mask.mask_token = None
@@ -354,6 +364,8 @@ def test_input_errors_are_one_line_before_any_model_loads(case, saved_student, p
     err = capsys.readouterr().err
     assert code == 2 and err == f"error: {message.format(**names)}\n"
     assert not (tmp_path / "out").exists()  # nothing half-written
+    assert (tmp_path / "empty.jsonl").read_text() == "" and (tmp_path / "r.progress.jsonl").read_text() == Path(
+        GSM8K_TEST).read_text()  # nor any input overwritten
     assert elapsed < 20  # a Hub that does not answer costs one probe, not transformers' retries
 
 

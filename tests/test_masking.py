@@ -81,6 +81,8 @@ def test_trajectory_context_and_future_rates():
     ({"p_context": 0.99, "p_future": 0.01}, ValueError,
      r"^p_context=0\.99 above p_future=0\.01: a trajectory sample keeps its context .* swap them\.$"),
     ({"pad_to_multiple_of": -8}, ValueError, r"^pad_to_multiple_of=-8: must be at least 1 \(or unset\)\.$"),
+    ({"num_buckets": 1}, ValueError, r"^num_buckets=1 with trajectory_ratio=0\.1: one bucket holds every token, so a "
+     r"trajectory sample has no future to hide"),
     ({"pad_to_multiple_of": 0}, ValueError, r"^pad_to_multiple_of=0: must be at least 1"),
     ({"num_buckets": 2.5}, TypeError, r"^num_buckets=2\.5: must be a whole number \(int\), not float\.$"),
     ({"num_buckets": "8"}, TypeError, r"^num_buckets='8': must be a whole number \(int\), not str\.$"),
@@ -100,6 +102,8 @@ def test_masking_settings_accepted_at_their_edges():
     """Equal rates are the control without an ordering; numpy whole numbers are whole numbers."""
     assert MaskingConfig(p_context=0.5, p_future=0.5).p_future == 0.5
     assert MaskingConfig(p_context=0, p_future=1, num_buckets=np.int64(4), pad_to_multiple_of=1).num_buckets == 4
+    assert MaskingConfig(num_buckets=1, trajectory_ratio=0).num_buckets == 1  # the MDLM baseline reads no bucket
+    assert MaskingConfig(num_buckets=2).num_buckets == 2
 
 
 def test_trajectory_weight_options():

@@ -162,6 +162,18 @@ CASES = {
     "output inside the dataset": (["--dataset", "{tmp}/d", "--output", "{tmp}/d/scored"], {"d/": ""},
                                   "--output {tmp}/d/scored lies inside --dataset {tmp}/d, the data it is made from; "
                                   "write it to a folder apart."),
+    "output is the teacher": (["--output", "{teacher}", "--overwrite"], {},
+                              "--output {teacher} is --teacher {teacher}, the model it is made from; write it to a "
+                              "folder apart."),
+    "output holds the teacher": (["--output", "{teachers}", "--overwrite"], {},
+                                 "--output {teachers} holds --teacher {teacher}, the model it is made from; write it to "
+                                 "a folder apart."),
+    "output is the current folder": (["--output", ".", "--overwrite"], {},
+                                     "--output .: holds the current folder, and the scored data replaces its folder "
+                                     "whole; name a new folder."),
+    "output holds the current folder": (["--output", "..", "--overwrite"], {},
+                                        "--output ..: holds the current folder, and the scored data replaces its "
+                                        "folder whole; name a new folder."),
 }
 
 
@@ -190,7 +202,7 @@ def test_each_mistake_is_one_line_before_any_model_loads(case, teacher_dir, data
             (tmp_path / name).mkdir() if name.endswith("/") else (tmp_path / name).write_text(content)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", case == "push offline")
     out = tmp_path / "out"
-    names = {"tmp": tmp_path, "data": data_file, "teacher": teacher_dir, "out": out}
+    names = {"tmp": tmp_path, "data": data_file, "teacher": teacher_dir, "teachers": teacher_dir.parent, "out": out}
     base = ["--teacher", str(teacher_dir), "--dataset", str(data_file), "--prompt-column", "question",
             "--completion-column", "answer", "--output", str(out)]
     before = sorted(p.name for p in tmp_path.iterdir())

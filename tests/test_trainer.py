@@ -14,6 +14,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 from trims_hf import (
+    BucketConfig,
     CollatorEpochCallback,
     MaskingConfig,
     MDLMConfig,
@@ -23,6 +24,7 @@ from trims_hf import (
     prepare_dataset,
     prepare_student,
 )
+from trims_hf.data.schema import SchemaError
 
 
 def make_args(tmp_path, **overrides) -> MDLMConfig:
@@ -638,3 +640,24 @@ def test_progress_bar_logs_numbers_as_numbers(tmp_path, tokenizer, scored):
     bars[0].training_bar = type("Bar", (), {"write": lambda self, text: written.append(text)})()
     bars[0].on_log(trainer.args, trainer.state, trainer.control, logs={"loss": 2.44712, "epoch": 0.5, "total_flos": 9.0})
     assert written == ["{'loss': 2.447, 'epoch': 0.5}"]
+
+
+@pytest.mark.parametrize("prepared_with, trained_with", [(4, 8), (8, 4), (8, 2)])
+def test_rows_prepared_for_another_k_are_refused_before_training(scored, tokenizer, tmp_path, prepared_with,
+                                                                 trained_with):
+    """Prepared rows carry bucket ids cut for one K. Trained with a larger K, every cut point past the rows' last
+    bucket would leave no future to hide (the sample masked at p_context only); with a smaller one, ids fall out of
+    range. Both are refused when the trainer takes the rows, in the column's terms."""
+    rows = prepare_dataset(Dataset.from_list(scored), tokenizer, buckets=BucketConfig(num_buckets=prepared_with))
+    args = make_args(tmp_path, num_buckets=trained_with)
+    with pytest.raises(SchemaError, match=rf"^column 'bucket_ids': the prepared rows' bucket ids reach "
+                                          rf"{prepared_with - 1}, as rows prepared with num_buckets={prepared_with} do, "
+                                          rf"but this run trains with num_buckets={trained_with}; "):
+        MDLMTrainer.prepare_rows(rows, tokenizer, args.student_format(), args.masking(), args)
+    same = make_args(tmp_path, num_buckets=prepared_with)
+    assert MDLMTrainer.prepare_rows(rows, tokenizer, same.student_format(), same.masking(), same) is rows
+    baseline = make_args(tmp_path, num_buckets=trained_with, trajectory_ratio=0.0)  # the baseline reads no bucket id
+    assert MDLMTrainer.prepare_rows(rows, tokenizer, baseline.student_format(), baseline.masking(), baseline) is rows
+    scattered = rows.shuffle(seed=0).select(range(8))  # an index mapping over the rows' table
+    with pytest.raises(SchemaError, match="bucket ids reach"):
+        MDLMTrainer.prepare_rows(scattered, tokenizer, args.student_format(), args.masking(), args)

@@ -311,6 +311,10 @@ class MaskingConfig(BucketConfig):
             raise ValueError(f"p_context={self.p_context} above p_future={self.p_future}: a trajectory sample keeps its "
                              "context (buckets revealed so far) mostly visible and masks its future buckets heavily "
                              "(paper: 0.05 and 0.95); swap them.")
+        if self.num_buckets < 2 and self.trajectory_ratio > 0:
+            raise ValueError(f"num_buckets={self.num_buckets} with trajectory_ratio={self.trajectory_ratio}: one bucket "
+                             "holds every token, so a trajectory sample has no future to hide and masks only p_context "
+                             "of its tokens; use at least 2 buckets (paper: 8), or trajectory_ratio=0 for plain MDLM.")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be at least 1 (or unset).")
         check_choice("trajectory_selection", self.trajectory_selection, TrajectorySelection)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import InputError, check_input_file, check_output_path
+from ..errors import InputError, check_apart, check_input_file, check_output_path
 from ..evaluation.published import PublishedResult, published_results
 from ..model_config import (
     ModelConfig,
@@ -122,6 +122,9 @@ class EvalArguments:
                                  f"name a .json file, e.g. {Path(self.output).with_suffix('.json')}.")
             if path != Path(self.output):
                 check_output_path(path, f"--output {self.output} ({what}: {path})", folder=False)
+            if self.data_file is not None:
+                check_apart(path, f"--output {self.output}" + (f" ({what}: {path})" if path != Path(self.output) else ""),
+                            self.data_file, f"--data-file {self.data_file}", "the benchmark", folder=False)
 
 
 @dataclass

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     args, = CommandParser((ExportArguments,), prog="trims export",
                           description="Export base + adapter as the original model's layout.").parse(argv)
     from ..data.hub import HubAccessError, check_push_access
-    from ..errors import InputError, check_output_path
+    from ..errors import InputError, check_apart, check_output_path
     from ..exporting import export
     from ..model_config import check_model_sources, student_kind
     from ..students import AdapterError
@@ -52,6 +52,9 @@ def main(argv: list[str]) -> int:
     student = ModelConfig(args.model, model_kind=args.model_kind, adapter=args.adapter,
                           allow_base_mismatch=args.allow_base_mismatch)
     try:
+        for flag, source in (("--model", args.model), ("--adapter", args.adapter)):
+            if source is not None:
+                check_apart(args.output, f"--output {args.output}", source, f"{flag} {source}", "a model")
         check_output_path(args.output, f"--output {args.output}", existing="reuse" if args.overwrite else "empty",
                           advice=" or pass --overwrite")
         check_push_flags(args.push_to_hub, token=args.token)

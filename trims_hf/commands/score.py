@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..data.schema import COMPLETION, PROMPT, as_prompt_completion
@@ -114,6 +115,10 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
         check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
         check_dataset_source(data.flag, data.value, default=data.default)
         check_apart(out.output, f"--output {out.output}", data.value, f"{data.flag} {data.value}")
+        check_apart(out.output, f"--output {out.output}", teacher.teacher, f"--teacher {teacher.teacher}", "the model")
+        if Path(out.output).expanduser().resolve() in (Path.cwd(), *Path.cwd().parents):
+            raise InputError(f"--output {out.output}: holds the current folder, and the scored data replaces its "
+                             "folder whole; name a new folder.")
         check_output_path(out.output, f"--output {out.output}", existing="reuse" if out.overwrite else "refuse",
                           advice=" or pass --overwrite")
     except ValueError as error:  # InputError among them

@@ -74,6 +74,19 @@ def is_prepared(dataset: Dataset) -> bool:
     return {schema.INPUT_IDS, schema.PROMPT_LENGTH} <= set(getattr(dataset, "column_names", None) or ())
 
 
+def bucket_count(dataset: Any) -> int | None:
+    """How many buckets prepared rows were cut into: their largest bucket id + 1 (a prepared set holds its last bucket,
+    the end of every response kept whole and a 1/K share of the scored tokens). None for rows without bucket ids or
+    not held in an Arrow table (a data set given as a list or a stream is not scanned)."""
+    table = getattr(dataset, "data", None)
+    if schema.BUCKET_IDS not in (getattr(dataset, "column_names", None) or ()) or not hasattr(table, "column"):
+        return None
+    import pyarrow.compute as pc
+
+    top = pc.max(pc.list_flatten(table.column(schema.BUCKET_IDS))).as_py()
+    return None if top is None else int(top) + 1
+
+
 def prepare_dataset(
     dataset: Dataset,
     tokenizer: Any,

@@ -23,7 +23,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
 from ..data import schema
-from ..data.preparation import is_prepared, prepare_dataset
+from ..data.preparation import bucket_count, is_prepared, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
 from ..students.adapters import BASE_FINGERPRINT, training_base_fingerprint, write_base_fingerprint
@@ -134,7 +134,16 @@ class MDLMTrainer(Trainer):
     def prepare_rows(dataset: Any, tokenizer: Any, fmt: StudentFormat, masking: MaskingConfig, args: TrainingArguments) -> Any:
         """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator.
         Needs the tokenizer only, so a caller (``trims train``) runs it, and so every row check, before the model loads."""
-        if is_prepared(dataset) or not set(getattr(dataset, "column_names", None) or ()) & {schema.PROMPT, schema.MESSAGES}:
+        if is_prepared(dataset):
+            count = bucket_count(dataset) if masking.trajectory_ratio > 0 else None
+            if count is not None and count != masking.num_buckets:
+                raise schema.SchemaError(
+                    f"column '{schema.BUCKET_IDS}': the prepared rows' bucket ids reach {count - 1}, as rows prepared "
+                    f"with num_buckets={count} do, but this run trains with num_buckets={masking.num_buckets}; prepare "
+                    f"them again with that K (or pass the scored rows, which are prepared for the run), or train with "
+                    f"num_buckets={count}.")
+            return dataset
+        if not set(getattr(dataset, "column_names", None) or ()) & {schema.PROMPT, schema.MESSAGES}:
             return dataset
         if tokenizer is None:
             raise ValueError("MDLMTrainer prepares scored rows for the student: pass processing_class=<student tokenizer>.")
