@@ -338,6 +338,8 @@ MISTAKES = [
     ("p-future-zero", None, {"p_future": "0"}, [], r"^p_future=0\.0: trajectory samples would mask nothing"),
     ("inverted-trajectory-rates", None, {"p_context": "0.99", "p_future": "0.01"}, [],
      r"^p_context=0\.99 above p_future=0\.01: .*swap them\.$"),
+    ("negative-dataloader-workers", None, {"dataloader_num_workers": "-1"}, [],
+     r"^dataloader_num_workers=-1: must be at least 0 \(0 loads the batches in the training process\)\.$"),
     ("one-bucket", None, {"num_buckets": "1", "trajectory_ratio": "0.5"}, [],
      r"^num_buckets=1 with trajectory_ratio=0\.5: one bucket holds every token.* or trajectory_ratio=0 for plain MDLM\.$"),
     ("pad-to-negative-multiple", None, {"pad_to_multiple_of": "-8"}, [],

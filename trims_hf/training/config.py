@@ -86,7 +86,8 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
         below 1, a learning rate that is not a positive finite number, no epochs without ``max_steps`` (transformers
         trains ``num_train_epochs`` unless ``max_steps > 0``: 0 would save an untrained adapter), a ``max_steps`` of 0
         or below -1 (the epochs would run instead), a NaN or negative ``max_grad_norm`` (clipping silently off), a
-        negative ``weight_decay``, and seeds outside numpy's range."""
+        negative ``weight_decay``, a negative ``dataloader_num_workers`` (PyTorch's DataLoader refuses it only once
+        training starts), and seeds outside numpy's range."""
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
@@ -99,6 +100,9 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
             raise ValueError(f"max_grad_norm={self.max_grad_norm}: must be a finite number >= 0 (0: no clipping).")
         if not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"weight_decay={self.weight_decay}: must be a finite number >= 0.")
+        if self.dataloader_num_workers < 0:
+            raise ValueError(f"dataloader_num_workers={self.dataloader_num_workers}: must be at least 0 (0 loads the "
+                             "batches in the training process).")
         check_seed("seed", self.seed)
         check_seed("data_seed", self.data_seed)
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
