@@ -162,6 +162,9 @@ CASES = {
     "output inside the dataset": (["--dataset", "{tmp}/d", "--output", "{tmp}/d/scored"], {"d/": ""},
                                   "--output {tmp}/d/scored lies inside --dataset {tmp}/d, the data it is made from; "
                                   "write it to a folder apart."),
+    "one column for both": (["--completion-column", "question"], {},
+                            "--prompt-column and --completion-column both name 'question': the prompt and the "
+                            "completion are two columns. (see `trims score --help`)"),
     "output is the teacher": (["--output", "{teacher}", "--overwrite"], {},
                               "--output {teacher} is --teacher {teacher}, the model it is made from; write it to a "
                               "folder apart."),

@@ -29,6 +29,11 @@ class SourceArguments:
     prompt_column: str = field(default=PROMPT, metadata={"help": "Column holding the prompt (text or chat messages)."})
     completion_column: str = field(default=COMPLETION, metadata={"help": "Column holding the completion text."})
 
+    def __post_init__(self) -> None:
+        if self.prompt_column == self.completion_column:
+            raise ValueError(f"--prompt-column and --completion-column both name '{self.prompt_column}': the prompt and "
+                             "the completion are two columns.")
+
 
 @dataclass
 class RowLimit:
