@@ -239,6 +239,9 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--set", "thresholds=0.5,0.9,0.5"], r"thresholds: 0\.5 is given twice; each value once\.$"),
     (["--set", "thresholds=0.5,1.5"], r"threshold=1\.5: must be in \[0, 1\]"),
     (["--set", "teacher=qwen"], r"teacher=qwen: choose embedded or smollm2\."),
+    (["--set", "hidden_size=63"], r"hidden_size=63, num_heads=2: each head takes hidden_size / num_heads dimensions, "
+                                  r"which must be a whole even number \(rotary positions pair them\)\.$"),
+    (["--set", "num_heads=64"], r"hidden_size=64, num_heads=64: each head takes"),  # one dimension a head: odd
     (["--set", "variant_step=3"], r"variant_step=3: no field variant_step \(did you mean variant_steps\?\); `trims demo "
                                   r"--fields` lists them\.$"),
     (["--set", "variant_steps"], r"variant_steps: expected FIELD=VALUE with FIELD one of .*variant_steps"),

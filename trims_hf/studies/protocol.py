@@ -325,6 +325,10 @@ class StudyProtocol:
             raise ValueError(f"variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}.")
         if small := [name for name in self.POSITIVE_FIELDS if getattr(self, name) < 1]:
             raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
+        if (heads := getattr(self, "num_heads", None)) is not None and (self.hidden_size % heads
+                                                                         or self.hidden_size // heads % 2):
+            raise ValueError(f"hidden_size={self.hidden_size}, num_heads={heads}: each head takes hidden_size / "
+                             "num_heads dimensions, which must be a whole even number (rotary positions pair them).")
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.name.endswith("_lr") and not 0 < value < math.inf:  # NaN fails too
