@@ -80,6 +80,12 @@ CASES = {
     "broken jsonl": (["--dataset", "{tmp}/bad.jsonl"], {"bad.jsonl": '{"question": "q", "answer": "a"\n{broken\n'},
                      "--dataset {tmp}/bad.jsonl: cannot be read as a .jsonl file (JSON parse error: Missing a comma or "
                      "'}}' after an object member. in row 0)."),
+    "jsonl of arrays": (["--dataset", "{tmp}/arrays.jsonl"], {"arrays.jsonl": '\n[1, 2]\n[3, 4]\n'},
+                        '--dataset {tmp}/arrays.jsonl: row 0 is an array, not an object of columns (e.g. {{"prompt": '
+                        '..., "completion": ...}}).'),
+    "jsonl of strings": (["--dataset", "{tmp}/strings.jsonl"], {"strings.jsonl": '"q"\n'},
+                         '--dataset {tmp}/strings.jsonl: row 0 is a string, not an object of columns (e.g. {{"prompt": '
+                         '..., "completion": ...}}).'),
     "split of a file": (["--split", "test"], {},
                         "--dataset {data} is a single file, whose one split is 'train'; got --split 'test'."),
     "missing teacher": (["--teacher", "{tmp}/no-teacher"], {}, "--teacher {tmp}/no-teacher: no such file or folder."),

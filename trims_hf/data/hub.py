@@ -7,6 +7,7 @@ checked before any expensive work, so a long scoring run never ends in an auth e
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -49,6 +50,8 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
         raise SourceError(f"{flag} {source} is a single file, whose one split is 'train'; got split={split!r}.")
     if local_file and not Path(source).stat().st_size:
         raise no_rows
+    if local_file and Path(source).suffix == ".jsonl":
+        check_jsonl_rows_are_objects(Path(source), flag)
     try:
         dataset = (load_dataset(builder, data_files=str(source), split="train") if local_file
                    else load_dataset(source, split=split))
@@ -66,6 +69,23 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
     if not len(dataset):
         raise no_rows
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
+
+
+def check_jsonl_rows_are_objects(path: Path, flag: str) -> None:
+    """A JSONL row is an object of columns: datasets reads a file of other JSON values (lists, numbers) into one
+    ``text`` column, and the user would be told of a column the file does not have. The first row is read."""
+    from ..sources import SourceError
+
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        first = next((line for line in lines if line.strip()), "")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return  # the reader says what is malformed, and where
+    if not isinstance(row, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(row), "a number")
+        raise SourceError(f"{flag} {path}: row 0 is {kind}, not an object of columns "
+                          '(e.g. {"prompt": ..., "completion": ...}).')
 
 
 class HubAccessError(RuntimeError):
