@@ -248,6 +248,9 @@ MISTAKES = [
     ("span-outside-the-completion", None, {"dataset_name": "{w}/bad-outside.parquet"}, [],
      (r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span \d+ "
       r"= \[\d+, \d+\) does not match the completion text \(length \d+,")),
+    ("span-at-a-fraction", None, {"dataset_name": "{w}/bad-fraction.parquet"}, [],
+     r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span 1 "
+     r"= \[0\.5, \d+(\.0)?\); a span's ends are character offsets, whole numbers\.$"),
     ("system-prompt-plain-format", None, {"system_prompt": "hi", "prompt_format": "plain"}, [],
      r"^system_prompt goes into the chat template, and prompt_format='plain' renders none; drop system_prompt, or use "
      r"prompt_format='chat_template'\.$"),
@@ -368,6 +371,7 @@ BAD_SCORES: dict[str, Callable[[dict], None]] = {
     "bucket": _set("teacher_bucket", 0, -1),
     "order": _swap_starts,
     "outside": lambda row: row["teacher_token_end"].__setitem__(-1, len(row["completion"]) + 5),
+    "fraction": _set("teacher_token_start", 1, 0.5),
 }
 
 
