@@ -155,6 +155,23 @@ def test_a_command_that_ends_leaves_the_process_group_it_ran_in_and_one_that_rai
             dist.destroy_process_group()
 
 
+def test_an_output_may_lie_inside_a_models_folder_but_never_be_it_or_hold_it(tmp_path):
+    """A run's checkpoints and a merged export lie inside a model's or adapter's folder harmlessly; an output that is
+    the input or holds it would replace it. Inside data, an output would become part of the data."""
+    from trims_hf.errors import InputError, check_apart
+
+    (tmp_path / "run").mkdir()
+    check_apart(tmp_path / "run" / "merged", "--output o", str(tmp_path / "run"), "--adapter a", "a model", inside=True)
+    check_apart(tmp_path / "elsewhere", "--output o", str(tmp_path / "run"), "--adapter a", "a model", inside=True)
+    check_apart(tmp_path / "run", "--output o", "org/run", "--adapter org/run", "a model")  # a Hub id: no folder here
+    for output, relation in ((tmp_path / "run", "is"), (tmp_path, "holds")):
+        with pytest.raises(InputError, match=f"^--output o {relation} --adapter a, a model it is made from; write it to "
+                                             "a folder apart.$"):
+            check_apart(output, "--output o", str(tmp_path / "run"), "--adapter a", "a model", inside=True)
+    with pytest.raises(InputError, match="^--output o lies inside --dataset d, the data it is made from; "):
+        check_apart(tmp_path / "run" / "scored", "--output o", str(tmp_path / "run"), "--dataset d")
+
+
 def test_an_output_file_may_exist_and_is_checked_in_its_folder(tmp_path):
     from trims_hf.errors import InputError, check_output_path
 

@@ -257,6 +257,10 @@ def test_accuracy_rows_pool_seeds_and_average_aup():
 def test_bad_input_is_one_line_before_anything_runs(tmp_path, capsys):
     assert recipe.main(["curve", "--output", str(tmp_path / "c"), "--sizes", "64x4"]) == 2
     assert "--sizes 64x4: expected HIDDENxLAYERSxHEADS" in capsys.readouterr().err
+    assert recipe.main(["curve", "--output", str(tmp_path / "c"), "--sizes", "64x4x4", "64x4x3"]) == 2
+    assert capsys.readouterr().err == ("error: --sizes 64x4x3: hidden_size=64, num_heads=3: each head takes hidden_size "
+                                       "/ num_heads dimensions, which must be a whole even number (rotary positions "
+                                       "pair them).\n")
     assert recipe.main(["study", "--output", str(tmp_path / "s"), "--set", "test_level=3"]) == 2
     assert "--set" in capsys.readouterr().err
     assert not (tmp_path / "c").exists() and not (tmp_path / "s").exists()

@@ -186,6 +186,16 @@ CASES = {
 }
 
 
+def test_a_jsonl_file_of_one_array_of_rows_is_read_as_its_rows(tmp_path):
+    """datasets reads a .jsonl holding one JSON array of objects as those rows: only files of other values are
+    refused (their rows would become one ``text`` column)."""
+    from trims_hf.data.hub import load_source_dataset
+
+    rows = [{"question": "q1", "answer": "a1"}, {"question": "q2", "answer": "a2"}]
+    (tmp_path / "array.jsonl").write_text("\n" + json.dumps(rows) + "\n")
+    assert load_source_dataset(str(tmp_path / "array.jsonl"), flag="--dataset").to_list() == rows
+
+
 def test_the_old_max_length_flag_still_sets_the_teachers_context_with_a_notice(teacher_dir, data_file, tmp_path, capsys,
                                                                               no_model_load):
     """``--max-length`` of ``trims score`` was the teacher's context, while ``trims train``'s is the student's
@@ -211,6 +221,8 @@ def test_each_mistake_is_one_line_before_any_model_loads(case, teacher_dir, data
             (tmp_path / name).mkdir() if name.endswith("/") else (tmp_path / name).write_text(content)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", case == "push offline")
     out = tmp_path / "out"
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")  # "." and ".." name folders of this test's own
     names = {"tmp": tmp_path, "data": data_file, "teacher": teacher_dir, "teachers": teacher_dir.parent, "out": out}
     base = ["--teacher", str(teacher_dir), "--dataset", str(data_file), "--prompt-column", "question",
             "--completion-column", "answer", "--output", str(out)]

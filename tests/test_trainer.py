@@ -661,3 +661,21 @@ def test_rows_prepared_for_another_k_are_refused_before_training(scored, tokeniz
     scattered = rows.shuffle(seed=0).select(range(8))  # an index mapping over the rows' table
     with pytest.raises(SchemaError, match="bucket ids reach"):
         MDLMTrainer.prepare_rows(scattered, tokenizer, args.student_format(), args.masking(), args)
+
+
+def test_rows_are_held_to_the_collators_k_and_small_sets_are_not_judged(scored, tokenizer, tmp_path):
+    """The collator given to the trainer trains the buckets (its masking, with plain TrainingArguments too); a set with
+    too few bucket ids to show its last bucket is not judged by them."""
+    rows = prepare_dataset(Dataset.from_list(scored), tokenizer, buckets=BucketConfig(num_buckets=4))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, remove_unused_columns=False)
+
+    def trainer(num_buckets: int, dataset: Dataset) -> MDLMTrainer:
+        collator = TrimsDataCollator(tokenizer, masking=MaskingConfig(num_buckets=num_buckets), max_length=1024)
+        return MDLMTrainer(model=tiny_student(tokenizer), args=args, data_collator=collator, train_dataset=dataset)
+
+    assert trainer(4, rows).train_dataset is rows
+    with pytest.raises(SchemaError, match=r"bucket ids reach 3, as rows prepared with num_buckets=4 do, but this run "
+                                          r"trains with num_buckets=8; "):
+        trainer(8, rows)
+    one_row = Dataset.from_list(list(rows)[:1])  # its own table, of fewer ids than 16 per bucket
+    assert len(one_row[0]["bucket_ids"]) < 16 * 8 and trainer(8, one_row).train_dataset is one_row

@@ -70,14 +70,16 @@ def check_output_path(path: str | os.PathLike, label: str, *, folder: bool = Tru
 
 
 def check_apart(output: str | os.PathLike, label: str, source: str, source_label: str, made_from: str = "the data",
-                folder: bool = True) -> None:
+                folder: bool = True, inside: bool = False) -> None:
     """An output lies apart from a local input it is made from (data, a model, an adapter): an output that is the
-    input, holds it or lies inside it would replace the input (with an overwrite) or mix the output into it. ``source``
-    may be a Hub id, which is left alone."""
+    input or holds it would replace the input (with an overwrite); one inside a data folder would mix into the data
+    (``inside`` allows that for a model's folder, as a run's checkpoints lie in it). ``source`` may be a Hub id,
+    which is left alone."""
     out, data = Path(output).expanduser().resolve(), Path(source).expanduser().resolve()
     if not data.exists():
         return
-    relation = "is" if out == data else "holds" if out in data.parents else "lies inside" if data in out.parents else ""
+    relation = ("is" if out == data else "holds" if out in data.parents
+                else "lies inside" if data in out.parents and not inside else "")
     if relation:
         raise InputError(f"{label} {relation} {source_label}, {made_from} it is made from; write it "
                          f"{'to a folder apart' if folder else 'to another file'}.")

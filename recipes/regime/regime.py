@@ -167,10 +167,16 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, object]:
 def check_grid(args: argparse.Namespace) -> None:
     """The curve's grid flags, each a one-line InputError; ``--sizes`` parsed into (hidden, layers, heads) triples."""
     from trims_hf.errors import InputError
+    from trims_hf.studies.protocol import check_head_width
 
     sizes = [tuple(int(v) for v in size.split("x") if v.isdigit()) for size in args.sizes]
     if any(len(size) != 3 or min(size) < 1 or len(text.split("x")) != 3 for size, text in zip(sizes, args.sizes)):
         raise InputError(f"--sizes {' '.join(args.sizes)}: expected HIDDENxLAYERSxHEADS, e.g. 64x4x4.")
+    for (hidden, _, heads), text in zip(sizes, args.sizes):
+        try:
+            check_head_width(hidden, heads)
+        except ValueError as error:
+            raise InputError(f"--sizes {text}: {error}") from None
     args.sizes = sizes
     for flag, values in (("--batch-sizes", args.batch_sizes), ("--base-steps", args.base_steps),
                          ("--pretrain-steps", args.pretrain_steps)):

@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     try:
         for flag, source in (("--model", args.model), ("--adapter", args.adapter)):
             if source is not None:
-                check_apart(args.output, f"--output {args.output}", source, f"{flag} {source}", "a model")
+                check_apart(args.output, f"--output {args.output}", source, f"{flag} {source}", "a model", inside=True)
         check_output_path(args.output, f"--output {args.output}", existing="reuse" if args.overwrite else "empty",
                           advice=" or pass --overwrite")
         check_push_flags(args.push_to_hub, token=args.token)

@@ -120,7 +120,8 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
         check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
         check_dataset_source(data.flag, data.value, default=data.default)
         check_apart(out.output, f"--output {out.output}", data.value, f"{data.flag} {data.value}")
-        check_apart(out.output, f"--output {out.output}", teacher.teacher, f"--teacher {teacher.teacher}", "the model")
+        check_apart(out.output, f"--output {out.output}", teacher.teacher, f"--teacher {teacher.teacher}", "the model",
+                    inside=True)
         if Path(out.output).expanduser().resolve() in (Path.cwd(), *Path.cwd().parents):
             raise InputError(f"--output {out.output}: holds the current folder, and the scored data replaces its "
                              "folder whole; name a new folder.")

@@ -72,8 +72,9 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
 
 
 def check_jsonl_rows_are_objects(path: Path, flag: str) -> None:
-    """A JSONL row is an object of columns: datasets reads a file of other JSON values (lists, numbers) into one
-    ``text`` column, and the user would be told of a column the file does not have. The first row is read."""
+    """A JSONL row is an object of columns (or the file one array of them): datasets reads a file of other JSON values
+    (numbers, strings, arrays of those) into one ``text`` column, and the user would be told of a column the file does
+    not have. The first row is read."""
     from ..sources import SourceError
 
     with path.open(encoding="utf-8", errors="replace") as lines:
@@ -82,7 +83,7 @@ def check_jsonl_rows_are_objects(path: Path, flag: str) -> None:
         row = json.loads(first)
     except json.JSONDecodeError:
         return  # the reader says what is malformed, and where
-    if not isinstance(row, dict):
+    if not isinstance(row, dict) and not (isinstance(row, list) and row and isinstance(row[0], dict)):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(row), "a number")
         raise SourceError(f"{flag} {path}: row 0 is {kind}, not an object of columns "
                           '(e.g. {"prompt": ..., "completion": ...}).')

@@ -74,17 +74,25 @@ def is_prepared(dataset: Dataset) -> bool:
     return {schema.INPUT_IDS, schema.PROMPT_LENGTH} <= set(getattr(dataset, "column_names", None) or ())
 
 
-def bucket_count(dataset: Any) -> int | None:
-    """How many buckets prepared rows were cut into: their largest bucket id + 1 (a prepared set holds its last bucket,
-    the end of every response kept whole and a 1/K share of the scored tokens). None for rows without bucket ids or
-    not held in an Arrow table (a data set given as a list or a stream is not scanned)."""
+MIN_IDS_PER_BUCKET = 16
+"""A prepared set's K is read from its bucket ids only when it holds at least this many per bucket: fewer scored
+tokens than K, or a random ordering over a handful of tokens, may leave its last bucket empty."""
+
+
+def bucket_count(dataset: Any, expected: int) -> int | None:
+    """How many buckets prepared rows were cut into: their largest bucket id + 1. A prepared set holds its last bucket
+    (the end of every response kept whole, and a 1/K share of its scored tokens: the quantiles cover every id), once
+    it holds ``MIN_IDS_PER_BUCKET`` ids a bucket of ``expected`` K (the run's) or of its own. None for fewer, for rows
+    without bucket ids, or for rows not held in an Arrow table (a data set given as a list or a stream is not
+    scanned)."""
     table = getattr(dataset, "data", None)
     if schema.BUCKET_IDS not in (getattr(dataset, "column_names", None) or ()) or not hasattr(table, "column"):
         return None
     import pyarrow.compute as pc
 
-    top = pc.max(pc.list_flatten(table.column(schema.BUCKET_IDS))).as_py()
-    return None if top is None else int(top) + 1
+    ids = pc.list_flatten(table.column(schema.BUCKET_IDS))
+    top = pc.max(ids).as_py()
+    return None if top is None or len(ids) < MIN_IDS_PER_BUCKET * max(expected, top + 1) else int(top) + 1
 
 
 def prepare_dataset(

@@ -167,7 +167,8 @@ def validate_teacher_scores(row: Mapping[str, Any], completion: str, index: int 
                               f"is a whole number in [0, {MAX_BUCKETS}).")
     previous_start = 0
     for position, (start, end) in enumerate(zip(row[TEACHER_START], row[TEACHER_END])):
-        if not all(isinstance(v, numbers.Integral) or (isinstance(v, float) and v.is_integer()) for v in (start, end)):
+        if not all(isinstance(v, numbers.Integral) or (isinstance(v, numbers.Real) and float(v).is_integer())
+                   for v in (start, end)):
             raise SchemaError(f"{_where(index)}: fields '{TEACHER_START}' / '{TEACHER_END}': teacher span {position} = "
                               f"[{start!r}, {end!r}); a span's ends are character offsets, whole numbers.")
         # Byte-level tokenizers may split one character over several tokens, so spans can share characters;

@@ -268,6 +268,14 @@ TEACHER_CONTEXT_FACTOR = 4
 finer than the student's, and a row must never be cut for the teacher where the student still sees it."""
 
 
+def check_head_width(hidden_size: int, num_heads: int) -> None:
+    """A tiny model's heads split its width evenly, into a whole even number of dimensions each (rotary positions
+    pair them): else transformers refuses the config, or the rotary product fails, once a stage has run."""
+    if hidden_size % num_heads or hidden_size // num_heads % 2:
+        raise ValueError(f"hidden_size={hidden_size}, num_heads={num_heads}: each head takes hidden_size / num_heads "
+                         "dimensions, which must be a whole even number (rotary positions pair them).")
+
+
 @dataclasses.dataclass(frozen=True)
 class StudyProtocol:
     """What every study declares: the library settings it trains and decodes with (held, never copied into fields of
@@ -325,10 +333,8 @@ class StudyProtocol:
             raise ValueError(f"variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}.")
         if small := [name for name in self.POSITIVE_FIELDS if getattr(self, name) < 1]:
             raise ValueError(f"{small[0]}={getattr(self, small[0])}: must be at least 1.")
-        if (heads := getattr(self, "num_heads", None)) is not None and (self.hidden_size % heads
-                                                                         or self.hidden_size // heads % 2):
-            raise ValueError(f"hidden_size={self.hidden_size}, num_heads={heads}: each head takes hidden_size / "
-                             "num_heads dimensions, which must be a whole even number (rotary positions pair them).")
+        if (heads := getattr(self, "num_heads", None)) is not None:
+            check_head_width(self.hidden_size, heads)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.name.endswith("_lr") and not 0 < value < math.inf:  # NaN fails too

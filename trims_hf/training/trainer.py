@@ -100,6 +100,8 @@ class MDLMTrainer(Trainer):
                 raise ValueError("MDLMTrainer needs a data_collator or a processing_class (the student tokenizer).")
             data_collator = TrimsDataCollator(processing_class, mask_token_id=mask_token_id(model), masking=masking,
                                               max_length=fmt.max_length, seed=args.seed)
+        if isinstance(getattr(data_collator, "masking", None), MaskingConfig):
+            masking = data_collator.masking  # the collator's buckets are the ones trained: rows are cut for them
         train_dataset = self.prepare_rows(train_dataset, processing_class, fmt, masking, args)
         eval_dataset = (
             {name: self.prepare_rows(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
@@ -135,7 +137,7 @@ class MDLMTrainer(Trainer):
         """Scored (or prompt/completion) rows -> student rows, once; other data sets are left to their collator.
         Needs the tokenizer only, so a caller (``trims train``) runs it, and so every row check, before the model loads."""
         if is_prepared(dataset):
-            count = bucket_count(dataset) if masking.trajectory_ratio > 0 else None
+            count = bucket_count(dataset, masking.num_buckets) if masking.trajectory_ratio > 0 else None
             if count is not None and count != masking.num_buckets:
                 raise schema.SchemaError(
                     f"column '{schema.BUCKET_IDS}': the prepared rows' bucket ids reach {count - 1}, as rows prepared "
