@@ -248,6 +248,9 @@ MISTAKES = [
     ("span-outside-the-completion", None, {"dataset_name": "{w}/bad-outside.parquet"}, [],
      (r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span \d+ "
       r"= \[\d+, \d+\) does not match the completion text \(length \d+,")),
+    ("output-inside-the-data", None, {"output_dir": "{w}/scored/run"}, [],
+     r"^output_dir .*/scored/run lies inside dataset_name .*/scored, the data it is made from; write it to a folder "
+     r"apart\.$"),
     ("span-at-a-fraction", None, {"dataset_name": "{w}/bad-fraction.parquet"}, [],
      r"^dataset_name .*, train_split train: row 1: fields 'teacher_token_start' / 'teacher_token_end': teacher span 1 "
      r"= \[0\.5, \d+(\.0)?\); a span's ends are character offsets, whole numbers\.$"),

@@ -40,7 +40,7 @@ from ..data.hub import check_push_access, load_source_dataset
 from ..data.preparation import is_prepared
 from ..data.schema import COMPLETION, MESSAGES, PROMPT, SchemaError, has_teacher_scores
 from ..distributed import announce, name_cpu_accelerator
-from ..errors import InputError, check_output_path, one_line
+from ..errors import InputError, check_apart, check_output_path, one_line
 from ..evaluation.evaluate import check_task_inputs
 from ..evaluation.tasks import CodeExecutionDisabled, get_task
 from ..model_config import (
@@ -417,6 +417,8 @@ def check_run(model_args: ModelArguments, data_args: DataArguments, args: MDLMCo
         raise InputError("adapter: an adapter goes on trained weights; init_from_config builds random ones.")
     check_model_sources(model_args)
     check_dataset_source("dataset_name", data_args.dataset_name)
+    check_apart(args.output_dir, f"output_dir {args.output_dir}", data_args.dataset_name,
+                f"dataset_name {data_args.dataset_name}")
     check_decode_eval(data_args, args)
     if args.global_batch_size is not None:
         rows_per_process(args.global_batch_size, args.world_size, args.n_gpu)
