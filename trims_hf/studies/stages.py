@@ -11,6 +11,7 @@ import json
 import math
 import statistics
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,7 +33,7 @@ from ..reports import library_versions, write_atomic
 from ..training.config import MDLMConfig
 from ..training.trainer import MDLMTrainer
 from .analysis import TeacherNLL, format_study, hard_first_correlation, study_rows
-from .protocol import StudyProtocol
+from .protocol import TEACHER_CONTEXT_FACTOR, StudyProtocol
 
 
 def score_rows(protocol: StudyProtocol, rows: Sequence[Mapping[str, str]], folder: Path,
@@ -41,6 +42,30 @@ def score_rows(protocol: StudyProtocol, rows: Sequence[Mapping[str, str]], folde
     build_scored_dataset(Dataset.from_list(list(rows)), folder, teacher=teacher_name, loaded_teacher=teacher,
                          buckets=protocol.bucket_config(), options=protocol.scoring_options(), source=source,
                          overwrite=True)
+
+
+def check_rows_fit(protocol: StudyProtocol, rows: Sequence[Mapping[str, str]], student: PreTrainedTokenizerBase,
+                   teacher: PreTrainedTokenizerBase) -> None:
+    """Refuse a ``student_format.max_length`` too short for the training rows, naming the least that fits them all,
+    before a pretrained model trains: scoring refuses a row longer than the teacher's context
+    (:attr:`~trims_hf.studies.protocol.StudyProtocol.teacher_context`) and the base a row whose prompt leaves the
+    student no completion token, both only after it. ``student`` and ``teacher`` tokenize as each model reads."""
+    from ..data.teacher import encode_row
+    from ..errors import InputError
+    from ..prompts import prompt_token_ids
+
+    length, factor = protocol.student_format.max_length, TEACHER_CONTEXT_FACTOR
+    options, needs = protocol.scoring_options(), []
+    for index, row in enumerate(rows):
+        prompt = len(prompt_token_ids(student, row["prompt"], protocol.student_format))
+        needs.append((prompt + 1, index, f"its prompt is {prompt} student tokens, and a completion token must follow"))
+        tokens = len(encode_row(dict(row), index, teacher, options, sys.maxsize).input_ids)
+        needs.append((-(-tokens // factor), index, f"it is {tokens} teacher tokens, over the teacher's context of "
+                                                  f"{factor} x student_format.max_length = {factor * length}"))
+    least, index, why = max(needs, default=(0, 0, ""))
+    if least > length:
+        raise InputError(f"student_format.max_length={length} is too short for training row {index}: {why}; set it to "
+                         f"at least {least}.")
 
 
 def prepared_rows(protocol: StudyProtocol, scored: Dataset, tokenizer: PreTrainedTokenizerBase,

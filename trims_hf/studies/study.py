@@ -44,6 +44,7 @@ from .protocol import BASE, PROTOCOL_FILE, StudyProtocol
 from .stages import (
     Evaluation,
     StudyReport,
+    check_rows_fit,
     environment,
     load_result,
     plot_trace_order,
@@ -178,14 +179,20 @@ class Study:
         from .tiny import pretrain_tiny_llama
 
         folder, p = self.output / "pretrained", self.protocol
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(self.output / "data" / "tokenizer")
+        if not self.units.finished(folder, "pretrained", "pretrained"):  # before the unit empties its folder
+            check_rows_fit(p, self.training_rows(), tokenizer, self.teacher_tokenizer())
         if not self.units.unit(folder, "pretrained", "pretrained"):
             return
         started = time.perf_counter()
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(self.output / "data" / "tokenizer")
         pretrain_tiny_llama(folder, tokenizer, self.training_rows(), (p.hidden_size, p.num_layers, p.num_heads),
                             p.student_format.max_length, steps, lr, batch_size, p.data_seed,
                             self.output / "work" / "pretrained")
         self.units.done(folder, "pretrained", started, {"steps": steps}, stage="pretrained")
+
+    def teacher_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The scoring teacher's tokenizer, read without its weights: the pretrained model's, ``data/tokenizer``."""
+        return PreTrainedTokenizerFast.from_pretrained(self.output / "data" / "tokenizer")
 
     def load_teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         """The scoring teacher: the pretrained model as it is (bf16 on a GPU, float32 on a CPU)."""

@@ -21,7 +21,7 @@ from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...data.schema import as_prompt_completion
-from ...data.teacher import load_teacher
+from ...data.teacher import load_teacher, load_teacher_tokenizer
 from ...errors import InputError, check_input_file, check_output_path
 from ...evaluation.tasks.base import read_json_rows, write_json_rows
 from ...sources import smollm2_gguf
@@ -75,6 +75,11 @@ class DemoStudy(Study):
     def stage_pretrained(self) -> None:
         """A small causal Llama trained here on the completions (autoregressive SFT)."""
         self.pretrain_tiny(self.protocol.teacher_steps, self.protocol.teacher_lr, self.protocol.batch_size)
+
+    def teacher_tokenizer(self) -> PreTrainedTokenizerBase:
+        if self.protocol.teacher == "embedded":
+            return super().teacher_tokenizer()
+        return load_teacher_tokenizer(str(smollm2_gguf()))[0]
 
     def load_teacher(self) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         if self.protocol.teacher == "embedded":
