@@ -271,19 +271,28 @@ def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path,
     assert not output.exists()
 
 
-@pytest.mark.parametrize(("repeats", "binds"), [((1, 2), "its prompt is"), ((8, 12), "teacher tokens, over")])
+@pytest.mark.parametrize(("repeats", "system", "binds"), [
+    ((1, 2), 0, "row \\d+'s prompt is \\d+ student tokens"),
+    ((8, 12), 0, "row \\d+ is \\d+ teacher tokens, over the teacher's context of 4 x student_format.max_length = "),
+    ((1, 2), 200, "the shortest prompt, row \\d+'s, is \\d+ teacher tokens"),
+])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_least_max_length_named_is_where_scoring_and_the_base_stop_refusing(seed, repeats, binds):
+def test_the_least_max_length_named_is_where_scoring_and_the_base_stop_refusing(seed, repeats, system, binds):
     """``check_rows_fit`` names the least ``student_format.max_length`` for the rows, and it is the boundary of the
-    later stages' own refusals: at it the teacher encodes every row within its context and the student tokenizes every
-    prompt with room for a completion token; one less, at least one of them refuses. Rows of random lengths: short
-    completions make the longest prompt bind (student side), long ones the longest row (teacher side)."""
+    later stages' own refusals: at it scoring's checks pass (every row within the teacher's context, some completion
+    token within max_length teacher tokens) and the student tokenizes every prompt with room for a completion token;
+    one less, one of them refuses. Rows of random lengths: short completions make the longest prompt bind (student
+    side), long ones the longest row (teacher side), and a teacher whose chat template adds a system text of
+    ``system`` words makes the shortest teacher prompt bind."""
+    import copy
     import random
     from dataclasses import replace
 
+    from datasets import Dataset
+
     from trims_hf.data.preparation import tokenize_example
     from trims_hf.data.schema import SchemaError
-    from trims_hf.data.teacher import encode_row
+    from trims_hf.data.score_job import encode_for_scoring
     from trims_hf.errors import InputError
     from trims_hf.studies.demo.presets import DemoSettings
     from trims_hf.studies.stages import check_rows_fit
@@ -291,32 +300,35 @@ def test_the_least_max_length_named_is_where_scoring_and_the_base_stop_refusing(
     stream, train = random.Random(seed), make_splits(40, 0, seed)[0]
     rows = [{"prompt": row["question"] * stream.randint(1, 3), "completion": row["answer"] * stream.randint(*repeats)}
             for row in train]
-    tokenizer = build_tokenizer(row["prompt"] + "\n" + row["completion"] for row in rows)
+    student = build_tokenizer(row["prompt"] + "\n" + row["completion"] for row in rows)
+    teacher = copy.deepcopy(student)
+    teacher.chat_template = "{{ '" + "system " * system + "' }}" + student.chat_template
 
     def refusals(length: int) -> tuple[int, DemoSettings]:
         settings = replace(DemoSettings(), student_format=replace(DemoSettings().student_format, max_length=length))
         count = 0
-        for index, row in enumerate(rows):
-            for refuse, *args in ((tokenize_example, tokenizer, row["prompt"], row["completion"], settings.student_format),
-                                  (encode_row, row, index, tokenizer, settings.scoring_options(), settings.teacher_context)):
-                try:
-                    refuse(*args)
-                except SchemaError:
-                    count += 1
+        for refuse, *args in [*((tokenize_example, student, row["prompt"], row["completion"], settings.student_format)
+                                for row in rows),
+                              (encode_for_scoring, Dataset.from_list(rows), teacher, None, settings.scoring_options(),
+                               settings.bucket_config())]:
+            try:
+                refuse(*args)
+            except SchemaError:
+                count += 1
         return count, settings
 
-    with pytest.raises(InputError, match=r"^student_format\.max_length=2 is too short for training row \d+: .*; set it "
-                                          r"to at least \d+\.$") as refused:
-        check_rows_fit(refusals(2)[1], rows, tokenizer, tokenizer)
-    assert binds in str(refused.value)
+    with pytest.raises(InputError, match=r"^student_format\.max_length=2 is too short for the training rows: .*; set "
+                                          r"it to at least \d+\.$") as refused:
+        check_rows_fit(refusals(2)[1], rows, student, teacher)
+    assert re.search(binds, str(refused.value)), refused.value
     least = int(re.search(r"at least (\d+)", str(refused.value)).group(1))
     count, settings = refusals(least)
     assert count == 0
-    check_rows_fit(settings, rows, tokenizer, tokenizer)
+    check_rows_fit(settings, rows, student, teacher)
     count, settings = refusals(least - 1)
     assert count > 0
     with pytest.raises(InputError, match=rf"max_length={least - 1} is too short .* at least {least}\.$"):
-        check_rows_fit(settings, rows, tokenizer, tokenizer)
+        check_rows_fit(settings, rows, student, teacher)
 
 
 def test_a_max_length_too_short_for_the_rows_stops_before_the_teacher_trains(monkeypatch, tmp_path, capsys):
@@ -329,7 +341,7 @@ def test_a_max_length_too_short_for_the_rows_stops_before_the_teacher_trains(mon
     argv = ["demo", "--fast", "--output", str(tmp_path), *DEMO_THREADS, "--set", "student_format.max_length=12"]
     assert main(argv) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and re.fullmatch(r"error: student_format\.max_length=12 is too short for training row \d+: "
+    assert len(err) == 1 and re.fullmatch(r"error: student_format\.max_length=12 is too short for the training rows: "
                                           r".*; set it to at least \d+\.", err[0]), err
     assert trained == [] and list(markers(tmp_path)) == ["data"] and not (tmp_path / "pretrained").exists()
 

@@ -186,6 +186,21 @@ def add_teacher_buckets(dataset: Dataset, config: BucketConfig | None = None,
             thresholds.tolist())
 
 
+def encode_for_scoring(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, config: Any, options: ScoringOptions,
+                       buckets: BucketConfig) -> tuple[list[EncodedRow], list[int] | None]:
+    """Every row encoded for the teacher and checked with its tokenizer and config alone (``config`` may be None when
+    ``options.teacher_max_length`` is set): the format, each row within the teacher's context, and with
+    ``quantile_tokens="kept"`` a completion token within ``train_max_length`` in some row. Returns the rows and, with
+    ``kept``, each row's kept completion tokens (:func:`kept_completion_tokens`)."""
+    check_system_prompt(tokenizer, options)
+    rows = encode_dataset(dataset, tokenizer, options, context_length(config, options.teacher_max_length))
+    kept = kept_completion_tokens(rows, options) if buckets.quantile_tokens == "kept" else None
+    if kept is not None and not any(kept):
+        raise SchemaError(f"no row has a completion token within train_max_length={options.train_max_length} teacher "
+                          f"tokens (the prompts are longer); raise it, or cut quantiles over quantile_tokens=all.")
+    return rows, kept
+
+
 def kept_completion_tokens(rows: Sequence[EncodedRow], options: ScoringOptions) -> list[int]:
     """Per row, the teacher completion tokens within ``options.train_max_length`` (prompt included)."""
     return [max(0, min(len(r.completion_ids), options.train_max_length - r.prompt_length)) for r in rows]
@@ -253,13 +268,7 @@ def build_scored_dataset(
         dataset = dataset()
     tokenizer, config = (loaded_teacher[1], loaded_teacher[0].config) if loaded_teacher else load_teacher_tokenizer(
         teacher, gguf_file, revision)
-    check_system_prompt(tokenizer, options)
-    max_length = context_length(config, options.teacher_max_length)
-    rows = encode_dataset(dataset, tokenizer, options, max_length)
-    kept = kept_completion_tokens(rows, options) if buckets.quantile_tokens == "kept" else None
-    if kept is not None and not any(kept):
-        raise SchemaError(f"no row has a completion token within train_max_length={options.train_max_length} teacher "
-                          f"tokens (the prompts are longer); raise it, or cut quantiles over quantile_tokens=all.")
+    rows, kept = encode_for_scoring(dataset, tokenizer, config, options, buckets)
     model, tokenizer = loaded_teacher or load_teacher(teacher, gguf_file, revision)
     work_dir = work_dir_for(output)
     teacher_id = json.dumps([str(Path(teacher).resolve()) if Path(teacher).exists() else teacher, gguf_file, revision])
@@ -290,7 +299,7 @@ def build_scored_dataset(
         "system_prompt": options.system_prompt,
         "prompt_template": prompt_template(tokenizer, options),
         "completion_tokenization": "completion tokenised on its own (no special tokens, no EOS scored), after the prompt",
-        "teacher_max_length": max_length,
+        "teacher_max_length": context_length(config, options.teacher_max_length),
         "truncated_rows": [r.index for r in rows if r.truncated],
     } | (extra_metadata or {})
     name = metadata["teacher"]

@@ -46,25 +46,36 @@ def score_rows(protocol: StudyProtocol, rows: Sequence[Mapping[str, str]], folde
 
 def check_rows_fit(protocol: StudyProtocol, rows: Sequence[Mapping[str, str]], student: PreTrainedTokenizerBase,
                    teacher: PreTrainedTokenizerBase) -> None:
-    """Refuse a ``student_format.max_length`` too short for the training rows, naming the least that fits them all,
-    before a pretrained model trains: scoring refuses a row longer than the teacher's context
-    (:attr:`~trims_hf.studies.protocol.StudyProtocol.teacher_context`) and the base a row whose prompt leaves the
-    student no completion token, both only after it. ``student`` and ``teacher`` tokenize as each model reads."""
+    """Refuse a ``student_format.max_length`` too short for the training rows, naming the least that fits them, before
+    a pretrained model trains: scoring refuses a row longer than the teacher's context
+    (:attr:`~trims_hf.studies.protocol.StudyProtocol.teacher_context`) and, cutting its buckets over the completion
+    tokens within ``max_length`` teacher tokens, rows whose prompts all fill that; the base refuses a prompt that leaves
+    the student no completion token; each only after the pretrained model trained. ``student`` and ``teacher``
+    tokenize as each model reads."""
     from ..data.teacher import encode_row
     from ..errors import InputError
     from ..prompts import prompt_token_ids
 
-    length, factor = protocol.student_format.max_length, TEACHER_CONTEXT_FACTOR
-    options, needs = protocol.scoring_options(), []
+    length, options = protocol.student_format.max_length, protocol.scoring_options()
+    needs: list[tuple[int, str]] = []  # (the least max_length a rule asks for, why)
+    prompts = []  # (teacher tokens of a row's prompt, row)
     for index, row in enumerate(rows):
         prompt = len(prompt_token_ids(student, row["prompt"], protocol.student_format))
-        needs.append((prompt + 1, index, f"its prompt is {prompt} student tokens, and a completion token must follow"))
-        tokens = len(encode_row(dict(row), index, teacher, options, sys.maxsize).input_ids)
-        needs.append((-(-tokens // factor), index, f"it is {tokens} teacher tokens, over the teacher's context of "
-                                                  f"{factor} x student_format.max_length = {factor * length}"))
-    least, index, why = max(needs, default=(0, 0, ""))
+        needs.append((prompt + 1, f"row {index}'s prompt is {prompt} student tokens, and a completion token must "
+                                  "follow it"))
+        encoded = encode_row(dict(row), index, teacher, options, sys.maxsize)
+        needs.append((-(-len(encoded.input_ids) // TEACHER_CONTEXT_FACTOR),
+                      f"row {index} is {len(encoded.input_ids)} teacher tokens, over the teacher's context of "
+                      f"{TEACHER_CONTEXT_FACTOR} x student_format.max_length = {TEACHER_CONTEXT_FACTOR * length}"))
+        prompts.append((encoded.prompt_length, index))
+    if prompts and protocol.bucket_config().quantile_tokens == "kept":
+        prompt, index = min(prompts)
+        needs.append((prompt + 1, f"the shortest prompt, row {index}'s, is {prompt} teacher tokens, and the teacher's "
+                                  "buckets are cut over the completion tokens within student_format.max_length teacher "
+                                  "tokens"))
+    least, why = max(needs, default=(0, ""))
     if least > length:
-        raise InputError(f"student_format.max_length={length} is too short for training row {index}: {why}; set it to "
+        raise InputError(f"student_format.max_length={length} is too short for the training rows: {why}; set it to "
                          f"at least {least}.")
 
 
