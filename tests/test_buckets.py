@@ -8,7 +8,15 @@ from conftest import synthetic_scored_rows
 from datasets import Dataset
 from helpers_tokenizers import make_tokenizer
 
-from trims_hf import BucketConfig, StudentFormat, equal_mass_buckets, prepare_dataset, project_scores
+from trims_hf import (
+    BucketConfig,
+    StudentFormat,
+    bucket_rows,
+    equal_mass_buckets,
+    prepare_dataset,
+    project_scores,
+    threshold_buckets,
+)
 
 
 def test_equal_mass_and_orderings():
@@ -168,3 +176,47 @@ def test_tokens_outside_the_quantiles_follow_the_thresholds():
     np.testing.assert_array_equal(threshold_buckets(np.array([100.0, 8.5, -3.0]), thresholds, "hard_to_easy"), [0, 0, 4])
     up, up_thresholds = equal_mass_buckets(scores, 5, "easy_to_hard")
     np.testing.assert_array_equal(threshold_buckets(scores, up_thresholds, "easy_to_hard"), up)
+
+
+BUCKET_MISUSES = {
+    "K as a bool": (lambda: equal_mass_buckets([1.0, 2.0, 3.0], True), r"num_buckets must be in \[1, \d+\], got True"),
+    "K as a fraction": (lambda: equal_mass_buckets([1.0, 2.0, 3.0], 2.5), r"num_buckets must be in .* got 2\.5"),
+    "K as a string": (lambda: equal_mass_buckets([1.0, 2.0, 3.0], "3"), r"num_buckets must be in .* got 3"),
+    "an unknown ordering": (lambda: threshold_buckets([2.0], [3.0, 1.0], "bogus"),
+                            r"ordering='bogus': thresholds cut hard_to_easy or easy_to_hard buckets"),
+    "random has no thresholds": (lambda: threshold_buckets([2.0], [], "random"), r"ordering='random'"),
+    "a NaN score": (lambda: threshold_buckets([2.0, float("nan")], [3.0, 1.0], "hard_to_easy"),
+                    r"score 1 is NaN: an unscored token has no bucket of its own"),
+    "thresholds out of order": (lambda: threshold_buckets([2.0], [1.0, 3.0], "hard_to_easy"),
+                                r"thresholds \[1\.0, 3\.0\] are not in hard_to_easy order"),
+    "kept of another length": (lambda: bucket_rows([[1.0, 2.0], [3.0]], BucketConfig(num_buckets=2), kept=[1]),
+                               r"kept: one whole number >= 0 per row \(2 rows\), got \[1\]"),
+    "a fractional kept": (lambda: bucket_rows([[1.0, 2.0], [3.0]], BucketConfig(num_buckets=2), kept=[1.5, 1]),
+                          r"kept: .* got \[1\.5, 1\.0\]"),
+    "a negative kept": (lambda: bucket_rows([[1.0, 2.0], [3.0]], BucketConfig(num_buckets=2), kept=[-1, 1]),
+                        r"kept: .* got \[-1, 1\]"),
+    "a span before the text": (lambda: project_scores([-3, 2], [2, 4], [1.0, 2.0], [(0, 1), (1, 4)], 4),
+                               r"teacher span 0 = \[-3, 2\) does not lie in the 4 characters of the text"),
+    "a span past the text": (lambda: project_scores([0, 2], [2, 9], [1.0, 2.0], [(0, 1), (1, 4)], 4),
+                             r"teacher span 1 = \[2, 9\)"),
+    "scores of another count": (lambda: project_scores([0, 2], [2, 4], [1.0], [(0, 1), (1, 4)], 4),
+                                r"one per teacher token, got 2, 2 and 1"),
+}
+
+
+@pytest.mark.parametrize("case", BUCKET_MISUSES)
+def test_bucket_functions_refuse_what_they_would_coerce(case):
+    """Each of these returned plausible ids or scores before (a bool K of 1, an unknown ordering read as easy_to_hard,
+    a NaN score as the hardest bucket, a negative span start wrapping to the text's end and losing its score)."""
+    call, message = BUCKET_MISUSES[case]
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_thresholds_place_scores_as_the_quantile_set_does_and_projection_keeps_the_mass():
+    scores = np.array([5.0, 1.0, 3.0, 2.0, 4.0, 0.5])
+    for ordering in ("hard_to_easy", "easy_to_hard"):
+        ids, thresholds = equal_mass_buckets(scores, 3, ordering)
+        assert threshold_buckets(scores, thresholds, ordering).tolist() == ids.tolist()
+    projected = project_scores([0, 2], [2, 4], [1.0, 2.0], [(0, 1), (1, 4)], 4)
+    assert projected.tolist() == [0.5, 2.5]

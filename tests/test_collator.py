@@ -195,6 +195,61 @@ def test_fixed_subset_needs_example_id(prepared, tokenizer):
     assert torch.equal(flags[0], flags[1]) and torch.equal(flags[1], flags[2])
 
 
+ROW = {"input_ids": [5, 6, 7, 8], "prompt_length": 2, "bucket_ids": [0, 3]}
+COERCED_ROWS = {
+    "ids as a string": ({"input_ids": "5678"}, r"'input_ids' must be a list of whole numbers \(token ids, >= 0\), "
+                                              r"got '5678'"),
+    "the ignore index among ids": ({"input_ids": [5, -100, 7, 8]}, r"'input_ids' must be .* got \[5, -100, 7, 8\]"),
+    "a fractional id": ({"input_ids": [5, 6.7, 7, 8]}, r"'input_ids' must be .* got \[5\.0, 6\.7, 7\.0, 8\.0\]"),
+    "nested ids": ({"input_ids": [[5, 6], [7, 8]]}, r"'input_ids' must be a list of whole numbers"),
+    "a fractional bucket": ({"bucket_ids": [0, 1.7]}, r"'bucket_ids' must be a list of whole numbers \(bucket ids in "
+                                                      r"\[0, 8\)\), got \[0\.0, 1\.7\]"),
+    "a NaN bucket": ({"bucket_ids": [0, float("nan")]}, r"'bucket_ids' must be .* got \[0\.0, nan\]"),
+    "a fractional prompt length": ({"prompt_length": 2.9}, r"'prompt_length'=2\.9: a whole number of prompt tokens"),
+    "a boolean prompt length": ({"prompt_length": True}, r"'prompt_length'=True: a whole number"),
+}
+
+
+@pytest.mark.parametrize("case", COERCED_ROWS)
+def test_prepared_values_numpy_would_coerce_are_refused_by_row_and_field(case, tokenizer):
+    """numpy casts these silently: a string's characters read as ids, -100 dropped from the loss as the ignore index, a
+    fraction cut down, NaN a raw cast error. Whole floats (a float column) stay accepted, as the same row in ints."""
+    trims = collator(tokenizer)
+    changed, message = COERCED_ROWS[case]
+    with pytest.raises(SchemaError, match=rf"^row 7: {message}.*\.$"):
+        trims([{**ROW, **changed, "example_id": 7}])
+    as_floats = {key: [float(v) for v in value] if isinstance(value, list) else float(value) for key, value in ROW.items()}
+    assert torch.equal(trims([as_floats])["labels"], trims([ROW])["labels"])
+
+
+def test_collator_settings_it_would_coerce_are_refused(prepared, tokenizer):
+    trims = collator(tokenizer)
+    for epoch in (2.7, "5", -1, True):
+        with pytest.raises(ValueError, match=rf"^epoch={epoch!r}: a whole number >= 0"):
+            trims.epoch = epoch
+    with pytest.raises(ValueError, match=r"^epoch=2\.7: a whole number"):
+        TrimsDataCollator(tokenizer, epoch=2.7)
+    trims.epoch = 3
+    assert trims.epoch == 3
+    with pytest.raises(ValueError, match=rf"^mask_token_id={tokenizer.eos_token_id} is the tokenizer's EOS id"):
+        TrimsDataCollator(tokenizer, mask_token_id=tokenizer.eos_token_id)
+    fixed = collator(tokenizer, trajectory_selection="fixed_subset", trajectory_ratio=0.5)
+    for example_id in ("abc", 1.9):
+        with pytest.raises(SchemaError, match=rf"selects rows by their integer 'example_id'; got {example_id!r}\.$"):
+            fixed([{**prepared[0], "example_id": example_id}])
+
+
+def test_mask_token_text_in_a_completion_or_as_its_end_is_refused(scored, tokenizer):
+    """The tokenizer reads the mask token's text as the mask id: as a training target it would teach the student to
+    leave positions masked; as the end of a response it would never end one."""
+    with pytest.raises(SchemaError, match=rf"^row 1: the completion holds the mask token's text "
+                                          rf"{tokenizer.mask_token!r}"):
+        prepare_dataset(Dataset.from_list([scored[0], {**scored[1], "completion": f"the answer {tokenizer.mask_token} is 3"}]),
+                        tokenizer)
+    with pytest.raises(ValueError, match=rf"End-of-response token {tokenizer.mask_token!r} is the mask token"):
+        prepare_dataset(Dataset.from_list(scored[:1]), tokenizer, StudentFormat(end_of_response=[tokenizer.mask_token]))
+
+
 def test_bad_rows_give_clear_errors(scored, tokenizer):
     trims = collator(tokenizer)
     with pytest.raises(SchemaError, match=r"row 0: not prepared for the student.*prepare_dataset"):

@@ -690,6 +690,75 @@ def test_a_right_padded_prompt_is_refused_before_any_forward(kind):
     assert left.responses.shape == (2, 4)
 
 
+def _mutated(config: DecodingConfig, **fields) -> DecodingConfig:
+    for name, value in fields.items():
+        setattr(config, name, value)
+    return config
+
+
+HOSTILE_DECODES = {
+    "id past the vocabulary": (dict(input_ids=torch.tensor([[1, VOCAB + 3, 2]])),
+                               rf"input_ids: {VOCAB + 3} at row 0, column 1 is not a token id of the model's vocabulary "
+                               rf"\(0 to {VOCAB - 1}\)"),
+    "negative id": (dict(input_ids=torch.tensor([[1, -100, 2]])), r"input_ids: -100 at row 0, column 1 is not a token id"),
+    "one row, 1-D": (dict(input_ids=torch.tensor([1, 2, 3])), r"input_ids: a 2-D tensor of token ids .*got \(3,\)"),
+    "a list": (dict(input_ids=[[1, 2]]), r"input_ids: a 2-D tensor of token ids .*got list"),
+    "float ids": (dict(input_ids=torch.tensor([[1.0, 2.0]])), r"input_ids: a 2-D tensor .* torch\.float32"),
+    "empty prompt": (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), r"input_ids: row 0 has no real prompt token"),
+    "no rows": (dict(input_ids=torch.zeros(0, 3, dtype=torch.long)), r"input_ids: no prompts given"),
+    "all-padding row": (dict(attention_mask=torch.tensor([[1, 1, 1], [0, 0, 0]])),
+                        r"input_ids: row 1 has no real prompt token"),
+    "mask of 2s": (dict(attention_mask=torch.tensor([[0, 2, 2], [1, 1, 1]])),
+                   r"attention_mask: 1 for a real prompt token and 0 for padding, nothing else \(got \[2\]\)"),
+    "mask of halves": (dict(attention_mask=torch.tensor([[0.0, 0.5, 1.0], [1.0, 1.0, 1.0]])),
+                       r"attention_mask: 1 for a real .*got \[0\.5\]"),
+    "mask of another shape": (dict(attention_mask=torch.tensor([[1, 1], [1, 1]])),
+                              r"attention_mask: shape \(2, 2\), not input_ids' \(2, 3\)"),
+    "past the positions": (dict(config=DecodingConfig(gen_length=64, block_length=8, early_stop=False)),
+                           r"gen_length=64 after a prompt of 3 tokens reaches position 66, past the model's "
+                           r"max_position_embeddings=48"),
+    "too few sample ids": (dict(sample_ids=["a"]), r"sample_ids: 1 names for 2 rows; name every row once"),
+    "stop id is the mask": (dict(config=DecodingConfig(gen_length=4, block_length=4, stop_token_ids=[MASK],
+                                                       eos_token_id=EOS)),
+                            rf"stop_token_ids: {MASK} is the student's mask id"),
+    "EOS is the mask": (dict(config=DecodingConfig(gen_length=4, block_length=4, eos_token_id=MASK)),
+                        rf"eos_token_id={MASK} is the student's mask id"),
+    "config changed after it was made": (dict(config=_mutated(DecodingConfig(gen_length=4, block_length=4),
+                                                              gen_length=6)),
+                                         r"gen_length=6 must be a positive multiple of block_length=4"),
+    "threshold set to NaN after": (dict(config=_mutated(DecodingConfig(gen_length=4, block_length=4),
+                                                        threshold=float("nan"))), r"threshold=nan"),
+}
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream"])
+@pytest.mark.parametrize("case", HOSTILE_DECODES)
+def test_prompts_the_decoder_would_read_wrongly_are_one_line_before_any_forward(case, kind):
+    """Each of these decoded before, to plausible tokens or a traceback from inside the model; now one line naming
+    what to change, and the model never runs. The well-formed call beside them decodes."""
+    model = ScriptedStudent(by_position([3, 4, 5, 6], [0.9] * 4, 3), kind)
+    model.config.max_position_embeddings = 48
+    call = dict(input_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]), attention_mask=None,
+                config=DecodingConfig(gen_length=4, block_length=4, early_stop=False), sample_ids=None)
+    assert generate(model, **call).responses.shape == (2, 4) and model.inputs
+    model.inputs.clear()
+    fields, message = HOSTILE_DECODES[case]
+    with pytest.raises(ValueError, match=message) as error:
+        generate(model, **{**call, **fields})
+    assert "\n" not in str(error.value) and model.inputs == []
+
+
+def test_generate_text_takes_a_list_of_prompts(tokenizer):
+    """One string would decode each of its characters as a prompt; an empty list has nothing to pad."""
+    model = tiny_student(tokenizer)
+    config = DecodingConfig(gen_length=4, block_length=4)
+    with pytest.raises(ValueError, match=r"^prompts: a list of prompts \(wrap one prompt in a list\)\.$"):
+        generate_text(model, tokenizer, "hi", config)
+    with pytest.raises(ValueError, match=r"^prompts: a list of prompts; got none\.$"):
+        generate_text(model, tokenizer, [], config)
+    assert len(generate_text(model, tokenizer, ["hi"], config)) == 1
+
+
 def test_threshold_quota_at_a_temperature_scores_the_tempered_probability():
     """LLaDA 2.x's ``_sample_with_temperature_topk_topp``: the threshold is compared with the sampled token's
     probability under softmax(logits / T); the quota (one per step here) takes the rest."""

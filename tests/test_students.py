@@ -218,3 +218,39 @@ def test_each_compiled_block_is_handed_the_cache_layer_its_attention_names(token
     call("hidden", cache=Cache(), use_cache=True)
     call("hidden", cache=None)
     assert seen == [(("hidden",), {"cache": ("layer", 1), "use_cache": True}), (("hidden",), {"cache": None})]
+
+
+LOSS_SHAPES = {
+    "a weight per row and column": (dict(loss_weights=torch.ones(2, 1)), r"loss_weights: one per sample, shape \(2,\), "
+                                                                          r"got \(2, 1\)"),
+    "one weight for the batch": (dict(loss_weights=torch.ones(1)), r"loss_weights: one per sample, shape \(2,\), got \(1,\)"),
+    "a float weight": (dict(loss_weights=2.0), r"loss_weights: one per sample, shape \(2,\), got 2\.0"),
+    "longer logits": (dict(logits=torch.randn(2, 9, 11)), r"logits \(2, 9, 11\): \[batch, length, vocab\] for labels "
+                                                          r"\(2, 6\)"),
+    "logits of another batch": (dict(logits=torch.randn(3, 6, 11)), r"logits \(3, 6, 11\)"),
+    "masked of another shape": (dict(masked=torch.ones(2, 5, dtype=torch.bool)), r"labels \(2, 6\) and masked \(2, 5\): "
+                                                                                  r"both \[batch, length\]"),
+    "no tokens to average over": (dict(num_items_in_batch=0), r"num_items_in_batch=0: the response tokens .* > 0"),
+    "a negative count": (dict(num_items_in_batch=-3), r"num_items_in_batch=-3"),
+}
+
+
+@pytest.mark.parametrize("case", LOSS_SHAPES)
+def test_the_loss_refuses_shapes_it_would_broadcast(case):
+    """Broadcasting turned each of these into a plausible scalar (a [B, 1] weight into a B x B sum); the well-formed
+    batch beside them gives the loss by hand."""
+    from trims_hf.students.loss import mdlm_loss
+    from trims_hf.students.registry import STUDENTS
+
+    torch.manual_seed(0)
+    spec = STUDENTS["llada"]
+    batch = dict(logits=torch.randn(2, 6, 11), labels=torch.randint(0, 11, (2, 6)),
+                 masked=torch.tensor([[0, 1, 1, 0, 0, 1], [1, 0, 0, 0, 1, 0]], dtype=torch.bool),
+                 loss_weights=torch.tensor([2.0, 0.5]), num_items_in_batch=4)
+    ce = torch.nn.functional.cross_entropy(batch["logits"][batch["masked"]], batch["labels"][batch["masked"]],
+                                           reduction="none")
+    expected = (2.0 * ce[:3].sum() + 0.5 * ce[3:].sum()) / 4
+    assert torch.allclose(mdlm_loss(spec=spec, **batch), expected)
+    changed, message = LOSS_SHAPES[case]
+    with pytest.raises(ValueError, match=message):
+        mdlm_loss(spec=spec, **{**batch, **changed})

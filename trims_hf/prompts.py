@@ -109,6 +109,9 @@ def end_of_response_ids(tokenizer: Any, end_of_response: str | Sequence[str] | N
         token_id = tokenizer.convert_tokens_to_ids(token)
         if token_id is None or token_id == tokenizer.unk_token_id:
             raise ValueError(f"End-of-response token {token!r} is not a single token of the student tokenizer.")
+        if token_id == getattr(tokenizer, "mask_token_id", None):
+            raise ValueError(f"End-of-response token {token!r} is the mask token: a response ends in a token the "
+                             "student writes, and every undecoded position holds the mask.")
         ids.append(int(token_id))
     return ids
 

@@ -8,6 +8,7 @@ of the bucket ids only, so the masker never needs to know it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from numbers import Integral
 from typing import Any, get_args
 
 import numpy as np
@@ -29,7 +30,7 @@ def equal_mass_buckets(
     order; for ``random`` (a seeded uniform draw per token) thresholds are empty.
     """
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if not 1 <= num_buckets <= MAX_BUCKETS:
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, Integral) or not 1 <= num_buckets <= MAX_BUCKETS:
         raise ValueError(f"num_buckets must be in [1, {MAX_BUCKETS}], got {num_buckets}.")
     if ordering not in ORDERINGS:
         raise ValueError(f"Unknown bucket ordering {ordering!r}; choose one of {ORDERINGS}.")
@@ -60,7 +61,17 @@ def threshold_buckets(scores: np.ndarray, thresholds: np.ndarray, ordering: Orde
 
     A score equal to a threshold joins the bucket that threshold starts, as it would in the quantile set.
     """
-    scores = np.asarray(scores, dtype=np.float64)
+    scores, thresholds = np.asarray(scores, dtype=np.float64), np.asarray(thresholds, dtype=np.float64)
+    if ordering not in ORDERINGS or ordering == "random":
+        raise ValueError(f"ordering={ordering!r}: thresholds cut {' or '.join(o for o in ORDERINGS if o != 'random')} "
+                         "buckets.")
+    if np.isnan(scores).any():
+        raise ValueError(f"score {int(np.flatnonzero(np.isnan(scores))[0])} is NaN: an unscored token has no bucket "
+                         "of its own (bucket_rows gives it its neighbour's).")
+    steps = np.diff(thresholds)
+    if (steps > 0).any() if ordering == "hard_to_easy" else (steps < 0).any():
+        raise ValueError(f"thresholds {thresholds.tolist()} are not in {ordering} order (as equal_mass_buckets returns "
+                         "them).")
     if ordering == "hard_to_easy":  # thresholds descend: bucket = how many boundaries lie at or above the score
         ids = (thresholds[None, :] >= scores[:, None]).sum(-1)
     else:
@@ -90,6 +101,12 @@ def bucket_rows(
     of its character), or ``config.end_bucket`` when none follows. Every token gets an id.
     """
     lengths = [len(scores) for scores in per_row_scores]
+    if kept is not None:
+        values = np.asarray(kept)
+        if values.shape != (len(lengths),) or not (values.dtype.kind in "iu" or (
+                values.dtype.kind == "f" and bool((values == np.floor(values)).all()))) or (values.size and values.min() < 0):
+            raise ValueError(f"kept: one whole number >= 0 per row ({len(lengths)} rows), got "
+                             f"{values.tolist()[:8] if values.ndim else kept!r}.")
     flat = np.concatenate([np.asarray(s, dtype=np.float64) for s in per_row_scores]) if lengths else np.zeros(0)
     scored = ~np.isnan(flat)
     in_quantiles = scored.copy()
@@ -142,10 +159,17 @@ def project_scores(
     over its characters. The total score of the completion is preserved exactly. When the student's
     spans are the teacher's (same tokenizer) the scores are copied unchanged.
     """
+    if not len(teacher_starts) == len(teacher_ends) == len(teacher_scores):
+        raise ValueError(f"teacher_starts, teacher_ends and teacher_scores: one per teacher token, got "
+                         f"{len(teacher_starts)}, {len(teacher_ends)} and {len(teacher_scores)}.")
     if _same_spans(teacher_starts, teacher_ends, student_spans):
         return np.asarray(teacher_scores, dtype=np.float64)
     starts = np.asarray(teacher_starts, dtype=np.int64)
     ends = np.asarray(teacher_ends, dtype=np.int64)
+    if starts.size and ((starts < 0).any() or (ends < starts).any() or (ends > n_chars).any()):
+        bad = int(np.flatnonzero((starts < 0) | (ends < starts) | (ends > n_chars))[0])
+        raise ValueError(f"teacher span {bad} = [{starts[bad]}, {ends[bad]}) does not lie in the {n_chars} characters "
+                         "of the text.")
     values = np.asarray(teacher_scores, dtype=np.float64)
     density = np.zeros(n_chars + 1, dtype=np.float64)
     widths = ends - starts

@@ -57,6 +57,10 @@ def tokenize_example(tokenizer: Any, prompt: Any, completion: str, fmt: StudentF
         raise schema.SchemaError(f"{where}: the prompt has {len(prompt_ids)} tokens, leaving no room for the "
                                  f"completion within max_length={fmt.max_length}.")
     encoded = tokenizer(completion, add_special_tokens=False, return_offsets_mapping=True)
+    if (mask := getattr(tokenizer, "mask_token_id", None)) is not None and mask in encoded["input_ids"]:
+        raise schema.SchemaError(f"{where}: the completion holds the mask token's text {tokenizer.mask_token!r}, which "
+                                 "the tokenizer reads as the mask: a target of the mask id would teach the student to "
+                                 "leave positions masked; remove it from the text.")
     room = fmt.max_length - len(prompt_ids)
     completion_ids = list(encoded["input_ids"])[:room]
     end_ids = end_of_response_ids(tokenizer, fmt.end_of_response)[: room - len(completion_ids)]

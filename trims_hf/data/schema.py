@@ -181,13 +181,28 @@ def validate_teacher_scores(row: Mapping[str, Any], completion: str, index: int 
         previous_start = start
 
 
+def _check_whole_numbers(values: Any, index: int | None, name: str, meaning: str) -> None:
+    """``values`` (a list, array or tensor) are whole numbers >= 0: integers, or floats that are whole. numpy would
+    cast a float down, read a string's characters, and a negative id as the loss's ignore index, all silently."""
+    array = np.asarray(values)
+    whole = array.dtype.kind in "iu" or (array.dtype.kind == "f" and bool(np.isfinite(array).all())
+                                         and bool((array == np.floor(array)).all()))
+    if array.ndim != 1 or not whole or (array.size and array.min() < 0):
+        shown = values if isinstance(values, str) else array.tolist()[:8] if array.ndim else array.tolist()
+        raise SchemaError(f"{_where(index)}: '{name}' must be a list of whole numbers ({meaning}), got {shown!r}.")
+
+
 def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buckets: int | None = None) -> None:
     """Check a prepared (already tokenised) row: ids, prompt length and, given K, bucket ids aligned and in range."""
     if row.get(INPUT_IDS) is None:
         raise SchemaError(f"{_where(index)}: missing field '{INPUT_IDS}'.")
     if row.get(PROMPT_LENGTH) is None:
         raise SchemaError(f"{_where(index)}: missing field '{PROMPT_LENGTH}'.")
-    n_ids, prompt_length = len(row[INPUT_IDS]), int(row[PROMPT_LENGTH])
+    _check_whole_numbers(row[INPUT_IDS], index, INPUT_IDS, "token ids, >= 0")
+    length = row[PROMPT_LENGTH]
+    if isinstance(length, bool) or not isinstance(length, numbers.Real) or not float(length).is_integer():
+        raise SchemaError(f"{_where(index)}: '{PROMPT_LENGTH}'={length!r}: a whole number of prompt tokens.")
+    n_ids, prompt_length = len(row[INPUT_IDS]), int(length)
     if prompt_length < 1:
         # Shifted students (Dream) predict token i from position i - 1: position 0 must be a visible prompt token.
         raise SchemaError(f"{_where(index)}: the prompt has no tokens ('{PROMPT_LENGTH}'={prompt_length}); "
@@ -203,6 +218,7 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
                 f"{_where(index)}: '{BUCKET_IDS}' has {len(buckets)} entries but there are "
                 f"{n_ids - prompt_length} completion tokens; bucket ids are not aligned with the tokens."
             )
+        _check_whole_numbers(buckets, index, BUCKET_IDS, f"bucket ids in [0, {num_buckets})")
         values = np.asarray(buckets)
         if values.size and (values.min() < 0 or values.max() >= num_buckets):
             raise SchemaError(

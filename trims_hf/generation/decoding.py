@@ -36,6 +36,55 @@ def _eos_ids(model: nn.Module) -> list[int]:
     return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
+def _check_prompts(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   config: DecodingConfig, sample_ids: Sequence[Hashable] | None) -> None:
+    """Refuse, in one line before any forward, prompts the decoder would read wrongly: ids outside the vocabulary, a
+    row with no real token (a shifted student reads its first response token from the last prompt position), a mask
+    of other values than 0 and 1 (positions are counted from it), a response reaching past the model's positions, and
+    ``sample_ids`` that do not name every row (the hooks would drop the rest)."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+        raise ValueError(f"input_ids: a 2-D tensor of token ids (batch, prompt length), got "
+                         f"{tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__}"
+                         f"{'' if not isinstance(input_ids, torch.Tensor) else ' ' + str(input_ids.dtype)}.")
+    text = model.config.get_text_config()
+    vocab_size = getattr(text, "vocab_size", None)
+    if input_ids.numel() and (int(input_ids.min()) < 0 or (vocab_size is not None and int(input_ids.max()) >= vocab_size)):
+        bad = input_ids.lt(0) | (input_ids.ge(vocab_size) if vocab_size is not None else False)
+        row, column = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"input_ids: {int(input_ids[row, column])} at row {row}, column {column} is not a token id of "
+                         f"the model's vocabulary (0 to {vocab_size - 1 if vocab_size is not None else '...'}).")
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask: shape {tuple(attention_mask.shape)}, not input_ids' "
+                             f"{tuple(input_ids.shape)}.")
+        if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+            raise ValueError("attention_mask: 1 for a real prompt token and 0 for padding, nothing else (got "
+                             f"{sorted(set(attention_mask.flatten().tolist()) - {0, 1})[:3]}).")
+    real = attention_mask.sum(dim=1) if attention_mask is not None else input_ids.new_full((input_ids.shape[0],),
+                                                                                             input_ids.shape[1])
+    if input_ids.shape[0] == 0 or bool((real == 0).any()):
+        row = int((real == 0).nonzero()[0, 0]) if input_ids.shape[0] else None
+        raise ValueError("input_ids: no prompts given." if row is None else
+                         f"input_ids: row {row} has no real prompt token; a response is decoded after a prompt of at "
+                         "least one token (e.g. BOS).")
+    positions = getattr(text, "max_position_embeddings", None)
+    if isinstance(positions, int) and int(real.max()) + config.gen_length > positions:
+        raise ValueError(f"gen_length={config.gen_length} after a prompt of {int(real.max())} tokens reaches position "
+                         f"{int(real.max()) + config.gen_length - 1}, past the model's max_position_embeddings="
+                         f"{positions}.")
+    if sample_ids is not None and len(sample_ids) != input_ids.shape[0]:
+        raise ValueError(f"sample_ids: {len(sample_ids)} names for {input_ids.shape[0]} rows; name every row once.")
+
+
+def _check_stop_ids(eos_id: int | None, stop_ids: Sequence[int], mask_id: int) -> None:
+    """The mask id is what an undecoded position holds: as a stop it would end every response at its first masked
+    position, and as the EOS fill it would leave the rest of a response masked."""
+    if eos_id == mask_id:
+        raise ValueError(f"eos_token_id={eos_id} is the student's mask id; the EOS fill must be a token.")
+    if mask_id in stop_ids:
+        raise ValueError(f"stop_token_ids: {mask_id} is the student's mask id, which every undecoded position holds.")
+
+
 def _check_left_padded(attention_mask: torch.Tensor | None) -> None:
     """Refuse a right-padded (or holed) prompt batch: the decoders count positions and append the response after the
     last column, so a 0 after a 1 would put padding inside the context."""
@@ -65,7 +114,8 @@ def generate(
     the rows for the hooks (default: consecutive integers per recorder). A block-diffusion student (LLaDA 2.x)
     decodes with its block-causal attention instead (:mod:`trims_hf.generation.block_causal`).
     """
-    config = config or DecodingConfig()
+    config = replace(config or DecodingConfig())  # checked again: a field may have been set after it was made
+    _check_prompts(model, input_ids, attention_mask, config, sample_ids)
     _check_left_padded(attention_mask)
     if (vocab_size := getattr(model.config.get_text_config(), "vocab_size", None)) is not None:
         config.check_token_ids(vocab_size)
@@ -83,6 +133,7 @@ def generate(
     stop_ids = tuple(config.stop_token_ids if config.stop_token_ids is not None else eos_ids)
     if config.early_stop and (eos_id is None or not stop_ids):
         raise ValueError("early_stop needs an EOS id and stop ids; set DecodingConfig.eos_token_id / stop_token_ids.")
+    _check_stop_ids(eos_id, stop_ids, mask_id)
     stops = torch.tensor(stop_ids, dtype=input_ids.dtype, device=device)
     generator = torch.Generator(device=device).manual_seed(config.seed) if config.seed is not None else None
 
@@ -160,6 +211,8 @@ def generate_text(
     earliest of ``stop_strings``. Stop ids default to the model's and the tokenizer's EOS ids plus the ids that end
     a response in training (:func:`trims_hf.prompts.end_of_response_ids` of a :class:`ResponseFormat`'s
     ``end_of_response``; by default the chat template's end of turn, e.g. LLaDA's ``<|eot_id|>``)."""
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts: a list of prompts" + (" (wrap one prompt in a list)." if prompts else "; got none."))
     config = config or DecodingConfig()
     fmt = prompt_format or ResponseFormat()
     encoded = [prompt_token_ids(tokenizer, prompt, fmt) for prompt in prompts]

@@ -70,6 +70,9 @@ class TrimsDataCollator:
         check_field_types(self, TrimsDataCollator)
         if self.mask_token_id < 0:
             raise ValueError(f"mask_token_id={self.mask_token_id}: token ids are >= 0.")
+        if self.mask_token_id == self.tokenizer.eos_token_id:
+            raise ValueError(f"mask_token_id={self.mask_token_id} is the tokenizer's EOS id, which pads and ends every "
+                             "response: a masked position would look like one; pass the student's mask id.")
         check_seed("seed", self.seed)
         if self.masking.padding == "max_length" and self.max_length is None:
             raise ValueError("padding='max_length' needs the collator's max_length (the one the rows were prepared with).")
@@ -160,6 +163,10 @@ class TrimsDataCollator:
             if any(schema.EXAMPLE_ID not in row for row in features):
                 raise schema.SchemaError(
                     f"trajectory_selection='fixed_subset' needs an '{schema.EXAMPLE_ID}' column in every row.")
+            if bad := [row[schema.EXAMPLE_ID] for row in features if isinstance(row[schema.EXAMPLE_ID], bool)
+                       or not isinstance(row[schema.EXAMPLE_ID], Integral)]:
+                raise schema.SchemaError(f"trajectory_selection='fixed_subset' selects rows by their integer "
+                                         f"'{schema.EXAMPLE_ID}'; got {bad[0]!r}.")
             ids = torch.tensor([int(row[schema.EXAMPLE_ID]) for row in features])
             is_trajectory = select_fixed_subset(ids, masking.trajectory_ratio, self.seed)
             select_per_draw(batch_size, masking.trajectory_ratio, generators)  # keep the random streams aligned with per_draw
@@ -191,6 +198,8 @@ def _get_epoch(self: TrimsDataCollator) -> int:
 
 
 def _set_epoch(self: TrimsDataCollator, epoch: int) -> None:
+    if isinstance(epoch, bool) or not isinstance(epoch, Integral) or epoch < 0:
+        raise ValueError(f"epoch={epoch!r}: a whole number >= 0 (the epoch the masks are drawn for).")
     self._shared()[0] = int(epoch)
 
 
