@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import time
 from pathlib import Path
 from typing import get_args
@@ -383,11 +385,23 @@ def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
     assert "def has_close_elements" in result["samples"][0]["reference"]  # the canonical solution under its stub
 
 
-def test_mbpp_three_shot_style_reaches_the_prompt(saved_student, tmp_path):
+def test_mbpp_three_shot_style_reaches_the_prompt(saved_student, tmp_path, capsys):
+    """The three shots make a prompt of about 1,400 tokens: past the tiny student's 512 positions, refused in one line
+    before the model loads; a copy with 2,048 positions decodes it."""
     output = tmp_path / "mbpp.json"
-    code = main(["eval", "--model", saved_student, "--task", "mbpp", "--mbpp-style", "3shot", *RUN_CODE,
-                 "--data-file", MBPP, "--output", str(output),
-                 "--gen-length", "16", "--block-length", "16", "--limit", "1", "--no-progress"])
+    argv = ["eval", "--task", "mbpp", "--mbpp-style", "3shot", *RUN_CODE, "--data-file", MBPP, "--output", str(output),
+            "--gen-length", "16", "--block-length", "16", "--limit", "1", "--no-progress"]
+    assert main([*argv, "--model", saved_student]) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"error: --task mbpp: problem \d+: --gen-length 16 after a prompt of \d{4} tokens reaches "
+                        r"position \d{4}, past the model's max_position_embeddings=512; generate fewer tokens\.\n",
+                        err), err
+    assert not output.exists()
+    longer = tmp_path / "student"
+    shutil.copytree(saved_student, longer)
+    config = json.loads((longer / "config.json").read_text())
+    (longer / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    code = main([*argv, "--model", str(longer)])
     assert code == 0
     (result,) = read(output)
     assert result["prompt_format"]["shots"] == 3 and result["num_samples"] == 1

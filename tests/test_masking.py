@@ -179,3 +179,39 @@ def test_schedule_weight_is_elbo_weight(schedule):
     alpha = schedule.alpha(t)
     (derivative,) = torch.autograd.grad(alpha.sum(), t)
     assert torch.allclose(schedule.weight(t.detach()), -derivative / (1 - alpha.detach()))
+
+
+NOISE_MISUSES = {
+    "one flag for two rows": (dict(is_trajectory=torch.ones(1, dtype=torch.bool)),
+                              r"is_trajectory \(1,\): one flag per row, \(2,\)"),
+    "maskable of one row": (dict(maskable=torch.ones(1, 8, dtype=torch.bool)),
+                            r"maskable \(1, 8\): the shape of input_ids \(2, 8\)"),
+    "float maskable": (dict(maskable=torch.full((2, 8), 0.5)), r"maskable \(torch\.float32\) and is_trajectory "
+                                                               r"\(torch\.bool\) are bool tensors"),
+    "buckets of another width": (dict(bucket_ids=torch.zeros(2, 7, dtype=torch.long)), r"bucket_ids \(2, 7\)"),
+    "one row, 1-D": (dict(input_ids=torch.arange(8)), r"input_ids \(8,\): \[batch, length\]"),
+    "a negative mask id": (dict(mask_token_id=-1), r"mask_token_id=-1: a token id"),
+    "a fractional mask id": (dict(mask_token_id=2.5), r"mask_token_id=2\.5: a token id"),
+}
+
+
+@pytest.mark.parametrize("case", NOISE_MISUSES)
+def test_noise_batch_refuses_inputs_it_would_broadcast(case):
+    """Broadcast, these drew plausible masks: one row's trajectory flag for the batch, a float maskable scaling the
+    probabilities, a mask id of -1 written into the inputs."""
+    inputs = dict(input_ids=torch.arange(16).view(2, 8), maskable=torch.ones(2, 8, dtype=torch.bool),
+                  bucket_ids=torch.zeros(2, 8, dtype=torch.long), is_trajectory=torch.tensor([True, False]),
+                  mask_token_id=MASK, config=MaskingConfig())
+    assert noise_batch(**inputs).input_ids.shape == (2, 8)
+    changed, message = NOISE_MISUSES[case]
+    with pytest.raises(ValueError, match=message):
+        noise_batch(**{**inputs, **changed})
+
+
+@pytest.mark.parametrize("block_size", [0, -2, 2.5, True])
+def test_a_block_mask_needs_a_whole_block_size(block_size):
+    from trims_hf import block_diffusion_mask
+
+    with pytest.raises(ValueError, match=rf"^block_size={block_size!r}: a whole number of positions >= 1\.$"):
+        block_diffusion_mask(4, block_size)
+    assert block_diffusion_mask(4, 2).shape == (8, 8)

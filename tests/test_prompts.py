@@ -117,8 +117,9 @@ def test_system_prompt_and_format_strings(tokenizer):
     assert render_prompt(tokenizer, "Hi", PromptFormat("Q: {prompt}\nA:")) == ("Q: Hi\nA:", True)
     with pytest.raises(ValueError, match="needs a text prompt"):
         render_prompt(tokenizer, [{"role": "user", "content": "Hi"}], PromptFormat("Q: {prompt}"))
-    with pytest.raises(ValueError, match="prompt_format must be one of"):
-        PromptFormat("nonsense")
+    for nonsense in ("nonsense", 5, None):
+        with pytest.raises(ValueError, match=rf"^prompt_format must be one of .*, got {nonsense!r}\.$"):
+            StudentFormat(prompt_format=nonsense)
 
 
 @pytest.mark.parametrize("cls", [PromptFormat, StudentFormat, ScoringOptions])

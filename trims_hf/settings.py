@@ -128,7 +128,8 @@ class PromptFormat:
     def __post_init__(self) -> None:
         """The format is known, and a system prompt goes with the one format that renders it: the others would drop
         it silently while every record still names it."""
-        if self.prompt_format not in PROMPT_FORMATS and "{prompt}" not in self.prompt_format:
+        if not isinstance(self.prompt_format, str) or (self.prompt_format not in PROMPT_FORMATS
+                                                       and "{prompt}" not in self.prompt_format):
             raise ValueError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)} or contain '{{prompt}}', "
                              f"got {self.prompt_format!r}.")
         if self.system_prompt is not None and self.prompt_format != "chat_template":

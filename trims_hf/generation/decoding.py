@@ -67,13 +67,19 @@ def _check_prompts(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         raise ValueError("input_ids: no prompts given." if row is None else
                          f"input_ids: row {row} has no real prompt token; a response is decoded after a prompt of at "
                          "least one token (e.g. BOS).")
-    positions = getattr(text, "max_position_embeddings", None)
-    if isinstance(positions, int) and int(real.max()) + config.gen_length > positions:
-        raise ValueError(f"gen_length={config.gen_length} after a prompt of {int(real.max())} tokens reaches position "
-                         f"{int(real.max()) + config.gen_length - 1}, past the model's max_position_embeddings="
-                         f"{positions}.")
+    if problem := past_the_positions(getattr(text, "max_position_embeddings", None), int(real.max()), config.gen_length):
+        raise ValueError(f"{problem}.")
     if sample_ids is not None and len(sample_ids) != input_ids.shape[0]:
         raise ValueError(f"sample_ids: {len(sample_ids)} names for {input_ids.shape[0]} rows; name every row once.")
+
+
+def past_the_positions(positions: int | None, prompt_length: int, gen_length: int) -> str | None:
+    """Why ``gen_length`` tokens after a prompt of ``prompt_length`` do not fit a model of ``positions`` positions
+    (``max_position_embeddings``, which training refuses to exceed too), or None when they do."""
+    if not isinstance(positions, int) or prompt_length + gen_length <= positions:
+        return None
+    return (f"gen_length={gen_length} after a prompt of {prompt_length} tokens reaches position "
+            f"{prompt_length + gen_length - 1}, past the model's max_position_embeddings={positions}")
 
 
 def _check_stop_ids(eos_id: int | None, stop_ids: Sequence[int], mask_id: int) -> None:

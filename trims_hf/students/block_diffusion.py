@@ -28,6 +28,8 @@ def block_ids(length: int, block_size: int, device: torch.device | None = None) 
 def block_diffusion_mask(length: int, block_size: int, device: torch.device | None = None) -> torch.Tensor:
     """Bool [2 length, 2 length] over ``[x_t | x_0]``: dFactory's ``block_diffusion_mask`` (block diagonal within
     x_t and within x_0, x_t to earlier x_0 blocks, x_0 to x_0 blocks up to its own)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r}: a whole number of positions >= 1.")
     blocks = block_ids(length, block_size, device).repeat(2)
     clean = torch.arange(2 * length, device=device) >= length
     same_half = clean[:, None] == clean[None, :]

@@ -87,7 +87,8 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
         trains ``num_train_epochs`` unless ``max_steps > 0``: 0 would save an untrained adapter), a ``max_steps`` of 0
         or below -1 (the epochs would run instead), a NaN or negative ``max_grad_norm`` (clipping silently off), a
         negative ``weight_decay``, a negative ``dataloader_num_workers`` (PyTorch's DataLoader refuses it only once
-        training starts), and seeds outside numpy's range."""
+        training starts), seeds outside numpy's range, Adam's betas outside [0, 1) and a NaN or negative epsilon
+        (the optimizer refuses them once the model is loaded), and a label smoothing the MDLM loss never applies."""
         for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be at least 1.")
@@ -105,9 +106,17 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
                              "batches in the training process).")
         check_seed("seed", self.seed)
         check_seed("data_seed", self.data_seed)
-        if self.max_steps <= 0 and not self.num_train_epochs > 0:
-            raise ValueError(f"num_train_epochs={self.num_train_epochs}: must be > 0 unless max_steps > 0 (max_steps "
-                             f"{self.max_steps} leaves the length to the epochs); 0 would train nothing.")
+        if self.max_steps <= 0 and not 0 < self.num_train_epochs < math.inf:
+            raise ValueError(f"num_train_epochs={self.num_train_epochs}: must be a finite number > 0 unless max_steps > 0 "
+                             f"(max_steps {self.max_steps} leaves the length to the epochs); 0 would train nothing.")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:  # NaN fails too
+                raise ValueError(f"{name}={getattr(self, name)}: must be in [0, 1).")
+        if not 0 <= self.adam_epsilon < math.inf:
+            raise ValueError(f"adam_epsilon={self.adam_epsilon}: must be a finite number >= 0.")
+        if self.label_smoothing_factor != 0:  # the MDLM objective is its own cross-entropy; the Trainer's smoother never runs
+            raise ValueError(f"label_smoothing_factor={self.label_smoothing_factor}: the MDLM loss has no label "
+                             "smoothing, so it would change nothing; leave it at 0.")
 
     def _check_global_batch(self, given: list[str]) -> None:
         """What cannot go with a searched split, refused before anything loads: a split given as well (it would be

@@ -124,6 +124,23 @@ def trajectory_weights(
     raise ValueError(f"Unknown trajectory_loss_weight {kind!r}; choose 'elbo', 'inverse_mask_ratio' or 'none'.")
 
 
+def check_noise_inputs(input_ids: torch.Tensor, maskable: torch.Tensor, bucket_ids: torch.Tensor,
+                       is_trajectory: torch.Tensor, mask_token_id: int) -> None:
+    """The shapes and kinds :func:`noise_batch` reads, checked without a device sync: broadcasting would spread one
+    row's flag or mask over the batch, and a float ``maskable`` would scale the probabilities."""
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)}: [batch, length].")
+    for name, tensor in (("maskable", maskable), ("bucket_ids", bucket_ids)):
+        if tuple(tensor.shape) != tuple(input_ids.shape):
+            raise ValueError(f"{name} {tuple(tensor.shape)}: the shape of input_ids {tuple(input_ids.shape)}.")
+    if maskable.dtype != torch.bool or is_trajectory.dtype != torch.bool:
+        raise ValueError(f"maskable ({maskable.dtype}) and is_trajectory ({is_trajectory.dtype}) are bool tensors.")
+    if tuple(is_trajectory.shape) != tuple(input_ids.shape[:1]):
+        raise ValueError(f"is_trajectory {tuple(is_trajectory.shape)}: one flag per row, ({input_ids.shape[0]},).")
+    if isinstance(mask_token_id, bool) or not isinstance(mask_token_id, int) or mask_token_id < 0:
+        raise ValueError(f"mask_token_id={mask_token_id!r}: a token id, a whole number >= 0.")
+
+
 def noise_batch(
     input_ids: torch.Tensor,
     maskable: torch.Tensor,
@@ -141,6 +158,7 @@ def noise_batch(
     that ends up with no masked token contributes zero loss (its tokens still count in a "token"
     normaliser, which keeps the estimator unbiased).
     """
+    check_noise_inputs(input_ids, maskable, bucket_ids, is_trajectory, mask_token_id)
     batch_size, length = input_ids.shape
     schedule = get_schedule(config.noise_schedule)
     t = config.min_t + (1.0 - config.min_t) * uniform(generator, batch_size)
