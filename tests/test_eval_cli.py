@@ -335,8 +335,8 @@ ERRORS = {
                                            "--output {tmp}/r.json (the progress records: {tmp}/r.progress.jsonl) is "
                                            "--data-file {tmp}/r.progress.jsonl, the benchmark it is made from; write it "
                                            "to another file. (see `trims eval --help`)", None),
-    "more tokens than positions": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--gen-length", "512"],
-                                   "--gen-length 512: the student has 512 positions (max_position_embeddings), and the "
+    "more tokens than positions": (["--task", "gsm8k", "--data-file", GSM8K_TEST, "--gen-length", "2048"],
+                                   "--gen-length 2048: the student has 2048 positions (max_position_embeddings), and the "
                                    "prompt needs some of them; generate fewer tokens.", None),
 }
 
@@ -386,22 +386,22 @@ def test_code_task_runs_model_output_in_the_sandbox(saved_student, tmp_path):
 
 
 def test_mbpp_three_shot_style_reaches_the_prompt(saved_student, tmp_path, capsys):
-    """The three shots make a prompt of about 1,400 tokens: past the tiny student's 512 positions, refused in one line
-    before the model loads; a copy with 2,048 positions decodes it."""
+    """The three shots make a prompt of about 1,400 tokens, which the tiny student's 2,048 positions hold; a copy with
+    512 positions is refused in one line before its model loads."""
     output = tmp_path / "mbpp.json"
     argv = ["eval", "--task", "mbpp", "--mbpp-style", "3shot", *RUN_CODE, "--data-file", MBPP, "--output", str(output),
             "--gen-length", "16", "--block-length", "16", "--limit", "1", "--no-progress"]
-    assert main([*argv, "--model", saved_student]) == 2
+    shorter = tmp_path / "student"
+    shutil.copytree(saved_student, shorter)
+    config = json.loads((shorter / "config.json").read_text())
+    (shorter / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 512}))
+    assert main([*argv, "--model", str(shorter)]) == 2
     err = capsys.readouterr().err
     assert re.fullmatch(r"error: --task mbpp: problem \d+: --gen-length 16 after a prompt of \d{4} tokens reaches "
                         r"position \d{4}, past the model's max_position_embeddings=512; generate fewer tokens\.\n",
                         err), err
     assert not output.exists()
-    longer = tmp_path / "student"
-    shutil.copytree(saved_student, longer)
-    config = json.loads((longer / "config.json").read_text())
-    (longer / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
-    code = main([*argv, "--model", str(longer)])
+    code = main([*argv, "--model", saved_student])
     assert code == 0
     (result,) = read(output)
     assert result["prompt_format"]["shots"] == 3 and result["num_samples"] == 1
