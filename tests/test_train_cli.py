@@ -118,8 +118,13 @@ def test_null_on_the_command_line_unsets_a_key_that_may_be_unset(spelling):
     ({"per_device_eval_batch_size": -1}, r"^per_device_eval_batch_size=-1: must be at least 1\.$"),
     ({"learning_rate": float("nan")}, r"^learning_rate=nan: must be a finite number > 0"),
     ({"learning_rate": 0.0}, r"^learning_rate=0\.0: must be a finite number > 0 \(0 would train nothing\)"),
-    ({"num_train_epochs": 0, "max_steps": -1}, r"^num_train_epochs=0: must be > 0 unless max_steps > 0"),
+    ({"num_train_epochs": 0, "max_steps": -1}, r"^num_train_epochs=0: must be a finite number > 0 unless max_steps > 0"),
     ({"loss_normalization": "bogus"}, r"^loss_normalization='bogus': choose token or sequence\.$"),
+    ({"num_train_epochs": float("inf")}, r"^num_train_epochs=inf: must be a finite number > 0"),
+    ({"adam_beta1": 1.0}, r"^adam_beta1=1\.0: must be in \[0, 1\)\.$"),
+    ({"adam_beta2": -0.1}, r"^adam_beta2=-0\.1: must be in \[0, 1\)\.$"),
+    ({"adam_epsilon": -1e-8}, r"^adam_epsilon=-1e-08: must be a finite number >= 0\.$"),
+    ({"label_smoothing_factor": 0.1}, r"^label_smoothing_factor=0\.1: the MDLM loss has no label smoothing"),
 ])
 def test_mdlm_config_refuses_what_training_would_fail_on_or_train_nothing_with(settings, match):
     with pytest.raises(ValueError, match=match):
@@ -336,7 +341,7 @@ MISTAKES = [
     ("learning-rate-negative", None, {"learning_rate": "-1"}, [],
      r"^learning_rate=-1\.0: must be a finite number > 0 \(0 would train nothing\)\.$"),
     ("no-epochs", None, {"num_train_epochs": "0"}, [],
-     r"^num_train_epochs=0\.0: must be > 0 unless max_steps > 0 .*0 would train nothing\.$"),
+     r"^num_train_epochs=0\.0: must be a finite number > 0 unless max_steps > 0 .*0 would train nothing\.$"),
     ("lora-rank-zero", None, {"lora_r": "0"}, [], r"^lora_r=0: the adapter's rank must be at least 1\.$"),
     ("lora-rank-negative", None, {"lora_r": "-4"}, [], r"^lora_r=-4: the adapter's rank must be at least 1\.$"),
     ("lora-alpha-zero", None, {"lora_alpha": "0"}, [], r"^lora_alpha=0: must be > 0 "),
