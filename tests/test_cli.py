@@ -207,3 +207,15 @@ def test_every_public_name_is_what_it_names_whatever_was_imported_first():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
     assert callable(importlib.import_module("trims_hf").export)
+
+
+def test_ctrl_c_a_command_does_not_report_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while a command imports its libraries (before its own handlers run) was a 30-line traceback."""
+    import trims_hf.studies.demo.command as demo
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "main", interrupted)
+    assert main(["demo", "--fast"]) == 130
+    assert capsys.readouterr().err == "error: interrupted: `trims demo` stopped before it finished.\n"

@@ -24,6 +24,7 @@ from trims_hf import prepare_student, student_logits
 from trims_hf.evaluation.harness import TASKS_DIR
 from trims_hf.evaluation.harness.likelihood import masked_diffusion_loglikelihood, masked_elbo_terms
 from trims_hf.evaluation.tasks import GSM8KTask
+from trims_hf.prompts import prompt_token_ids
 
 REPO = Path(__file__).resolve().parents[1]
 GEN, BLOCK, CONFIDENCE = 128, 32, 0.95
@@ -178,6 +179,30 @@ def test_local_data_loaders_match_hub_splits():
     assert len(local_data.math500(data_dir=str(FULL_DATA))["test"]) == 500
     with pytest.raises(FileNotFoundError, match="TRIMS_HARNESS_DATA"):
         local_data.gsm8k()
+
+
+def test_a_request_past_the_students_positions_is_refused_before_any_is_decoded(tokenizer):
+    """lm-eval hands the model every request at once: a few-shot prompt that, with gen_length, runs past the student's
+    positions is one InputError naming the request (the command prints it as one line) before the first forward."""
+    from trims_hf.errors import InputError
+    from trims_hf.evaluation.harness.model import TrimsLM
+
+    model = ScriptedStudent(tokenizer, {"Q": []})
+    calls = []
+    model.register_forward_pre_hook(lambda *args: calls.append(1))
+    lm = TrimsLM(model, tokenizer=tokenizer, batch_size=2, device="cpu", gen_length=GEN, block_length=BLOCK)
+    gen_kwargs = {"until": ["Q:"], "do_sample": False}
+    short, long = "Q: short? A:", "Q: " + "how many apples are there " * 40 + "? A:"
+    requests = [SimpleNamespace(args=(context, gen_kwargs), task_name="gsm8k", repeats=1) for context in (short, long)]
+    length = len(prompt_token_ids(tokenizer, long, lm.response_format))
+    model.config.max_position_embeddings = length + GEN - 1
+    with pytest.raises(InputError, match=rf"^--model_args: gsm8k request 1: gen_length={GEN} after a prompt of {length} "
+                                         rf"tokens reaches position {length + GEN - 1}, past the model's "
+                                         rf"max_position_embeddings={length + GEN - 1}; generate fewer tokens"):
+        lm.generate_until(requests, disable_tqdm=True)
+    assert calls == []
+    model.config.max_position_embeddings = length + GEN
+    assert len(lm.generate_until(requests, disable_tqdm=True)) == 2 and calls
 
 
 @pytest.mark.slow

@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         code = int(importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:]) or 0)
     except SystemExit as exit:  # argparse's --help and usage errors, as an exit code for callers of main()
         code = exit.code if isinstance(exit.code, int) else 1
+    except KeyboardInterrupt:  # one the command does not report itself (e.g. while it imports its libraries)
+        from .commands import INTERRUPTED, fail
+
+        return fail(f"interrupted: `trims {argv[0]}` stopped before it finished.", INTERRUPTED)
     leave_process_group()
     return code
 

@@ -17,6 +17,7 @@ Importing this module registers the model; it needs the ``lm_eval`` package.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, fields, replace
@@ -34,8 +35,9 @@ from transformers import PreTrainedTokenizerBase
 from ...distributed import announce, gather, process_state
 from ...errors import InputError, did_you_mean
 from ...generation import DecodingConfig, TokensPerStepRecorder, generate, generate_text
+from ...generation.decoding import past_the_positions
 from ...model_config import ModelConfig, ResolvedStudent, check_model_sources, load_model, resolve_student
-from ...prompts import check_end_of_response
+from ...prompts import check_end_of_response, prompt_token_ids
 from ...settings import ResponseFormat
 from ...students import student_spec
 from ..evaluate import gather_recorders
@@ -217,6 +219,24 @@ class TrimsLM(TemplateLM):
             chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
+    def _check_positions(self, requests: list, by_task: dict[str, list[int]]) -> None:
+        """Every request's prompt and ``gen_length`` within the student's positions, before the first is decoded
+        (:func:`~trims_hf.generation.decoding.past_the_positions`; ``generate`` would refuse one mid-run)."""
+        positions = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if positions is None:
+            return
+        gen_lengths: dict[str, int] = {}  # per distinct generation arguments (each read once, its warnings once)
+        for task, indices in by_task.items():
+            for index in indices:
+                context, gen_kwargs = requests[index].args[:2]
+                key = json.dumps(gen_kwargs, sort_keys=True, default=str)
+                if key not in gen_lengths:
+                    gen_lengths[key] = self._request_config(gen_kwargs)[0].gen_length
+                length = len(prompt_token_ids(self.tokenizer, context, self.response_format))
+                if problem := past_the_positions(positions, length, gen_lengths[key]):
+                    raise InputError(f"--model_args: {task} request {index}: {problem}; generate fewer tokens "
+                                     "(gen_length) or give fewer shots (--num_fewshot).")
+
     def _request_config(self, gen_kwargs: dict[str, Any]) -> tuple[DecodingConfig, list[str]]:
         """Decoding settings and stop strings of one request; its ``DecodingConfig`` keys override the model's."""
         kwargs = normalize_gen_kwargs(gen_kwargs)
@@ -246,6 +266,7 @@ class TrimsLM(TemplateLM):
                 padding[index] = first[id(request)]
         for indices in by_task.values():
             indices[:] = [i for i in indices if i not in padding]
+        self._check_positions(requests, by_task)
         answers: list[str] = [""] * len(requests)
         progress = tqdm(total=len(requests), desc="trims generate_until", disable=disable_tqdm)
         for task, indices in by_task.items():
