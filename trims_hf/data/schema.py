@@ -219,7 +219,7 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
                 f"{n_ids - prompt_length} completion tokens; bucket ids are not aligned with the tokens."
             )
         _check_whole_numbers(buckets, index, BUCKET_IDS, f"bucket ids in [0, {num_buckets})")
-        values = np.asarray(buckets)
-        if values.size and (values.min() < 0 or values.max() >= num_buckets):
+        values = np.asarray(buckets)  # whole numbers >= 0 (checked above): the upper bound is left
+        if values.size and values.max() >= num_buckets:
             raise SchemaError(
                 f"{_where(index)}: '{BUCKET_IDS}' must lie in [0, {num_buckets}), got {sorted(set(values.tolist()))}.")
