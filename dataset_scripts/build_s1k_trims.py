@@ -77,14 +77,17 @@ class S1KArguments:
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser((S1KArguments, *SCORING_TYPES), prog="build_s1k_trims.py", description=__doc__)
     parser.set_defaults(output="outputs/s1k-trims", license="mit")  # s1K's card declares MIT
-    s1k, limit, teacher, options, buckets, out = parser.parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    s1k, limit, teacher, options, buckets, out = parser.parse(argv)
+    given = parser.given(argv)
 
     def load() -> Dataset:
         rows = load_source_dataset(s1k.source, "train", limit.limit, flag="--source")
         return format_s1k(rows, s1k.trace, s1k.completion_template)
 
     fields = {PROMPT: f"column '{QUESTION}'", COMPLETION: "the completion built by --completion-template"}
-    return score(load, teacher, options, buckets, out, DataSource("--source", s1k.source, DEFAULT_SOURCE), parser, fields,
+    source = DataSource("--source", s1k.source, None if "source" in given else DEFAULT_SOURCE)
+    return score(load, teacher, options, buckets, out, source, parser, fields, given=given,
                  extra_metadata={"completion_template": s1k.completion_template, "s1k_trace": s1k.trace})
 
 

@@ -84,6 +84,8 @@ def test_wrong_schema_is_refused_without_output(gsm8k_rows, teacher_dir, tmp_pat
     (["--limit", "-1"], "--limit -1: must be at least 1. (see `build_s1k_trims.py --help`)"),
     ([], "--source simplescaling/s1K (the default): not a local path and not in the Hugging Face cache, and "
          "HF_HUB_OFFLINE is set; pass a local .jsonl/.json/.parquet file or dataset folder to --source."),
+    (["--source", "simplescaling/s1K"], "--source simplescaling/s1K: not a local path and not in the Hugging Face "
+         "cache, and HF_HUB_OFFLINE is set; pass a local .jsonl/.json/.parquet file or dataset folder to --source."),
 ])
 def test_mistakes_are_one_line_in_flag_terms(flags, expected, teacher_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)

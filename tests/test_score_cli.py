@@ -251,6 +251,15 @@ def test_unreachable_hub_says_what_works_offline(flag, value, default, teacher_d
         f"not known); {hint}."]
 
 
+@pytest.mark.parametrize("typed", [["--teacher", "Qwen/Qwen3-8B"], ["--teacher=Qwen/Qwen3-8B"]])
+def test_a_default_typed_is_not_called_the_default(typed, data_file, tmp_path, capsys, monkeypatch, no_model_load):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    assert trims_main(["score", *typed, "--dataset", str(data_file), "--output", str(tmp_path / "out")]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "error: --teacher Qwen/Qwen3-8B: not a local path and not in the Hugging Face cache, and HF_HUB_OFFLINE is set; "
+        "pass a local model folder or .gguf file to --teacher."]
+
+
 def score_args(teacher_dir: Path, data_file: Path, out: Path) -> list[str]:
     return ["score", "--teacher", str(teacher_dir), "--dataset", str(data_file), "--prompt-column", "question",
             "--completion-column", "answer", "--output", str(out)]

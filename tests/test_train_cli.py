@@ -132,6 +132,16 @@ def test_mdlm_config_refuses_what_training_would_fail_on_or_train_nothing_with(s
     assert MDLMConfig(report_to="none", num_train_epochs=0, max_steps=3).max_steps == 3  # max_steps decides
 
 
+@pytest.mark.parametrize("name", ["bf16", "bf16_full_eval"])
+def test_bf16_without_a_bf16_gpu_names_the_setting_and_both_ways_out(name, monkeypatch):
+    """Said before transformers' own refusal, which names neither the setting nor fp32; with use_cpu it trains."""
+    monkeypatch.setattr("transformers.utils.is_torch_bf16_gpu_available", lambda: False)
+    with pytest.raises(ValueError, match=rf"^{name}=True: this machine has no GPU that computes in bf16; set "
+                                         rf"{name}=False to run in fp32 here, or use_cpu=True to run in bf16 on the CPU\.$"):
+        MDLMConfig(report_to="none", **{name: True})
+    assert getattr(MDLMConfig(report_to="none", use_cpu=True, **{name: True}), name)
+
+
 @pytest.mark.parametrize("settings,match", [
     ({"compile_blocks": "no"}, r"^compile_blocks='no': must be true or false \(a bool\), not str\.$"),
     ({"global_batch_size": 2.5}, r"^global_batch_size=2\.5: must be a whole number \(int\), not float\.$"),

@@ -216,6 +216,27 @@ def test_plain_trainer_without_the_epoch_callback_stops_at_the_first_step(tmp_pa
         two_epochs(tmp_path, tokenizer, prepared[:8], Trainer, follow=False)
 
 
+@pytest.mark.parametrize("taken_by", [{"label_smoothing_factor": 0.1}, {"compute_loss_func": True}])
+def test_plain_trainer_that_takes_the_labels_stops_before_the_forward(taken_by, tmp_path, tokenizer, prepared):
+    """transformers' Trainer pops ``labels`` for its label smoother or a ``compute_loss_func``, which would then score
+    every response position (not the masked ones) with a loss of its own: refused, naming both settings."""
+    model = tiny_student(tokenizer, "llada")
+    forwards = []
+    model.model.register_forward_pre_hook(lambda *args: forwards.append(1))  # the inner model: after our pre-hook
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             use_cpu=True, save_strategy="no", disable_tqdm=True, remove_unused_columns=False,
+                             label_smoothing_factor=taken_by.get("label_smoothing_factor", 0.0))
+    collator = TrimsDataCollator(tokenizer)
+    loss_func = (lambda outputs, labels, num_items_in_batch=None: outputs.logits.sum()) \
+        if "compute_loss_func" in taken_by else None
+    trainer = Trainer(model=model, args=args, data_collator=collator, train_dataset=Dataset.from_list(prepared[:4]),
+                      callbacks=[CollatorEpochCallback(collator)], compute_loss_func=loss_func)
+    with pytest.raises(ValueError, match=r"^a TrimsDataCollator batch reached the model without its 'labels': .* "
+                                         r"leave label_smoothing_factor at 0 and compute_loss_func unset\.$"):
+        trainer.train()
+    assert forwards == []
+
+
 class TupleStudent(torch.nn.Module):
     """A student whose forward returns a plain tuple, as remote code without ModelOutput may."""
 

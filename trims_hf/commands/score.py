@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,16 +100,18 @@ class DataSource:
     flag: str
     value: str
     default: str | None = None
+    """The flag's default, when the user did not type the flag: messages then say the value was not chosen."""
 
 
 def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOptions, buckets: BucketConfig,
           out: OutputArguments, data: DataSource, parser: CommandParser, fields: Mapping[str, str],
-          extra_metadata: dict[str, Any] | None = None) -> int:
+          given: Collection[str] = (), extra_metadata: dict[str, Any] | None = None) -> int:
     """Check the teacher, the data source and the output folder (in a second, before the heavy imports), then
     score the rows ``load()`` returns (after the Hub access check).
 
     User mistakes exit with code 2 and one line in the user's terms (``fields`` names the schema fields as the
-    user knows them); Ctrl-C exits with 130 and says what was kept.
+    user knows them), and call a value "the default" only when its flag is not among ``given`` (the settings the
+    command line set, :meth:`CommandParser.given`); Ctrl-C exits with 130 and says what was kept.
     """
     from ..errors import InputError, check_apart, check_output_path
     from ..sources import check_dataset_source, check_model_source
@@ -117,7 +119,8 @@ def score(load: Callable[[], Any], teacher: TeacherArguments, options: ScoringOp
     try:
         check_masking_read(buckets)  # a ValueError in the settings' terms, said in the flags'
         check_push_flags(out.push_to_hub, token=out.token, private=out.private)
-        check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file, default=DEFAULT_TEACHER)
+        check_model_source("--teacher", teacher.teacher, teacher.revision, teacher.gguf_file,
+                           default=None if "teacher" in given else DEFAULT_TEACHER)
         check_dataset_source(data.flag, data.value, default=data.default)
         check_apart(out.output, f"--output {out.output}", data.value, f"{data.flag} {data.value}")
         check_apart(out.output, f"--output {out.output}", teacher.teacher, f"--teacher {teacher.teacher}", "the model",
@@ -174,4 +177,4 @@ def main(argv: list[str]) -> int:
                                     names=("--prompt-column", "--completion-column"))
 
     return score(load, teacher, options, buckets, out, DataSource("--dataset", source.dataset), parser,
-                 column_terms(source.prompt_column, source.completion_column))
+                 column_terms(source.prompt_column, source.completion_column), given=parser.given(argv))

@@ -35,6 +35,11 @@ class MDLMLossHooks:
     def before(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         if "masked" not in kwargs or "loss_weights" not in kwargs:
             return None
+        if "labels" not in kwargs:  # before the forward: the step would be spent for nothing
+            raise ValueError("a TrimsDataCollator batch reached the model without its 'labels': a transformers.Trainer "
+                             "takes them for a loss of its own when label_smoothing_factor > 0 or compute_loss_func is "
+                             "given; the MDLM loss has no label smoothing, so leave label_smoothing_factor at 0 and "
+                             "compute_loss_func unset.")
         epochs = kwargs.pop(EPOCH_KEY, None)
         training_step = module.training and torch.is_grad_enabled() and "num_items_in_batch" in kwargs
         if training_step and epochs is not None and bool((epochs == UNFOLLOWED_EPOCH).any()):
@@ -44,7 +49,7 @@ class MDLMLossHooks:
                              "or train with trims_hf.MDLMTrainer.")
         batch = {key: kwargs.pop(key) for key in (*LOSS_KEYS, "num_items_in_batch") if key in kwargs}
         self._pending[threading.get_ident()] = batch
-        if self.spec.block_size is not None and "labels" in batch:
+        if self.spec.block_size is not None:
             kwargs.update(training_inputs(kwargs["input_ids"], kwargs.get("attention_mask"), batch["masked"],
                                           batch["labels"], self.spec.block_size))
         return args, kwargs
@@ -54,9 +59,7 @@ class MDLMLossHooks:
         if batch is None:
             return None
         logits = output.get("logits") if isinstance(output, Mapping) else None
-        labels = batch.get("labels")
-        if labels is None:
-            raise ValueError("A TrimsDataCollator batch reached the model without its 'labels'.")
+        labels = batch["labels"]
         if self.spec.block_size is not None and isinstance(logits, torch.Tensor):
             logits = noised_half(logits, labels.shape[1])
         if not isinstance(logits, torch.Tensor) or logits.shape[:2] != labels.shape:

@@ -73,12 +73,24 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
                 setattr(self, name, TrainingArguments.__dataclass_fields__[name].default)
         check_field_types(self, MDLMConfig)
         check_normalization(self.loss_normalization)
+        self._check_precision()
         TrainingArguments.__post_init__(self)
         MaskingConfig.__post_init__(self)
         StudentFormat.__post_init__(self)
         self._check_optimisation()
         if self.global_batch_size is not None:
             self._check_global_batch(given)
+
+    def _check_precision(self) -> None:
+        """bf16 without a device that trains in it, said in the settings' terms with both ways out (transformers says
+        "Your setup doesn't support bf16/gpu" and names neither the setting nor fp32); its own test, so the two agree."""
+        from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+        for name in ("bf16", "bf16_full_eval"):
+            if getattr(self, name) and not self.use_cpu and not is_torch_bf16_gpu_available() \
+                    and not is_torch_xla_available():
+                raise ValueError(f"{name}=True: this machine has no GPU that computes in bf16; set {name}=False to run "
+                                 "in fp32 here, or use_cpu=True to run in bf16 on the CPU.")
 
     def _check_optimisation(self) -> None:
         """What ``TrainingArguments`` accepts and training then fails on (a DataLoader, a division, the optimizer, a
