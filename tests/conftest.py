@@ -32,6 +32,7 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers_compile import without_codegen  # noqa: E402
 from helpers_tokenizers import make_tokenizer  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
@@ -98,19 +99,12 @@ def no_global_state_left():
 
 @pytest.fixture
 def compile_without_codegen(monkeypatch):
-    """``nn.Module.compile`` (so ``compile_blocks``) lowers with ``aot_eager_decomp_partition``: dynamo's graphs,
-    AOTAutograd's decompositions and inductor's partition of forward and backward, but no generated C++, which the CPU
-    compiles one kernel at a time (about 2 s each: most of a compiled test's minutes). For a test whose claim is
-    what trims_hf decides (which blocks compile, how many graphs, hooks, adapters, gradients through the partition);
-    the fused kernels' own roundings stay with the tests that keep inductor: ``test_compiled_blocks_commit_the_eager_tokens``,
-    the compiled ZeRO-2 steps of test_distributed.py and the bench's tiny run of test_real_size.py."""
-    compile_module = torch.nn.Module.compile
-
-    def compile(self, *args, **kwargs):
-        kwargs.setdefault("backend", "aot_eager_decomp_partition")
-        return compile_module(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.Module, "compile", compile)
+    """``nn.Module.compile`` (so ``compile_blocks``) lowers without generated code (``helpers_compile``). For a test
+    whose claim is what trims_hf decides (which blocks compile, how many graphs, hooks, adapters, gradients through the
+    partition); the fused kernels' own roundings stay with the tests that keep inductor:
+    ``test_compiled_blocks_commit_the_eager_tokens`` (decoding) and the compiled ZeRO-2 steps of test_distributed.py
+    (training)."""
+    monkeypatch.setattr(torch.nn.Module, "compile", without_codegen(torch.nn.Module.compile))
 
 
 @pytest.fixture(scope="session")

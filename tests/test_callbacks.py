@@ -42,6 +42,7 @@ def callback(tokenizer, **kwargs) -> DecodeEvalCallback:
                               data_file=GSM8K_TEST, **kwargs)
 
 
+@pytest.mark.slow
 def test_metrics_logged_through_trainer_for_peft_student(tmp_path, tokenizer, gsm8k_rows):
     student = tiny_student(tokenizer)
     model = get_peft_model(student, lora_config(student, r=4))

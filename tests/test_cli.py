@@ -21,6 +21,7 @@ HEAVY = ("trims_hf.training.trainer", "trims_hf.generation.decoding", "trims_hf.
          "trims_hf.data.score_job", "trims_hf.training.train_job", "trims_hf.studies.demo.pipeline", "peft", "datasets")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["--help"], *[[name, "--help"] for name in COMMANDS]], ids=lambda a: " ".join(a))
 def test_help_imports_no_library_module(argv):
     code = (f"import sys, json; from trims_hf.cli import main; code = main({argv!r}); "

@@ -4,6 +4,7 @@ with another tokenizer -> one MDLMTrainer step."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from conftest import GSM8K_TRAIN, read_jsonl, tiny_student
 from datasets import Dataset, load_dataset
@@ -21,6 +22,7 @@ from trims_hf import (
 )
 
 
+@pytest.mark.slow
 def test_score_folder_collate_train(tmp_path, tokenizer):
     rows = [{"prompt": r["question"], "completion": r["answer"]} for r in read_jsonl(GSM8K_TRAIN, 20)]
     folder = build_scored_dataset(Dataset.from_list(rows), tmp_path / "scored", teacher="tiny-random-teacher",

@@ -48,6 +48,7 @@ def test_task_type_follows_generation_support(tokenizer):
     assert config.task_type is None and config.target_modules == "all-linear"
 
 
+@pytest.mark.slow
 def test_adapter_save_and_reload(tmp_path, tokenizer, gsm8k_rows):
     model = get_peft_model(tiny_student(tokenizer, "dream", seed=3),
                            lora_config(tiny_student(tokenizer, "dream", seed=3), r=4, lora_alpha=8))
@@ -76,6 +77,7 @@ def test_adapter_save_and_reload(tmp_path, tokenizer, gsm8k_rows):
     assert load_adapter(tiny_student(tokenizer, "dream", seed=4), str(tmp_path / "adapter"), allow_base_mismatch=True)
 
 
+@pytest.mark.slow
 def test_the_base_record_is_the_base_as_the_trainer_got_it(tmp_path, tokenizer, gsm8k_rows):
     """The record is taken when the trainer is built: a base weight trained beside the adapter (which does not save
     it) is recorded as it came, so the adapter goes back on the base it came from; weights sharded after that, as

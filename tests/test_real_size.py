@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import real_size  # noqa: E402
 import train_profile  # noqa: E402
 from conftest import needs_deepspeed  # noqa: E402
+from helpers_compile import NO_CODEGEN_PATH  # noqa: E402
 from real_size_parts import common  # noqa: E402
 from real_size_parts import decode as decoding  # noqa: E402
 from real_size_parts import train as training  # noqa: E402
@@ -35,7 +36,8 @@ from trims_hf.studies.accelerators import Accelerator, TimeModel, accelerator  #
 @pytest.fixture(scope="module")
 def lines(tmp_path_factory) -> list[dict]:
     output = tmp_path_factory.mktemp("real_size") / "lines.jsonl"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    # The recipe part's compiled blocks lower without generated code (test_recipe_line_trains_the_recipe_as_... too).
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join((str(NO_CODEGEN_PATH), str(ROOT)))}
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "real_size.py"), "--scale", "tiny", "--device", "cpu",
                              "--output", str(output)], capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -149,6 +151,7 @@ def test_scoring_line(lines):
     assert score["s1k_curation_estimate_s"] == pytest.approx(score["seconds"] * 1000 / 40, rel=1e-2)
 
 
+@pytest.mark.slow
 def test_scoring_stops_at_its_budget_and_extrapolates(tmp_path):
     """A budget passed by the first batch: one batch scored, the line extrapolates from its tokens/s."""
     output = tmp_path / "score.jsonl"
@@ -191,6 +194,7 @@ def test_decoding_lines_do_equal_work_per_mode(lines):
     assert forms[0]["fastest_mask_form"] in ("bool", "additive") and forms[0]["batch"] == 4
 
 
+@pytest.mark.slow
 def test_training_variants_and_the_profile_summary(tmp_path):
     """Each variant trains a fresh student with its settings (the compiled one is a slow test of its own); the profile
     summary charges the step's time to categories that add up, with matmuls of the base and of the adapters seen."""
@@ -252,6 +256,7 @@ def failing_step(tried: list[int], fits_up_to: int, error: BaseException, real_s
     return step
 
 
+@pytest.mark.slow
 def test_train_part_steps_down_after_out_of_memory(tmp_path, monkeypatch):
     """A step that runs out of memory above batch 3 (simulated, as CUDA's RuntimeError) makes the search settle on 3,
     and training goes on; memory is released once the failed step's exception is gone."""
@@ -267,6 +272,7 @@ def test_train_part_steps_down_after_out_of_memory(tmp_path, monkeypatch):
     assert exceptions_alive[:2] == [None, None]  # one per failed size, each after its except block
 
 
+@pytest.mark.slow
 def test_train_part_notes_when_batch_1_does_not_fit(tmp_path, monkeypatch):
     tried = []
     monkeypatch.setattr(training, "step", failing_step(tried, 0, OOM_ERRORS[0]))
@@ -358,6 +364,7 @@ def test_bad_flags_are_one_line_errors(argv, flag, capsys):
     assert exit_info.value.code == 2 and error.startswith("bench/real_size.py: error: argument " + flag)
 
 
+@pytest.mark.slow
 def test_profile_writes_a_table_and_marks_the_lines(tmp_path):
     output, profile = tmp_path / "score.jsonl", tmp_path / "profile.txt"
     real_size.main(["--part", "score", "--device", "cpu", "--output", str(output), "--profile", str(profile)])
@@ -366,6 +373,7 @@ def test_profile_writes_a_table_and_marks_the_lines(tmp_path):
     assert json.loads(output.read_text())["profiled"] is True
 
 
+@pytest.mark.slow
 def test_dream_student_lines_on_a_known_accelerator(tmp_path, monkeypatch):
     """The Dream shape (shifted logits, GQA, q/k/v biases) goes through the same training and decoding paths; with an
     accelerator of known peaks (a fake one) and goals judged, the lines derive MFU, bound and goals from their own
@@ -569,6 +577,7 @@ def test_a_failed_routing_decode_is_an_error_line_and_the_other_modes_go_on(tmp_
     assert {(line["batch"], line["cache"]) for line in lines if "error" not in line} == {(1, "none"), (4, "none")}
 
 
+@pytest.mark.slow
 def test_the_decode_part_times_the_batches_asked_for(tmp_path):
     """``--decode-batches 1``: every decode row and the mask-form row at batch 1, each row's batch-1 reference its own."""
     output = tmp_path / "decode.jsonl"
@@ -682,6 +691,7 @@ def test_a_student_no_graph_captures_is_timed_without_the_graph_step(tmp_path, c
         ("eager", False), ("static", True)]
 
 
+@pytest.mark.slow
 def test_a_batch_whose_prompts_do_not_fit_is_an_error_line(tmp_path, monkeypatch):
     """``--decode-batches 1,N`` with N beyond memory: the batch-1 rows, one error line for N, and the mask-form line
     at the largest batch that fitted; no traceback."""

@@ -389,7 +389,12 @@ FORGERY_TESTS = TESTS + ("assert abs(square(3) - 9) < 1e-9\ndef check(candidate)
 def test_a_wrong_solution_cannot_forge_a_pass(isolation: str, forgery: str) -> None:
     result = run_tests(forgery, FORGERY_TESTS, FAST, isolation)
     assert_attack_failed(result, isolation)
-    assert run_tests(GOOD, FORGERY_TESTS, FAST, isolation).passed  # the same tests pass an honest solution
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_forgeries_tests_pass_an_honest_solution(isolation: str) -> None:
+    """What the forgeries fail is the tests, not a run that fails everything."""
+    assert run_tests(GOOD, FORGERY_TESTS, FAST, isolation).passed
 
 
 # -- the OS layer alone (no audit hook): what bubblewrap itself guarantees ---------------------------

@@ -733,6 +733,7 @@ def test_an_optional_setting_takes_none_after_hf_argument_parser_resolved_its_ty
         protocol_module.with_overrides(p, ["decoding.gen_length=none"])
 
 
+@pytest.mark.slow
 def test_help_loads_no_torch_and_its_usage_says_output_is_required():
     """``--help`` answers before the study's imports (torch, datasets) load, and the usage line names ``--output``
     as required, not as the optional flag argparse would show."""

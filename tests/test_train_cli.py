@@ -76,6 +76,7 @@ def train_cli(toy: list[str], output_dir: Path, *overrides: str) -> int:
     return main(["train", "--config", str(TOY), *toy, "--output_dir", str(output_dir), *overrides])
 
 
+@pytest.mark.slow
 def test_toy_recipe_end_to_end(tmp_path, toy):
     assert train_cli(toy, tmp_path, "--max_steps", "3") == 0
     assert (tmp_path / "adapter_model.safetensors").exists() and (tmp_path / "adapter_config.json").exists()
@@ -590,6 +591,7 @@ def interrupt_at_step(monkeypatch, step: int, signal_number: int | None) -> None
     monkeypatch.setattr(MDLMTrainer, "training_step", training_step)
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_the_resumed_run_equals_a_straight_one(tmp_path, toy, capsys, monkeypatch):
     """Ctrl-C in step 3: the step ends, checkpoint-3 is saved, exit 130 with how to continue; continuing as told gives
     the weights and losses of an uninterrupted run."""
@@ -618,6 +620,7 @@ def test_second_ctrl_c_stops_at_once_and_says_what_is_kept(tmp_path, toy, capsys
     assert capsys.readouterr().err.splitlines()[-1].startswith("interrupted at step 1 of 6; no checkpoint was saved")
 
 
+@pytest.mark.slow
 def test_resume_reproduces_a_straight_run(tmp_path, toy):
     """6 steps straight == 3 steps, then resume from checkpoint-3 for 3 more (crossing an epoch boundary)."""
     common = ("--per_device_train_batch_size", "16", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
@@ -635,6 +638,7 @@ def test_resume_reproduces_a_straight_run(tmp_path, toy):
 
 
 
+@pytest.mark.slow
 def test_a_resumed_run_must_be_the_checkpoints_run_with_steps_left(tmp_path, toy, capsys):
     """Resuming under other defining settings, or with no steps left, is one line before anything loads and leaves
     the run's folder as it was; the split of the global batch and the length may change; a checkpoint that records
@@ -673,6 +677,7 @@ def test_a_resumed_run_must_be_the_checkpoints_run_with_steps_left(tmp_path, toy
                                               "JSON (")
 
 
+@pytest.mark.slow
 def test_a_run_of_epochs_is_extended_by_more_epochs_and_refused_without(tmp_path, toy, capsys):
     """transformers' way to extend a finished run of epochs: the same command with more of them."""
     common = ("--per_device_train_batch_size", "32", "--lr_scheduler_type", "constant", "--warmup_steps", "0",

@@ -196,6 +196,7 @@ def two_epochs(tmp_path, tokenizer, rows, trainer_class, workers: int = 0, persi
 
 @pytest.mark.parametrize("trainer_class,workers,persistent", [(MDLMTrainer, 2, True), (Trainer, 0, False),
                                                               (Trainer, 2, False), (Trainer, 2, True)])
+@pytest.mark.slow
 def test_every_epoch_draws_fresh_masks_as_mdlm_trainer_does(tmp_path, tokenizer, prepared, trainer_class, workers,
                                                             persistent):
     """Over two epochs, with DataLoader workers (persistent or not) and without, a plain Trainer given the
