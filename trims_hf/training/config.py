@@ -83,7 +83,8 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
 
     def _check_precision(self) -> None:
         """bf16 without a device that trains in it, said in the settings' terms with both ways out (transformers says
-        "Your setup doesn't support bf16/gpu" and names neither the setting nor fp32); its own test, so the two agree."""
+        "Your setup doesn't support bf16/gpu" and names neither the setting nor fp32); tested with transformers' own
+        helpers, so the two never disagree."""
         from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
         for name in ("bf16", "bf16_full_eval"):
