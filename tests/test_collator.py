@@ -8,7 +8,7 @@ import torch
 from conftest import synthetic_scored_rows
 from datasets import Dataset
 
-from trims_hf import MaskingConfig, StudentFormat, TrimsDataCollator, prepare_dataset
+from trims_hf import BucketConfig, MaskingConfig, StudentFormat, TrimsDataCollator, prepare_dataset
 from trims_hf.data.schema import SchemaError
 
 
@@ -96,6 +96,23 @@ def test_truncation_keeps_buckets_aligned_and_equal_mass_over_kept_tokens(scored
         assert len(matching) == 1, draw
         thresholds.add(matching[0])
     assert len(thresholds) >= 4  # k really varies
+
+
+@pytest.mark.parametrize("metric, held, expected", [
+    ("entropy", "teacher_nll", r"^column 'teacher_entropy': the rows hold teacher spans but no entropy scores to cut "
+                               r"buckets on; they hold nll: set metric=nll\.$"),
+    ("nll", "teacher_entropy", r"^column 'teacher_nll': .* no nll scores .*; they hold entropy: set metric=entropy\.$"),
+    ("nll", None, r"^column 'teacher_nll': .* no nll scores to cut buckets on; score them with `trims score`\.$"),
+])
+def test_scored_rows_without_the_metrics_column_are_refused(metric, held, expected, scored, tokenizer):
+    """Rows with teacher spans but not the chosen metric's scores would be read as unscored rows: no buckets."""
+    dropped = [column for column in ("teacher_nll", "teacher_entropy") if column != held]
+    rows = Dataset.from_list(scored[:4]).remove_columns(dropped)
+    with pytest.raises(SchemaError, match=expected):
+        prepare_dataset(rows, tokenizer, buckets=BucketConfig(metric=metric))
+    if held is not None:  # the metric the rows hold prepares them with buckets
+        other = "nll" if held == "teacher_nll" else "entropy"
+        assert "bucket_ids" in prepare_dataset(rows, tokenizer, buckets=BucketConfig(metric=other)).column_names
 
 
 def test_ratio_zero_is_plain_mdlm_and_needs_no_scores(gsm8k_rows, prepared, tokenizer):
