@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -246,6 +247,23 @@ def test_bad_arguments_fail_before_loading(monkeypatch):
         TrimsLM("/nonexistent/model", batch_size="auto")
     monkeypatch.delenv("TRIMS_HARNESS_DATA", raising=False)
     assert main(["--model", "trims", "--model_args", "pretrained=/nonexistent", "--tasks", "gsm8k_cot_local"]) == 2
+
+
+@pytest.mark.parametrize("task, missing", [("gsm8k_cot_local", "gsm8k/train.jsonl"), ("gsm8k_local", "gsm8k/test.jsonl"),
+                                           ("minerva_math500_local", "math500/test.jsonl"),
+                                           ("mbpp_local", "mbpp/mbpp.jsonl")])
+def test_each_file_a_local_task_reads_is_checked_before_any_model(task, missing, tmp_path, capsys, harness_builds_no_model):
+    """A data folder with one of a task's files missing (GSM8K's shots come from its train split) is one line, naming
+    the file, before the harness builds a model."""
+    from trims_hf.evaluation.harness.__main__ import main
+
+    shutil.copytree(DATA, tmp_path / "data")
+    (tmp_path / "data" / missing).unlink()
+    argv = ["--model", "trims", "--model_args", "pretrained=/nonexistent", "--tasks", task,
+            "--metadata", json.dumps({"data_dir": str(tmp_path / "data")})]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: local harness task data not found: {tmp_path / 'data' / missing}"]
 
 
 @pytest.fixture

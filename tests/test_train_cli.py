@@ -137,8 +137,10 @@ def test_mdlm_config_refuses_what_training_would_fail_on_or_train_nothing_with(s
 def test_bf16_without_a_bf16_gpu_names_the_setting_and_both_ways_out(name, monkeypatch):
     """Said before transformers' own refusal, which names neither the setting nor fp32; with use_cpu it trains."""
     monkeypatch.setattr("transformers.utils.is_torch_bf16_gpu_available", lambda: False)
-    with pytest.raises(ValueError, match=rf"^{name}=True: this machine has no GPU that computes in bf16; set "
-                                         rf"{name}=False to run in fp32 here, or use_cpu=True to run in bf16 on the CPU\.$"):
+    expected = (rf"^{name}=True: this machine has no GPU that computes in bf16; set {name}=False to run here without "
+                r"bf16 mixed precision \(the weights keep the dtype they load in\), or use_cpu=True to run in bf16 on the "
+                r"CPU\.$")
+    with pytest.raises(ValueError, match=expected):
         MDLMConfig(report_to="none", **{name: True})
     assert getattr(MDLMConfig(report_to="none", use_cpu=True, **{name: True}), name)
 

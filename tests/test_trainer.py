@@ -217,13 +217,20 @@ def test_plain_trainer_without_the_epoch_callback_stops_at_the_first_step(tmp_pa
         two_epochs(tmp_path, tokenizer, prepared[:8], Trainer, follow=False)
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["student", "lora"])
 @pytest.mark.parametrize("taken_by", [{"label_smoothing_factor": 0.1}, {"compute_loss_func": True}])
-def test_plain_trainer_that_takes_the_labels_stops_before_the_forward(taken_by, tmp_path, tokenizer, prepared):
+def test_plain_trainer_that_takes_the_labels_stops_before_the_forward(taken_by, lora, tmp_path, tokenizer, prepared):
     """transformers' Trainer pops ``labels`` for its label smoother or a ``compute_loss_func``, which would then score
-    every response position (not the masked ones) with a loss of its own: refused, naming both settings."""
-    model = tiny_student(tokenizer, "llada")
+    every response position (not the masked ones) with a loss of its own: refused, naming both settings; also
+    under peft's causal-LM wrapper, which passes the student ``labels=None``."""
+    from peft import get_peft_model
+
+    from trims_hf import lora_config
+
+    student = tiny_student(tokenizer, "llada")
     forwards = []
-    model.model.register_forward_pre_hook(lambda *args: forwards.append(1))  # the inner model: after our pre-hook
+    student.model.register_forward_pre_hook(lambda *args: forwards.append(1))  # the inner model: after our pre-hook
+    model = get_peft_model(student, lora_config(student, r=4)) if lora else student
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
                              use_cpu=True, save_strategy="no", disable_tqdm=True, remove_unused_columns=False,
                              label_smoothing_factor=taken_by.get("label_smoothing_factor", 0.0))

@@ -35,7 +35,7 @@ class MDLMLossHooks:
     def before(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
         if "masked" not in kwargs or "loss_weights" not in kwargs:
             return None
-        if "labels" not in kwargs:  # before the forward: the step would be spent for nothing
+        if kwargs.get("labels") is None:  # before the forward (peft's causal-LM wrapper passes labels=None)
             raise ValueError("a TrimsDataCollator batch reached the model without its 'labels': a transformers.Trainer "
                              "takes them for a loss of its own when label_smoothing_factor > 0 or compute_loss_func is "
                              "given; the MDLM loss has no label smoothing, so leave label_smoothing_factor at 0 and "

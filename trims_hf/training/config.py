@@ -91,7 +91,8 @@ class MDLMConfig(TrainingArguments, MaskingConfig, StudentFormat):
             if getattr(self, name) and not self.use_cpu and not is_torch_bf16_gpu_available() \
                     and not is_torch_xla_available():
                 raise ValueError(f"{name}=True: this machine has no GPU that computes in bf16; set {name}=False to run "
-                                 "in fp32 here, or use_cpu=True to run in bf16 on the CPU.")
+                                 "here without bf16 mixed precision (the weights keep the dtype they load in), or "
+                                 "use_cpu=True to run in bf16 on the CPU.")
 
     def _check_optimisation(self) -> None:
         """What ``TrainingArguments`` accepts and training then fails on (a DataLoader, a division, the optimizer, a

@@ -3,7 +3,7 @@
 ``python -m trims_hf.evaluation.harness <lm_eval flags>`` runs the harness with the ``trims`` model registered and
 this package's task folder on ``--include_path``. The folder adds ``*_local`` groups that run the
 harness's own GSM8K / MATH-500 / MBPP tasks unchanged except that their data are read from local files
-(``TRIMS_HARNESS_DATA`` or ``--metadata '{"data_dir": ...}'``, a folder laid out like
+(``TRIMS_HARNESS_DATA`` or ``--metadata '{"data_dir": ...}'``, a folder laid out like ``gsm8k/train.jsonl``,
 ``gsm8k/test.jsonl``, ``math500/test.jsonl``, ``mbpp/mbpp.jsonl``). The Hub tasks stay the default.
 Nothing here imports ``lm_eval``; :mod:`trims_hf.evaluation.harness.model` does (install ``trims_hf[lm_eval]``).
 """

@@ -20,7 +20,9 @@ from ...commands import fail
 from ...errors import InputError, did_you_mean, one_line
 from . import TASKS_DIR, data_file
 
-LOCAL_DATA = {"gsm8k": "gsm8k/test.jsonl", "minerva_math500": "math500/test.jsonl", "mbpp": "mbpp/mbpp.jsonl"}
+LOCAL_DATA = {"gsm8k": ("gsm8k/train.jsonl", "gsm8k/test.jsonl"), "minerva_math500": ("math500/test.jsonl",),
+              "mbpp": ("mbpp/mbpp.jsonl",)}
+"""The files each ``*_local`` task family reads (tasks/local_data.py), checked before any model loads."""
 
 
 def _flag(argv: Sequence[str], name: str) -> str | None:
@@ -41,8 +43,8 @@ def _check_local_data(argv: Sequence[str]) -> None:
     for task in (_flag(argv, "--tasks") or "").split(","):
         if task.endswith("_local"):
             prefix = next((p for p in LOCAL_DATA if task.startswith(p)), None)
-            if prefix is not None:
-                data_file(LOCAL_DATA[prefix], data_dir)
+            for name in LOCAL_DATA.get(prefix, ()):
+                data_file(name, data_dir)
 
 
 def _results_files(output_path: str | None) -> set[Path]:
