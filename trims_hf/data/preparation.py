@@ -15,7 +15,6 @@ the quantiles and go to :attr:`BucketConfig.end_bucket`, the last bucket under e
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,19 +99,6 @@ def bucket_count(dataset: Any, expected: int) -> int | None:
     return None if top is None or len(ids) < MIN_IDS_PER_BUCKET * max(expected, top + 1) else int(top) + 1
 
 
-def check_metric_column(column_names: Sequence[str], metric: str) -> None:
-    """Rows scored by a teacher (spans present) but without the ``metric`` column would pass as unscored rows, with
-    no buckets: refused, naming the metrics they do hold."""
-    spans = {schema.TEACHER_START, schema.TEACHER_END} <= set(column_names)
-    column = schema.METRIC_COLUMNS[metric]
-    if spans and column not in column_names:
-        held = [name for name, held_column in schema.METRIC_COLUMNS.items() if held_column in column_names]
-        raise schema.SchemaError(
-            f"column '{column}': the rows hold teacher spans but no {metric} scores to cut buckets on"
-            + (f"; they hold {', '.join(held)}: set metric={held[0]}" if held else "; score them with `trims score`")
-            + ".")
-
-
 def prepare_dataset(
     dataset: Dataset,
     tokenizer: Any,
@@ -131,7 +117,7 @@ def prepare_dataset(
     fmt, buckets = fmt or StudentFormat(), buckets or BucketConfig()
     check_system_prompt(tokenizer, fmt)
     scored = schema.has_teacher_scores(dataset.column_names, buckets.metric)
-    check_metric_column(dataset.column_names, buckets.metric)
+    schema.check_metric_column(dataset.column_names, buckets.metric)
     score_column = schema.METRIC_COLUMNS[buckets.metric] if scored else None
 
     def tokenize(row: dict[str, Any], index: int) -> dict[str, Any]:

@@ -70,6 +70,19 @@ class SchemaError(ValueError):
     """A row does not follow the scored or prepared format; the message names the row and field."""
 
 
+def check_metric_column(column_names: Sequence[str], metric: str) -> None:
+    """Rows scored by a teacher (spans present) but without the ``metric`` column would pass as unscored rows, with
+    no buckets: refused, naming the metrics they do hold."""
+    spans = {TEACHER_START, TEACHER_END} <= set(column_names)
+    column = METRIC_COLUMNS[metric]
+    if spans and column not in column_names:
+        held = [name for name, held_column in METRIC_COLUMNS.items() if held_column in column_names]
+        raise SchemaError(
+            f"column '{column}': the rows hold teacher spans but no {metric} scores to cut buckets on"
+            + (f"; they hold {', '.join(held)}: set metric={held[0]}" if held else "; score them with `trims score`")
+            + ".")
+
+
 def as_prompt_completion(dataset: Any, prompt_column: str, completion_column: str,
                          names: tuple[str, str] = ("prompt column", "completion column")) -> Any:
     """A ``datasets.Dataset`` with its prompt and completion columns renamed to :data:`PROMPT` / :data:`COMPLETION`

@@ -18,6 +18,12 @@ TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 
 DATA_DIR_ENV = "TRIMS_HARNESS_DATA"
 
+LOCAL_FILES = {"gsm8k": {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"},
+               "minerva_math500": {"test": "math500/test.jsonl"},
+               "mbpp": {"full": "mbpp/mbpp.jsonl"}}
+"""Per ``*_local`` task family (the task names' prefix), the files under the data folder its loader
+(tasks/local_data.py) reads, by split; the command checks them all before any model loads."""
+
 
 def data_file(relative: str, data_dir: str | None = None) -> Path:
     """The local data file ``relative`` under ``data_dir`` (default: ``$TRIMS_HARNESS_DATA``); fails if absent."""
@@ -32,4 +38,4 @@ def data_file(relative: str, data_dir: str | None = None) -> Path:
     return path
 
 
-__all__ = ["DATA_DIR_ENV", "TASKS_DIR", "data_file"]
+__all__ = ["DATA_DIR_ENV", "LOCAL_FILES", "TASKS_DIR", "data_file"]

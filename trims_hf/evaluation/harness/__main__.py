@@ -18,11 +18,7 @@ from pathlib import Path
 
 from ...commands import fail
 from ...errors import InputError, did_you_mean, one_line
-from . import TASKS_DIR, data_file
-
-LOCAL_DATA = {"gsm8k": ("gsm8k/train.jsonl", "gsm8k/test.jsonl"), "minerva_math500": ("math500/test.jsonl",),
-              "mbpp": ("mbpp/mbpp.jsonl",)}
-"""The files each ``*_local`` task family reads (tasks/local_data.py), checked before any model loads."""
+from . import LOCAL_FILES, TASKS_DIR, data_file
 
 
 def _flag(argv: Sequence[str], name: str) -> str | None:
@@ -42,8 +38,8 @@ def _check_local_data(argv: Sequence[str]) -> None:
     data_dir = metadata.get("data_dir") if isinstance(metadata, dict) else None
     for task in (_flag(argv, "--tasks") or "").split(","):
         if task.endswith("_local"):
-            prefix = next((p for p in LOCAL_DATA if task.startswith(p)), None)
-            for name in LOCAL_DATA.get(prefix, ()):
+            prefix = next((p for p in LOCAL_FILES if task.startswith(p)), None)
+            for name in LOCAL_FILES.get(prefix, {}).values():
                 data_file(name, data_dir)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from datasets import Dataset, DatasetDict, load_dataset
 
-from trims_hf.evaluation.harness import data_file
+from trims_hf.evaluation.harness import LOCAL_FILES, data_file
 
 # google-research-datasets/mbpp "full": which task ids form each split.
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
@@ -19,18 +19,19 @@ MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "
 
 def gsm8k(data_dir: str | None = None, **_: Any) -> DatasetDict:
     """openai/gsm8k (main): train and test, fields question and answer."""
-    files = {split: str(data_file(f"gsm8k/{split}.jsonl", data_dir)) for split in ("train", "test")}
+    files = {split: str(data_file(name, data_dir)) for split, name in LOCAL_FILES["gsm8k"].items()}
     return load_dataset("json", data_files=files)
 
 
 def math500(data_dir: str | None = None, **_: Any) -> DatasetDict:
     """HuggingFaceH4/MATH-500: the test split (problem, solution, answer, subject, level, unique_id)."""
-    return load_dataset("json", data_files={"test": str(data_file("math500/test.jsonl", data_dir))})
+    files = {split: str(data_file(name, data_dir)) for split, name in LOCAL_FILES["minerva_math500"].items()}
+    return load_dataset("json", data_files=files)
 
 
 def mbpp(data_dir: str | None = None, **_: Any) -> DatasetDict:
     """google-research-datasets/mbpp (full): prompt, test, validation and train splits by task id."""
-    with data_file("mbpp/mbpp.jsonl", data_dir).open() as handle:
+    with data_file(LOCAL_FILES["mbpp"]["full"], data_dir).open() as handle:
         rows = [json.loads(line) for line in handle]
     return DatasetDict({
         split: Dataset.from_list([row for row in rows if low <= row["task_id"] <= high])
