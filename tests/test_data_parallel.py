@@ -152,7 +152,7 @@ def test_two_process_harness_matches_one_process(saved_student, tmp_path):
                  "--metadata", json.dumps({"data_dir": str(DATA)}), "--log_samples"]
     outputs = {}
     for name, prefix in (("one", [sys.executable]), ("two", two_processes())):
-        launch([*prefix, "-m", "trims_hf.evaluation.harness", *arguments, "--output_path", str(tmp_path / name)])
+        launch([*prefix, str(TESTS / "harness_script.py"), *arguments, "--output_path", str(tmp_path / name)])
         (results_file,) = (tmp_path / name).rglob("results_*.json")
         (trims_file,) = (tmp_path / name).rglob("trims_*.json")
         outputs[name] = json.loads(results_file.read_text()), json.loads(trims_file.read_text())

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import DATA, FULL_DATA, needs_full_data, read_jsonl, tiny_student
+from helpers_harness import gsm8k_task_manager
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedConfig
 
 from trims_hf import prepare_student, student_logits
-from trims_hf.evaluation.harness import TASKS_DIR
 from trims_hf.evaluation.harness.likelihood import masked_diffusion_loglikelihood, masked_elbo_terms
 from trims_hf.evaluation.tasks import GSM8KTask
 from trims_hf.prompts import prompt_token_ids
@@ -119,7 +119,6 @@ CASES = [
 @pytest.fixture(scope="module")
 def gsm8k_cot_run(tokenizer):
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
     from trims_hf.evaluation.harness.model import TrimsLM
 
@@ -130,7 +129,7 @@ def gsm8k_cot_run(tokenizer):
     scripts = {doc["question"]: k + t for doc, k, t in zip(docs, kept, tails)}
     lm = TrimsLM(ScriptedStudent(tokenizer, scripts), tokenizer=tokenizer, batch_size=3, device="cpu",
                  gen_length=GEN, block_length=BLOCK)
-    manager = TaskManager(include_path=str(TASKS_DIR), metadata={"data_dir": str(DATA)})
+    manager = gsm8k_task_manager(metadata={"data_dir": str(DATA)})
     results = simple_evaluate(model=lm, tasks=["gsm8k_cot_local"], limit=len(CASES), task_manager=manager,
                               log_samples=True, bootstrap_iters=0)
     return SimpleNamespace(results=results, docs=docs, kept=kept, full=[k + t for k, t in zip(kept, tails)])

@@ -310,7 +310,8 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_curve_and_seed_study_run_end_to_end_and_resume(tmp_path):
     curve = tmp_path / "curve"
-    rule = ["--set", "target_accuracy=0", "--set", "min_hard_share=0"]  # a smoke base meets nothing else
+    # A smoke base meets no other rule; each evaluation decodes one batch.
+    rule = ["--set", "target_accuracy=0", "--set", "min_hard_share=0", "--set", "test_problems=4"]
     argv = ["curve", "--smoke", "--output", str(curve), "--sizes", "32x2x2", "--batch-sizes", "8", "--base-steps", "2", "4",
             *rule]
     assert recipe.main(argv) == 0
