@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -282,6 +283,47 @@ def test_merged_export_is_the_original_layout_with_our_logits(tmp_path: Path) ->
     card = (tmp_path / "merged" / "README.md").read_text()
     assert "trust_remote_code=True" in card and f'load_student("{tmp_path / "merged"}")' in card
 
+
+
+def test_a_merged_export_without_cuda_names_deepspeeds_cpu_accelerator(tmp_path: Path, monkeypatch) -> None:
+    """Saving the merged model asks accelerate to unwrap it, which imports DeepSpeed where it is installed: without
+    CUDA the export first names DeepSpeed's CPU accelerator, the setting that keeps DeepSpeed from printing that it
+    found no GPU (test_cli.py, test_deepspeed_is_told_it_runs_on_the_cpu_and_says_nothing_about_it)."""
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)  # the suite's guard restores the environment after
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    native_adapter("llada", tmp_path / "native")
+    assert cli(["export", "--model", fixture("llada"), "--adapter", str(tmp_path / "native"), "--output",
+                str(tmp_path / "merged")]) == 0
+    assert os.environ.get("DS_ACCELERATOR") == "cpu"
+
+
+def test_lora_wrapping_drops_peft_reading_the_renamed_checkpointing_attribute_and_no_other_warning(monkeypatch):
+    """peft reads a model's ``is_gradient_checkpointing``, which transformers 5 renamed and warns about on each read:
+    the library's LoRA wrapping leaves that one FutureWarning out and lets every other warning through."""
+    import warnings
+
+    import peft
+
+    from trims_hf.students import get_lora_model
+    from trims_hf.students.adapters import PEFT_READS_A_RENAMED_ATTRIBUTE
+
+    def wrapped(wrap) -> list[str]:
+        student = load_student(fixture("llada"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrap(student, lora_config(student, r=4))
+        return [f"{w.category.__name__}: {w.message}" for w in caught]
+
+    renamed = f"FutureWarning: {PEFT_READS_A_RENAMED_ATTRIBUTE}".replace("`", "")
+    assert any(w.replace("`", "").startswith(renamed) for w in wrapped(get_peft_model))  # peft's own call warns
+    assert not any(w.replace("`", "").startswith(renamed) for w in wrapped(get_lora_model))
+
+    def also_warns(model, config):
+        warnings.warn("another library's warning", UserWarning, stacklevel=2)
+        return get_peft_model(model, config)
+
+    monkeypatch.setattr(peft, "get_peft_model", also_warns)
+    assert wrapped(get_lora_model) == ["UserWarning: another library's warning"]
 
 def test_push_to_hub_uploads_the_export_with_its_card(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import trims_hf.commands.export  # noqa: F401 - the command's module, whose push is patched below

@@ -39,8 +39,13 @@ def export_merged(base: str, adapter: str, output: Path, *, model_kind: str | No
                   allow_base_mismatch: bool = False, **load_kwargs: Any) -> Path:
     """Merge ``adapter`` into ``base`` and save it in the base's layout (original for LLaDA / Dream checkpoints), with
     the tokenizer the run trained with (its output folder's, else the base's), so the folder loads on its own."""
+    import torch
+
+    from .distributed import name_cpu_accelerator
     from .students import load_student
 
+    if not torch.cuda.is_available():  # saving asks accelerate to unwrap the model, which imports DeepSpeed
+        name_cpu_accelerator()
     model = load_student(base, model_kind, adapter=adapter, allow_base_mismatch=allow_base_mismatch, **load_kwargs)
     model.merge_and_unload().save_pretrained(output)
     tokenizer = run_tokenizer(adapter, base)

@@ -7,7 +7,7 @@ decoders run on transformers' own Llama / Qwen3-MoE / GLM-4-MoE / Qwen2 code mad
 is executed.
 """
 
-from .adapters import AdapterError, load_adapter
+from .adapters import AdapterError, get_lora_model, load_adapter
 from .base import StudentSpec, compile_blocks, has_compiled_blocks, make_bidirectional
 from .loading import add_mask_token, load_student, prepare_student
 from .registry import (
@@ -36,6 +36,7 @@ __all__ = [
     "compile_blocks",
     "has_compiled_blocks",
     "detect_student_kind",
+    "get_lora_model",
     "load_adapter",
     "load_student",
     "make_bidirectional",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -293,12 +294,27 @@ def _check_shapes(model: nn.Module, tensors: dict[str, torch.Tensor], adapter: s
                            f"(another base?): {', '.join(sorted(wrong)[:3])}")
 
 
+PEFT_READS_A_RENAMED_ATTRIBUTE = r"`is_gradient_checkpointing` is deprecated"
+"""The FutureWarning transformers 5 raises each time peft (0.21) reads a model's ``is_gradient_checkpointing``, since
+renamed ``is_activation_checkpointing``: peft's own use of the old name, which no setting of the user's changes."""
+
+
+def get_lora_model(model: nn.Module, config: Any) -> nn.Module:
+    """``peft.get_peft_model(model, config)`` without :data:`PEFT_READS_A_RENAMED_ATTRIBUTE` (every other warning
+    passes), so that each train, eval and export run does not end its output with a warning nobody can act on."""
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PEFT_READS_A_RENAMED_ATTRIBUTE, category=FutureWarning)
+        return get_peft_model(model, config)
+
+
 def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None, token: str | bool | None = None,
                  allow_base_mismatch: bool = False) -> nn.Module:
     """``model`` (a prepared student) wrapped as a ``PeftModel`` with ``adapter`` loaded, whether the adapter names
     the original modules or the native ones; raises :class:`AdapterError` naming the keys when anything does not fit,
     or when the adapter recorded a base of other weights (:func:`check_base_weights`) unless ``allow_base_mismatch``."""
-    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from peft import LoraConfig, set_peft_model_state_dict
 
     folder = adapter_folder(adapter, revision, token)
     adapter_config, tensors = read_adapter(folder)
@@ -314,7 +330,7 @@ def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None,
         adapter_config["task_type"] = None
     config = LoraConfig.from_peft_type(**adapter_config)
     training = model.training
-    peft_model = get_peft_model(model, config).train(training)  # peft switches to training mode (dropout on)
+    peft_model = get_lora_model(model, config).train(training)  # peft switches to training mode (dropout on)
     result = set_peft_model_state_dict(peft_model, tensors)
     loaded = {name.replace(".default", "") for name, _ in peft_model.named_parameters() if LORA_MARK in name}
     missing = sorted(loaded - {key for key in tensors})

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import yaml
 from datasets import Dataset
-from peft import get_peft_model
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -54,7 +53,7 @@ from ..prompts import check_end_of_response
 from ..reports import write_atomic
 from ..settings import DecodingConfig, check_field_types, check_masking_read
 from ..sources import SourceError, check_dataset_source
-from ..students import STUDENTS, check_sequence_length, prepare_student, student_config
+from ..students import STUDENTS, check_sequence_length, get_lora_model, prepare_student, student_config
 from .batch_search import rows_per_process
 from .callbacks import DecodeEvalCallback
 from .config import MDLMConfig
@@ -182,7 +181,7 @@ def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointi
         check_target_modules(model, model_args.lora_target_modules)
     config = lora_config(model, r=model_args.lora_r, lora_alpha=model_args.lora_alpha,
                          lora_dropout=model_args.lora_dropout, target_modules=model_args.lora_target_modules)
-    return get_peft_model(model, config)
+    return get_lora_model(model, config)
 
 
 def check_target_modules(model: nn.Module, targets: list[str]) -> None:
