@@ -11,8 +11,11 @@ import sys
 import lm_eval.tasks
 from helpers_harness import gsm8k_task_manager
 
+from trims_hf.cli import leave_process_group
 from trims_hf.evaluation.harness.__main__ import main
 
 if __name__ == "__main__":
     lm_eval.tasks.TaskManager = gsm8k_task_manager  # where the harness's run and the command's check look it up
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    leave_process_group()  # as the command's own entry does before it exits
+    sys.exit(code)

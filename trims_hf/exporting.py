@@ -38,13 +38,17 @@ CARD = "README.md"
 def export_merged(base: str, adapter: str, output: Path, *, model_kind: str | None = None,
                   allow_base_mismatch: bool = False, **load_kwargs: Any) -> Path:
     """Merge ``adapter`` into ``base`` and save it in the base's layout (original for LLaDA / Dream checkpoints), with
-    the tokenizer the run trained with (its output folder's, else the base's), so the folder loads on its own."""
+    the tokenizer the run trained with (its output folder's, else the base's), so the folder loads on its own.
+
+    On a machine without an accelerator it names DeepSpeed's CPU accelerator for the process (``DS_ACCELERATOR=cpu``
+    unless set): saving asks accelerate to unwrap the model, which imports DeepSpeed where it is installed, and DeepSpeed
+    left to guess prints that it found no GPU."""
     import torch
 
     from .distributed import name_cpu_accelerator
     from .students import load_student
 
-    if not torch.cuda.is_available():  # saving asks accelerate to unwrap the model, which imports DeepSpeed
+    if not torch.accelerator.is_available():
         name_cpu_accelerator()
     model = load_student(base, model_kind, adapter=adapter, allow_base_mismatch=allow_base_mismatch, **load_kwargs)
     model.merge_and_unload().save_pretrained(output)
