@@ -5,20 +5,24 @@ tested elsewhere)."""
 from __future__ import annotations
 
 import json
+import logging.handlers
+import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import DATA, synthetic_scored_rows
+from conftest import DATA, FIXTURES, synthetic_scored_rows
 from helpers_students import write_llada2_checkpoint, write_llada_moe_checkpoint
 from original_reference import load_reference
 from peft import PeftModel
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from trims_hf import load_student
 from trims_hf.cli import main
 from trims_hf.commands.recipe import parse_recipe
-from trims_hf.students import detect_student_kind
+from trims_hf.students import detect_student_kind, load_student_tokenizer
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 NEW_RECIPES = {  # recipe -> (student kind, a config.json of that family as its Hub checkpoint has it)
@@ -59,6 +63,35 @@ def moe_hub_folder(tmp_path_factory, tokenizer):
         return built[kind]
 
     return folder
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream", *sorted(MOE_STUDENTS)])
+def test_an_original_checkpoints_tokenizer_loads_as_transformers_reads_it_without_a_line(kind, moe_hub_folder,
+                                                                                         tokenizer, tmp_path):
+    if kind in MOE_STUDENTS:
+        folder = moe_hub_folder(kind)
+    else:  # the original config, with a tokenizer beside it as on the Hub
+        folder = tmp_path / kind
+        folder.mkdir()
+        shutil.copy(FIXTURES / f"{kind}_tiny" / "config.json", folder)
+        tokenizer.save_pretrained(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the lines the test checks ours for
+        reference = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    logged = logging.handlers.BufferingHandler(capacity=100)  # transformers' loggers do not propagate to pytest's
+    logging.getLogger("transformers").addHandler(logged)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = load_student_tokenizer(str(folder))
+    finally:
+        logging.getLogger("transformers").removeHandler(logged)
+    assert [str(warning.message) for warning in caught] == []
+    assert [record.getMessage() for record in logged.buffer] == []
+    assert type(ours) is type(reference) and ours.get_vocab() == reference.get_vocab()
+    assert ours.all_special_tokens == reference.all_special_tokens and ours.mask_token_id == reference.mask_token_id
+    text = "Natalia sold 48 clips in April."
+    assert ours(text).input_ids == reference(text).input_ids
 
 
 @pytest.mark.slow

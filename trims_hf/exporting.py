@@ -64,11 +64,11 @@ def export_merged(base: str, adapter: str, output: Path, *, model_kind: str | No
 def run_tokenizer(adapter: str, base: str) -> Any:
     """The tokenizer saved beside ``adapter`` (a folder or Hub repo: ``trims train`` saves the student's, mask token
     included), else ``base``'s; None when neither has one that loads without remote code."""
-    from transformers import AutoTokenizer
+    from .students import load_student_tokenizer
 
     for source in (adapter, base):
         try:
-            return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+            return load_student_tokenizer(source)
         except (OSError, ValueError, KeyError, ImportError):  # no tokenizer files, remote code, a missing package
             continue
     return None

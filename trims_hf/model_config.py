@@ -143,15 +143,12 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
 
 def load_tokenizer(model: ModelConfig, name: FieldName = field_name) -> Any:
     """The student's tokenizer: ``tokenizer_name_or_path``'s, else the student folder's."""
-    from transformers import AutoTokenizer
+    from .students import load_student_tokenizer
 
     key, source = (("tokenizer_name_or_path", model.tokenizer_name_or_path) if model.tokenizer_name_or_path
                    else ("model_name_or_path", model.model_name_or_path))
     try:
-        # No remote code: an original checkpoint's config names its code in auto_map (LLaDA-MoE, LLaDA 2.x), and the
-        # tokenizer load would otherwise stop to ask whether to run it.
-        return AutoTokenizer.from_pretrained(source, revision=None if model.tokenizer_name_or_path else model.model_revision,
-                                             trust_remote_code=False)
+        return load_student_tokenizer(source, revision=None if model.tokenizer_name_or_path else model.model_revision)
     except (OSError, ValueError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         hint = "" if model.tokenizer_name_or_path else f"; set {name('tokenizer_name_or_path')}"

@@ -9,7 +9,7 @@ is executed.
 
 from .adapters import AdapterError, get_lora_model, load_adapter
 from .base import StudentSpec, compile_blocks, has_compiled_blocks, make_bidirectional
-from .loading import add_mask_token, load_student, prepare_student
+from .loading import add_mask_token, load_student, load_student_tokenizer, prepare_student
 from .registry import (
     STUDENTS,
     MaskTokenError,
@@ -39,6 +39,7 @@ __all__ = [
     "get_lora_model",
     "load_adapter",
     "load_student",
+    "load_student_tokenizer",
     "make_bidirectional",
     "mask_token_id",
     "prepare_student",

@@ -23,6 +23,30 @@ from .registry import (
 )
 from .trainer_hooks import use_mdlm_loss
 
+TOKENIZER_RESOLVING_KEYS = ("model_type", "model_name", "tokenizer_class")
+"""What ``AutoTokenizer`` reads of a config whose model type transformers does not know."""
+
+
+def load_student_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
+    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)`` without remote code, and without the lines an original
+    checkpoint's config makes it print.
+
+    An original config (LLaDA, Dream, LLaDA-MoE, LLaDA 2.x) names a model type transformers does not know, so
+    ``AutoTokenizer`` reads the whole file into a bare ``PreTrainedConfig``: that logs "You are using a model of type
+    ... to instantiate a model of type ``" and, where the file has ``rope_scaling``, warns that the key is deprecated.
+    Of that bare config it reads only :data:`TOKENIZER_RESOLVING_KEYS`, so a bare config of those picks the same
+    tokenizer class without a line. A config of a known type, or none, goes to ``AutoTokenizer`` as it is.
+    """
+    from transformers import AutoTokenizer
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    hub_kwargs = {key: kwargs[key] for key in ("revision", "token") if key in kwargs}
+    config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **hub_kwargs)
+    if config_dict.get("model_type") and config_dict["model_type"] not in CONFIG_MAPPING:
+        kwargs["config"] = PreTrainedConfig(**{key: config_dict[key] for key in TOKENIZER_RESOLVING_KEYS
+                                                if key in config_dict})
+    return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **kwargs)
+
 
 def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = None) -> nn.Module:
     """Mark ``model`` as a student of ``kind``, make its attention bidirectional and, called on a
@@ -106,9 +130,7 @@ def load_student(
     try:
         mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id)
     except MaskTokenError:  # none given or on the config: the tokenizer's (read only when needed)
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **hub_kwargs)
+        tokenizer = load_student_tokenizer(name_or_path, **hub_kwargs)
         mask_token_id = student_mask_token_id(config_dict, spec.kind, mask_token_id, tokenizer)
     if spec.decoder:
         native = spec.is_original(config_dict)
