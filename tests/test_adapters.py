@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,19 @@ def test_adapter_of_another_base_fails_before_loading_unless_allowed(tmp_path: P
     (tmp_path / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": "someone/other-8b"}))
     with pytest.raises(AdapterError, match="trained on 'someone/other-8b'.*--allow-base-mismatch"):
         load_student(fixture("llada"), adapter=str(tmp_path))
-    assert load_student(fixture("llada"), adapter=str(tmp_path), allow_base_mismatch=True) is not None
+    with pytest.warns(UserWarning, match="`base_model_name_or_path` was renamed from 'someone/other-8b'"):
+        assert load_student(fixture("llada"), adapter=str(tmp_path), allow_base_mismatch=True) is not None
+
+
+def test_adapter_recorded_on_a_hub_id_loads_onto_its_local_copy_without_peft_asking_to_check_the_base(tmp_path):
+    """The base's name was checked (``GSAI-ML/llada_tiny`` is the folder ``llada_tiny``), so peft's warning that the
+    recorded base was renamed is left out (a base of another name, allowed, keeps it: the test above)."""
+    original_adapter(tmp_path, ["q_proj"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load_student(fixture("llada"), adapter=str(tmp_path))
+    assert [str(warning.message) for warning in caught] == []
+    assert model.peft_config["default"].base_model_name_or_path == fixture("llada")
 
 
 def refilled_base(folder: Path, relative_change: float) -> str:
@@ -230,6 +243,7 @@ def test_unreadable_or_foreign_base_record_is_one_line(tmp_path: Path, record: s
 
 _SHARDED_AFTER_RECORD = """
 import sys
+import warnings
 import torch.distributed as dist
 from peft import LoraConfig, get_peft_model
 from torch import nn

@@ -309,6 +309,12 @@ def get_lora_model(model: nn.Module, config: Any) -> nn.Module:
         return get_peft_model(model, config)
 
 
+PEFT_RENAMES_THE_BASE = r"The PEFT config's `base_model_name_or_path` was renamed"
+"""The UserWarning peft raises when it loads an adapter onto a base of another name or path than the one recorded,
+asking to "ensure that the correct base model is loaded": :func:`load_adapter` has ensured it when the names match
+(:func:`check_adapter_base`: a Hub id and its local copy, a relative and an absolute path)."""
+
+
 def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None, token: str | bool | None = None,
                  allow_base_mismatch: bool = False) -> nn.Module:
     """``model`` (a prepared student) wrapped as a ``PeftModel`` with ``adapter`` loaded, whether the adapter names
@@ -318,8 +324,11 @@ def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None,
 
     folder = adapter_folder(adapter, revision, token)
     adapter_config, tensors = read_adapter(folder)
-    check_adapter_base(adapter_config, getattr(model.config, "_name_or_path", ""), adapter, allow_base_mismatch)
+    base = getattr(model.config, "_name_or_path", "")
+    check_adapter_base(adapter_config, base, adapter, allow_base_mismatch)
     check_base_weights(folder, model, adapter, allow_base_mismatch)
+    recorded = adapter_config.get("base_model_name_or_path")
+    base_checked = bool(recorded and base) and _base_name(recorded) == _base_name(base)
     rename = student_spec(model).module_names.to_native
     in_file = {rename(key): key for key in tensors}
     adapter_config, tensors = renamed_adapter(adapter_config, tensors, rename)
@@ -330,7 +339,10 @@ def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None,
         adapter_config["task_type"] = None
     config = LoraConfig.from_peft_type(**adapter_config)
     training = model.training
-    peft_model = get_lora_model(model, config).train(training)  # peft switches to training mode (dropout on)
+    with warnings.catch_warnings():
+        if base_checked:
+            warnings.filterwarnings("ignore", message=PEFT_RENAMES_THE_BASE, category=UserWarning)
+        peft_model = get_lora_model(model, config).train(training)  # peft switches to training mode (dropout on)
     result = set_peft_model_state_dict(peft_model, tensors)
     loaded = {name.replace(".default", "") for name, _ in peft_model.named_parameters() if LORA_MARK in name}
     missing = sorted(loaded - {key for key in tensors})
