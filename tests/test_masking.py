@@ -208,6 +208,25 @@ def test_noise_batch_refuses_inputs_it_would_broadcast(case):
         noise_batch(**{**inputs, **changed})
 
 
+@pytest.mark.parametrize(("bucket", "row", "refused"), [(8, 0, True), (-1, 0, True), (12, 1, False), (7, 0, False)])
+def test_noise_batch_refuses_a_trajectory_token_outside_the_buckets(bucket, row, refused):
+    """Bucket K or more would always read as future, -1 always as context; a standard row's ids and the prompt's are
+    not read, so they pass."""
+    maskable = torch.ones(2, 8, dtype=torch.bool)
+    maskable[:, :3] = False
+    bucket_ids = torch.full((2, 8), 3)
+    bucket_ids[:, :3] = -1
+    bucket_ids[row, 5] = bucket
+    inputs = dict(input_ids=torch.arange(16).view(2, 8), maskable=maskable, bucket_ids=bucket_ids,
+                  is_trajectory=torch.tensor([True, False]), mask_token_id=MASK, config=MaskingConfig(num_buckets=8))
+    if not refused:
+        assert noise_batch(**inputs).input_ids.shape == (2, 8)
+        return
+    with pytest.raises(ValueError, match=rf"^bucket_ids: row 0, position 5 holds {bucket}, outside num_buckets=8 "
+                                         r"\(ids 0\.\.7\)"):
+        noise_batch(**inputs)
+
+
 @pytest.mark.parametrize("block_size", [0, -2, 2.5, True])
 def test_a_block_mask_needs_a_whole_block_size(block_size):
     from trims_hf import block_diffusion_mask

@@ -141,6 +141,20 @@ def check_noise_inputs(input_ids: torch.Tensor, maskable: torch.Tensor, bucket_i
         raise ValueError(f"mask_token_id={mask_token_id!r}: a token id, a whole number >= 0.")
 
 
+def check_bucket_range(bucket_ids: torch.Tensor, maskable: torch.Tensor, is_trajectory: torch.Tensor,
+                       num_buckets: int) -> None:
+    """A trajectory row's maskable tokens lie in buckets ``0..K-1``: an id of K or more (rows cut for a larger K) would
+    always read as future, -1 always as context, and the masks would look plausible. Other positions are not read.
+    One check of the whole batch (a device sync where the batch is on an accelerator; the collator's is on the CPU)."""
+    read = maskable & is_trajectory.unsqueeze(1).to(maskable.device)
+    outside = read & ((bucket_ids < 0) | (bucket_ids >= num_buckets))
+    if outside.any():
+        row, position = (int(i) for i in outside.nonzero()[0])
+        raise ValueError(f"bucket_ids: row {row}, position {position} holds {int(bucket_ids[row, position])}, outside "
+                         f"num_buckets={num_buckets} (ids 0..{num_buckets - 1}); rows cut for another K need that "
+                         "num_buckets.")
+
+
 def noise_batch(
     input_ids: torch.Tensor,
     maskable: torch.Tensor,
@@ -159,6 +173,7 @@ def noise_batch(
     normaliser, which keeps the estimator unbiased).
     """
     check_noise_inputs(input_ids, maskable, bucket_ids, is_trajectory, mask_token_id)
+    check_bucket_range(bucket_ids, maskable, is_trajectory, config.num_buckets)
     batch_size, length = input_ids.shape
     schedule = get_schedule(config.noise_schedule)
     t = config.min_t + (1.0 - config.min_t) * uniform(generator, batch_size)
