@@ -99,15 +99,26 @@ def test_adapter_of_another_base_fails_before_loading_unless_allowed(tmp_path: P
         assert load_student(fixture("llada"), adapter=str(tmp_path), allow_base_mismatch=True) is not None
 
 
-def test_adapter_recorded_on_a_hub_id_loads_onto_its_local_copy_without_peft_asking_to_check_the_base(tmp_path):
-    """The base's name was checked (``GSAI-ML/llada_tiny`` is the folder ``llada_tiny``), so peft's warning that the
-    recorded base was renamed is left out (a base of another name, allowed, keeps it: the test above)."""
-    original_adapter(tmp_path, ["q_proj"])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = load_student(fixture("llada"), adapter=str(tmp_path))
-    assert [str(warning.message) for warning in caught] == []
-    assert model.peft_config["default"].base_model_name_or_path == fixture("llada")
+def test_peft_asks_to_check_a_renamed_base_only_where_the_base_record_did_not(tmp_path):
+    """An adapter recorded on the Hub id ``GSAI-ML/llada_tiny`` loads onto the local folder ``llada_tiny``: the name
+    check compares last path parts only, so peft's warning that the recorded base was renamed stays, unless the
+    adapter's record of its base's weights matched."""
+    original_adapter(tmp_path / "elsewhere", ["q_proj"])  # trained outside trims_hf: no record
+    native_adapter("llada", tmp_path / "recorded")
+    write_base_fingerprint(tmp_path / "recorded", base_fingerprint(load_student(fixture("llada"))))
+    config = json.loads((tmp_path / "recorded" / "adapter_config.json").read_text())
+    (tmp_path / "recorded" / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": "GSAI-ML/llada_tiny"}))
+    shown = {}
+    for name in ("elsewhere", "recorded"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = load_student(fixture("llada"), adapter=str(tmp_path / name))
+        shown[name] = [str(warning.message) for warning in caught]
+        assert model.peft_config["default"].base_model_name_or_path == fixture("llada")
+    assert shown["recorded"] == []
+    (warning,) = shown["elsewhere"]
+    assert warning.startswith("The PEFT config's `base_model_name_or_path` was renamed from 'GSAI-ML/llada_tiny'")
 
 
 def refilled_base(folder: Path, relative_change: float) -> str:
@@ -243,7 +254,6 @@ def test_unreadable_or_foreign_base_record_is_one_line(tmp_path: Path, record: s
 
 _SHARDED_AFTER_RECORD = """
 import sys
-import warnings
 import torch.distributed as dist
 from peft import LoraConfig, get_peft_model
 from torch import nn
@@ -321,8 +331,6 @@ def test_a_merged_export_without_an_accelerator_prints_nothing_of_deepspeed(save
 def test_lora_wrapping_drops_peft_reading_the_renamed_checkpointing_attribute_and_no_other_warning(monkeypatch):
     """peft reads a model's ``is_gradient_checkpointing``, which transformers 5 renamed and warns about on each read:
     the library's LoRA wrapping leaves that one FutureWarning out and lets every other warning through."""
-    import warnings
-
     import peft
 
     from trims_hf.students import get_lora_model

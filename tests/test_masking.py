@@ -189,6 +189,8 @@ NOISE_MISUSES = {
     "float maskable": (dict(maskable=torch.full((2, 8), 0.5)), r"maskable \(torch\.float32\) and is_trajectory "
                                                                r"\(torch\.bool\) are bool tensors"),
     "buckets of another width": (dict(bucket_ids=torch.zeros(2, 7, dtype=torch.long)), r"bucket_ids \(2, 7\)"),
+    "float buckets": (dict(bucket_ids=torch.full((2, 8), 0.5)), r"bucket_ids \(torch\.float32\): whole-number"),
+    "bool buckets": (dict(bucket_ids=torch.zeros(2, 8, dtype=torch.bool)), r"bucket_ids \(torch\.bool\): whole-number"),
     "one row, 1-D": (dict(input_ids=torch.arange(8)), r"input_ids \(8,\): \[batch, length\]"),
     "a negative mask id": (dict(mask_token_id=-1), r"mask_token_id=-1: a token id"),
     "a fractional mask id": (dict(mask_token_id=2.5), r"mask_token_id=2\.5: a token id"),
@@ -222,8 +224,9 @@ def test_noise_batch_refuses_a_trajectory_token_outside_the_buckets(bucket, row,
     if not refused:
         assert noise_batch(**inputs).input_ids.shape == (2, 8)
         return
+    cause = "rows cut for another K need that num_buckets" if bucket > 0 else "a maskable response token needs its"
     with pytest.raises(ValueError, match=rf"^bucket_ids: row 0, position 5 holds {bucket}, outside num_buckets=8 "
-                                         r"\(ids 0\.\.7\)"):
+                                         rf"\(ids 0\.\.7\); {cause}"):
         noise_batch(**inputs)
 
 

@@ -80,6 +80,7 @@ def test_an_original_checkpoints_tokenizer_loads_as_transformers_reads_it_withou
         reference = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     logged = logging.handlers.BufferingHandler(capacity=100)  # transformers' loggers do not propagate to pytest's
     logging.getLogger("transformers").addHandler(logged)
+    level = logging.getLogger("transformers.configuration_utils").level
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -88,10 +89,29 @@ def test_an_original_checkpoints_tokenizer_loads_as_transformers_reads_it_withou
         logging.getLogger("transformers").removeHandler(logged)
     assert [str(warning.message) for warning in caught] == []
     assert [record.getMessage() for record in logged.buffer] == []
+    assert logging.getLogger("transformers.configuration_utils").level == level  # the config reader speaks again
     assert type(ours) is type(reference) and ours.get_vocab() == reference.get_vocab()
     assert ours.all_special_tokens == reference.all_special_tokens and ours.mask_token_id == reference.mask_token_id
     text = "Natalia sold 48 clips in April."
     assert ours(text).input_ids == reference(text).input_ids
+
+
+def test_a_student_tokenizer_takes_autotokenizers_arguments_and_refuses_remote_code(moe_hub_folder, tokenizer,
+                                                                                     tmp_path):
+    """Every argument reaches ``AutoTokenizer``: ``subfolder`` (the tokenizer files are only there), and a ``config``
+    that names the tokenizer class the files do not; asking for remote code is refused."""
+    from transformers import PreTrainedConfig
+
+    sub = tmp_path / "repo" / "sub"
+    shutil.copytree(moe_hub_folder("llada2"), sub)
+    settings = json.loads((sub / "tokenizer_config.json").read_text())
+    (sub / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": None}))
+    assert load_student_tokenizer(str(tmp_path / "repo"), subfolder="sub").get_vocab() == tokenizer.get_vocab()
+    named = load_student_tokenizer(str(tmp_path / "repo"), subfolder="sub",
+                                   config=PreTrainedConfig(tokenizer_class="GPT2Tokenizer"))
+    assert type(named).__name__ == "GPT2Tokenizer"
+    with pytest.raises(ValueError, match="^load_student_tokenizer runs no remote code"):
+        load_student_tokenizer(str(moe_hub_folder("llada2")), trust_remote_code=True)
 
 
 @pytest.mark.slow

@@ -231,12 +231,13 @@ def base_difference(recorded: dict[str, Any], current: dict[str, Any]) -> str | 
     return None
 
 
-def check_base_weights(folder: Path, model: nn.Module, adapter: str, allow_base_mismatch: bool) -> None:
+def check_base_weights(folder: Path, model: nn.Module, adapter: str, allow_base_mismatch: bool) -> bool:
     """Refuse ``model`` as the base of the adapter in ``folder`` when the adapter recorded a base of other weights
-    (:data:`BASE_FINGERPRINT`; adapters trained elsewhere record none, and keep only the name check)."""
+    (:data:`BASE_FINGERPRINT`; adapters trained elsewhere record none, and keep only the name check); True when the
+    record was read and ``model`` holds its weights."""
     path = Path(folder) / BASE_FINGERPRINT
     if allow_base_mismatch or not path.is_file():
-        return
+        return False
     unreadable = f"adapter {adapter}: {BASE_FINGERPRINT} is not a record of a base this version reads"
     try:
         recorded = json.loads(path.read_text())
@@ -256,6 +257,7 @@ def check_base_weights(folder: Path, model: nn.Module, adapter: str, allow_base_
             f"adapter {adapter} was trained on a base with other weights than "
             f"{getattr(model.config, '_name_or_path', '') or 'this model'!s}: {difference}; if that is intended, pass "
             "--allow-base-mismatch (allow_base_mismatch=True)".split()))
+    return True
 
 
 def module_path(key: str) -> str:
@@ -310,9 +312,11 @@ def get_lora_model(model: nn.Module, config: Any) -> nn.Module:
 
 
 PEFT_RENAMES_THE_BASE = r"The PEFT config's `base_model_name_or_path` was renamed"
-"""The UserWarning peft raises when it loads an adapter onto a base of another name or path than the one recorded,
-asking to "ensure that the correct base model is loaded": :func:`load_adapter` has ensured it when the names match
-(:func:`check_adapter_base`: a Hub id and its local copy, a relative and an absolute path)."""
+"""The UserWarning peft raises when it loads an adapter onto a base of another name or path than the one recorded
+(a Hub id and its local copy, a relative and an absolute path), asking to "ensure that the correct base model is
+loaded": :func:`load_adapter` has ensured it when the adapter's record of its base's weights matched
+(:func:`check_base_weights`). Without a record, the name check alone compares last path parts, and peft's warning
+stays."""
 
 
 def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None, token: str | bool | None = None,
@@ -324,11 +328,8 @@ def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None,
 
     folder = adapter_folder(adapter, revision, token)
     adapter_config, tensors = read_adapter(folder)
-    base = getattr(model.config, "_name_or_path", "")
-    check_adapter_base(adapter_config, base, adapter, allow_base_mismatch)
-    check_base_weights(folder, model, adapter, allow_base_mismatch)
-    recorded = adapter_config.get("base_model_name_or_path")
-    base_checked = bool(recorded and base) and _base_name(recorded) == _base_name(base)
+    check_adapter_base(adapter_config, getattr(model.config, "_name_or_path", ""), adapter, allow_base_mismatch)
+    weights_checked = check_base_weights(folder, model, adapter, allow_base_mismatch)
     rename = student_spec(model).module_names.to_native
     in_file = {rename(key): key for key in tensors}
     adapter_config, tensors = renamed_adapter(adapter_config, tensors, rename)
@@ -340,7 +341,7 @@ def load_adapter(model: nn.Module, adapter: str, *, revision: str | None = None,
     config = LoraConfig.from_peft_type(**adapter_config)
     training = model.training
     with warnings.catch_warnings():
-        if base_checked:
+        if weights_checked:
             warnings.filterwarnings("ignore", message=PEFT_RENAMES_THE_BASE, category=UserWarning)
         peft_model = get_lora_model(model, config).train(training)  # peft switches to training mode (dropout on)
     result = set_peft_model_state_dict(peft_model, tensors)

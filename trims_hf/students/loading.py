@@ -4,6 +4,9 @@ MDLM loss; :func:`add_mask_token` for a causal LM without one."""
 
 from __future__ import annotations
 
+import logging
+import re
+import warnings
 from typing import Any
 
 from torch import nn
@@ -23,29 +26,34 @@ from .registry import (
 )
 from .trainer_hooks import use_mdlm_loss
 
-TOKENIZER_RESOLVING_KEYS = ("model_type", "model_name", "tokenizer_class")
-"""What ``AutoTokenizer`` reads of a config whose model type transformers does not know."""
+CONFIG_READER = "transformers.configuration_utils"
+"""The module whose warnings and log lines :func:`load_student_tokenizer` leaves out: those of the config read."""
 
 
 def load_student_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
-    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)`` without remote code, and without the lines an original
-    checkpoint's config makes it print.
+    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)`` without remote code, and without what it prints of
+    the model's config.
 
-    An original config (LLaDA, Dream, LLaDA-MoE, LLaDA 2.x) names a model type transformers does not know, so
-    ``AutoTokenizer`` reads the whole file into a bare ``PreTrainedConfig``: that logs "You are using a model of type
-    ... to instantiate a model of type ``" and, where the file has ``rope_scaling``, warns that the key is deprecated.
-    Of that bare config it reads only :data:`TOKENIZER_RESOLVING_KEYS`, so a bare config of those picks the same
-    tokenizer class without a line. A config of a known type, or none, goes to ``AutoTokenizer`` as it is.
+    ``AutoTokenizer`` reads the checkpoint's config only to choose the tokenizer class. An original config (LLaDA,
+    Dream, LLaDA-MoE, LLaDA 2.x) names a model type transformers does not know, so it is read into a bare
+    ``PreTrainedConfig``, which logs "You are using a model of type ... to instantiate a model of type ``" and, where
+    the file has ``rope_scaling``, warns that the key is deprecated: lines about the model, which loading the model
+    reads (and reports) itself. They are left out (:data:`CONFIG_READER`'s warnings and log lines below an error);
+    the tokenizer chosen, and everything else said, are ``AutoTokenizer``'s.
     """
     from transformers import AutoTokenizer
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    hub_kwargs = {key: kwargs[key] for key in ("revision", "token") if key in kwargs}
-    config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **hub_kwargs)
-    if config_dict.get("model_type") and config_dict["model_type"] not in CONFIG_MAPPING:
-        kwargs["config"] = PreTrainedConfig(**{key: config_dict[key] for key in TOKENIZER_RESOLVING_KEYS
-                                                if key in config_dict})
-    return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **kwargs)
+    if kwargs.pop("trust_remote_code", False):
+        raise ValueError("load_student_tokenizer runs no remote code: trust_remote_code=True is refused.")
+    reader = logging.getLogger(CONFIG_READER)
+    level = reader.level
+    reader.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=re.escape(CONFIG_READER))
+            return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **kwargs)
+    finally:
+        reader.setLevel(level)
 
 
 def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = None) -> nn.Module:

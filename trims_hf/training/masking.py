@@ -133,6 +133,8 @@ def check_noise_inputs(input_ids: torch.Tensor, maskable: torch.Tensor, bucket_i
     for name, tensor in (("maskable", maskable), ("bucket_ids", bucket_ids)):
         if tuple(tensor.shape) != tuple(input_ids.shape):
             raise ValueError(f"{name} {tuple(tensor.shape)}: the shape of input_ids {tuple(input_ids.shape)}.")
+    if bucket_ids.dtype == torch.bool or bucket_ids.is_floating_point() or bucket_ids.is_complex():
+        raise ValueError(f"bucket_ids ({bucket_ids.dtype}): whole-number bucket ids, an integer tensor.")
     if maskable.dtype != torch.bool or is_trajectory.dtype != torch.bool:
         raise ValueError(f"maskable ({maskable.dtype}) and is_trajectory ({is_trajectory.dtype}) are bool tensors.")
     if tuple(is_trajectory.shape) != tuple(input_ids.shape[:1]):
@@ -150,9 +152,11 @@ def check_bucket_range(bucket_ids: torch.Tensor, maskable: torch.Tensor, is_traj
     outside = read & ((bucket_ids < 0) | (bucket_ids >= num_buckets))
     if outside.any():
         row, position = (int(i) for i in outside.nonzero()[0])
-        raise ValueError(f"bucket_ids: row {row}, position {position} holds {int(bucket_ids[row, position])}, outside "
-                         f"num_buckets={num_buckets} (ids 0..{num_buckets - 1}); rows cut for another K need that "
-                         "num_buckets.")
+        value = int(bucket_ids[row, position])
+        cause = ("rows cut for another K need that num_buckets" if value >= num_buckets else
+                 "a maskable response token needs its bucket (-1 marks the prompt)")
+        raise ValueError(f"bucket_ids: row {row}, position {position} holds {value}, outside num_buckets={num_buckets} "
+                         f"(ids 0..{num_buckets - 1}); {cause}.")
 
 
 def noise_batch(
