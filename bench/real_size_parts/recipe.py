@@ -64,7 +64,7 @@ def recipe_part(run: Run) -> None:
         recipe_saves = read_recipe(recipe_path(run.student)).get("save_strategy", "steps")  # the bench saves nothing
         model = build_model(run.student, run.scale, run.device, run.dtype, run.attn_implementation)
         base_parameters, frozen = model.num_parameters(), linear_weights(model)
-        model = wrap_lora(model, model_args, args.gradient_checkpointing)
+        model = wrap_lora(model, model_args, args.activation_checkpointing)
         lora = sum(p.numel() for p in model.parameters() if p.requires_grad)
         config = model.config
         collator = TrimsDataCollator(SimpleNamespace(eos_token_id=config.eos_token_id), mask_token_id=mask_token_id(model),
@@ -97,7 +97,7 @@ def recipe_part(run: Run) -> None:
         "base_parameters": base_parameters, "lora_parameters": lora, "sequence_length": length,
         "global_batch": global_batch, "global_batch_size_setting": args.global_batch_size,
         "per_device_batch": batch, "gradient_accumulation": accumulation, "processes": processes,
-        "compile_blocks": args.compile_blocks, "gradient_checkpointing": args.gradient_checkpointing,
+        "compile_blocks": args.compile_blocks, "gradient_checkpointing": args.activation_checkpointing,
         "mixed_precision": trainer.accelerator.mixed_precision, "steps": run.steps,
         "step_s": [round(t, 4) for t in timer.times], "median_step_s_after_first": round(steady, 4),
         "tokens_per_s": round(tokens_per_s, 1), "flops_per_token": flops, "flop_convention": flop_convention(views),

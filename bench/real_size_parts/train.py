@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import train_profile
 from collator import prepared_rows
-from peft import get_peft_model
 from torch import nn
 from train_step import build_trainer, interleaved_steps, masking_collators, precision_path, step
 
@@ -38,7 +37,7 @@ from real_size_parts.common import (
     training_flops_per_token,
 )
 from trims_hf import TrimsDataCollator, lora_config, mask_token_id
-from trims_hf.students import STUDENTS
+from trims_hf.students import STUDENTS, get_lora_model
 from trims_hf.studies.accelerators import accelerator, mfu
 
 SEQUENCE_LENGTH = {"tiny": 256, "real": 1024}
@@ -66,7 +65,7 @@ def lora_student(run: Run, role: str, lora_dropout: float | None = None) -> Lora
     model = build_model(role, run.scale, run.device, run.dtype, run.attn_implementation)
     base, frozen = model.num_parameters(), linear_weights(model)
     extra = {} if lora_dropout is None else {"lora_dropout": lora_dropout}
-    model = get_peft_model(model, lora_config(model, **extra))
+    model = get_lora_model(model, lora_config(model, **extra))
     return LoraStudent(model, base, frozen, sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
@@ -139,7 +138,7 @@ def train_variant(run: Run, variant: str, profile: bool) -> None:
         precision = precision_path(trainer)
         for checkpointing in run.checkpointing:
             if checkpointing:
-                trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             largest = largest_batch(fits, run.max_batch)
             if largest == 0:
                 run.emit("train", {"measurement": "lora_training_step", "model": MODEL_NAMES[run.student],

@@ -26,7 +26,7 @@ from ..students import StudentSpec, mask_token_id, student_spec
 from ..students.loss import masked_token_loss
 from .masked_forward import masked_logits
 
-NOTHING_FITS = ("per-device batch 1 does not fit in memory at max_length: turn on gradient_checkpointing, shorten "
+NOTHING_FITS = ("per-device batch 1 does not fit in memory at max_length: turn on activation_checkpointing, shorten "
                 "max_length, or train on a device with more memory.")
 
 

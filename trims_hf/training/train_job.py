@@ -170,10 +170,10 @@ def build_student(model_args: ModelArguments, student: ResolvedStudent) -> nn.Mo
     return prepare_student(model, student.kind, student.mask_token_id)
 
 
-def wrap_lora(model: nn.Module, model_args: ModelArguments, gradient_checkpointing: bool) -> nn.Module:
+def wrap_lora(model: nn.Module, model_args: ModelArguments, activation_checkpointing: bool) -> nn.Module:
     if not model_args.use_lora:
         return model
-    if gradient_checkpointing:
+    if activation_checkpointing:
         model.enable_input_require_grads()  # frozen embeddings would otherwise cut the checkpointed graph
     if model_args.adapter:  # build_student loaded it trainable
         return model
@@ -539,7 +539,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     if args.device.type == "cpu":  # also sets up (once, cached) the processes that distributed_state describes
         name_cpu_accelerator()
     announce("trims train", args.distributed_state)
-    model = wrap_lora(build_student(model_args, student), model_args, args.gradient_checkpointing)
+    model = wrap_lora(build_student(model_args, student), model_args, args.activation_checkpointing)
     trainer = MDLMTrainer(model, args, train_dataset=train_dataset, eval_dataset=eval_dataset, processing_class=tokenizer)
     if data_args.decode_eval_task:
         DecodeEvalCallback(data_args.decode_eval_task, tokenizer, data_args.decoding_config(), limit=data_args.decode_eval_limit,
