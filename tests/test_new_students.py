@@ -7,8 +7,12 @@ from __future__ import annotations
 import json
 import logging.handlers
 import shutil
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -65,35 +69,73 @@ def moe_hub_folder(tmp_path_factory, tokenizer):
     return folder
 
 
-@pytest.mark.parametrize("kind", ["llada", "dream", *sorted(MOE_STUDENTS)])
-def test_an_original_checkpoints_tokenizer_loads_as_transformers_reads_it_without_a_line(kind, moe_hub_folder,
-                                                                                         tokenizer, tmp_path):
+def original_folder(kind: str, moe_hub_folder, tokenizer, folder: Path, **config: Any) -> Path:
+    """A Hub folder of ``kind`` in the original layout with a tokenizer beside it (the MoE students' written by the test,
+    LLaDA's and Dream's config from tests/fixtures), its config updated with ``config``."""
     if kind in MOE_STUDENTS:
-        folder = moe_hub_folder(kind)
-    else:  # the original config, with a tokenizer beside it as on the Hub
-        folder = tmp_path / kind
+        shutil.copytree(moe_hub_folder(kind), folder)
+    else:
         folder.mkdir()
         shutil.copy(FIXTURES / f"{kind}_tiny" / "config.json", folder)
         tokenizer.save_pretrained(folder)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the lines the test checks ours for
-        reference = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    logged = logging.handlers.BufferingHandler(capacity=100)  # transformers' loggers do not propagate to pytest's
+    (folder / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text()) | config))
+    return folder
+
+
+@contextmanager
+def transformers_lines() -> Iterator[tuple[list, list]]:
+    """The warnings raised and the transformers log records made inside (its loggers do not propagate to pytest's)."""
+    logged = logging.handlers.BufferingHandler(capacity=100)
     logging.getLogger("transformers").addHandler(logged)
-    level = logging.getLogger("transformers.configuration_utils").level
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            ours = load_student_tokenizer(str(folder))
+            yield caught, logged.buffer
     finally:
         logging.getLogger("transformers").removeHandler(logged)
+
+
+@pytest.mark.parametrize("kind", ["llada", "dream", *sorted(MOE_STUDENTS)])
+def test_an_original_checkpoints_tokenizer_loads_as_transformers_reads_it_without_a_line(kind, moe_hub_folder,
+                                                                                         tokenizer, tmp_path):
+    folder = original_folder(kind, moe_hub_folder, tokenizer, tmp_path / kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the lines the test checks ours for
+        reference = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    with transformers_lines() as (caught, logged):
+        ours = load_student_tokenizer(str(folder))
     assert [str(warning.message) for warning in caught] == []
-    assert [record.getMessage() for record in logged.buffer] == []
-    assert logging.getLogger("transformers.configuration_utils").level == level  # the config reader speaks again
+    assert [record.getMessage() for record in logged] == []
     assert type(ours) is type(reference) and ours.get_vocab() == reference.get_vocab()
     assert ours.all_special_tokens == reference.all_special_tokens and ours.mask_token_id == reference.mask_token_id
     text = "Natalia sold 48 clips in April."
     assert ours(text).input_ids == reference(text).input_ids
+
+
+def test_a_student_tokenizer_leaves_out_only_its_own_threads_model_type_line(moe_hub_folder, tokenizer, tmp_path,
+                                                                             monkeypatch):
+    """What else the config reader says still shows (an out-of-vocabulary special token id of the config), and so does
+    the model-type line of another thread (a model loaded beside it); the reader keeps no filter afterwards."""
+    reader = logging.getLogger("transformers.configuration_utils")
+    bare = "You are using a model of type `x` to instantiate a model of type ``."
+    load = AutoTokenizer.from_pretrained
+
+    def with_another_thread(*args, **kwargs):
+        other = threading.Thread(target=reader.warning, args=(bare + " (another thread)",))
+        other.start()
+        other.join()
+        reader.warning(bare + " (this call)")
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", with_another_thread)
+    folder = original_folder("llada2", moe_hub_folder, tokenizer, tmp_path / "llada2", bos_token_id=70_001)
+    with transformers_lines() as (caught, logged):
+        load_student_tokenizer(str(folder))
+    messages = [record.getMessage() for record in logged]
+    assert bare + " (another thread)" in messages and bare + " (this call)" not in messages
+    assert any(message.startswith("Model config: bos_token_id must be `None` or an integer within the vocabulary")
+               and "got 70001" in message for message in messages)
+    assert [str(warning.message) for warning in caught] == [] and reader.filters == []
 
 
 def test_a_student_tokenizer_takes_autotokenizers_arguments_and_refuses_remote_code(moe_hub_folder, tokenizer,

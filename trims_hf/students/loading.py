@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import warnings
 from typing import Any
 
@@ -27,33 +28,42 @@ from .registry import (
 from .trainer_hooks import use_mdlm_loss
 
 CONFIG_READER = "transformers.configuration_utils"
-"""The module whose warnings and log lines :func:`load_student_tokenizer` leaves out: those of the config read."""
+"""The module that reads a config for ``AutoTokenizer`` and says the two things :func:`load_student_tokenizer` leaves
+out: :data:`BARE_CONFIG_LINE` (logged) and :data:`RENAMED_ROPE_KEY` (a FutureWarning)."""
+BARE_CONFIG_LINE = "You are using a model of type"
+RENAMED_ROPE_KEY = r"`rope_scaling` is deprecated"
 
 
 def load_student_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
-    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)`` without remote code, and without what it prints of
-    the model's config.
+    """``AutoTokenizer.from_pretrained(name_or_path, **kwargs)`` without remote code, and without two lines about an
+    original config.
 
     ``AutoTokenizer`` reads the checkpoint's config only to choose the tokenizer class. An original config (LLaDA,
     Dream, LLaDA-MoE, LLaDA 2.x) names a model type transformers does not know, so it is read into a bare
     ``PreTrainedConfig``, which logs "You are using a model of type ... to instantiate a model of type ``" and, where
-    the file has ``rope_scaling``, warns that the key is deprecated: lines about the model, which loading the model
-    reads (and reports) itself. They are left out (:data:`CONFIG_READER`'s warnings and log lines below an error);
-    the tokenizer chosen, and everything else said, are ``AutoTokenizer``'s.
+    the file has ``rope_scaling``, warns that the key is deprecated: neither is about the tokenizer, and the model is
+    loaded through its translated config, which says neither. Those two are left out (the log line only from this
+    call's thread; the warning filter is process-wide while the call runs, as ``warnings.catch_warnings`` is); every
+    other line, and the tokenizer chosen, are ``AutoTokenizer``'s.
     """
     from transformers import AutoTokenizer
 
     if kwargs.pop("trust_remote_code", False):
         raise ValueError("load_student_tokenizer runs no remote code: trust_remote_code=True is refused.")
+    caller = threading.get_ident()
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.thread == caller and record.getMessage().startswith(BARE_CONFIG_LINE))
+
     reader = logging.getLogger(CONFIG_READER)
-    level = reader.level
-    reader.setLevel(logging.ERROR)
+    reader.addFilter(keep)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", module=re.escape(CONFIG_READER))
+            warnings.filterwarnings("ignore", message=RENAMED_ROPE_KEY, category=FutureWarning,
+                                    module=re.escape(CONFIG_READER) + r"\Z")
             return AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=False, **kwargs)
     finally:
-        reader.setLevel(level)
+        reader.removeFilter(keep)
 
 
 def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = None) -> nn.Module:
