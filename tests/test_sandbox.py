@@ -4,6 +4,7 @@ sandbox, and must not be able to fake a pass; honest programs must pass, also ri
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -35,6 +36,8 @@ ISOLATIONS = [pytest.param("bubblewrap", marks=needs_bwrap), "process"]
 GOOD = "def square(x):\n    return x * x\n"
 TESTS = "assert square(3) == 9\nassert square(-2) == 4\n"
 SECRET = "trims-test-secret-4f1c"
+CHILD_ENV = {"HOME", "LANG", "PATH", "PWD", "TMPDIR", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}
+"""All a child's environment holds: where it lives, its language, one thread for BLAS and OpenMP."""
 
 
 class Victims:
@@ -136,6 +139,30 @@ def test_a_module_reaches_the_tests_only_under_its_own_name() -> None:
     assert "NameError: name 'math' is not defined" in result.reason
 
 
+@pytest.mark.parametrize("module", ["numpy", "pandas", "sympy", "asyncio"])
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_solution_may_import_what_the_reference_graders_allow_where_namespaces_bound_it(module: str,
+                                                                                         isolation: str) -> None:
+    """These modules import ctypes or subprocess while loading: under bubblewrap they load (only what they would
+    run is refused); without namespaces the audit hook refuses the import, and the reason says so."""
+    result = run_tests(f"import {module}\n" + GOOD, TESTS, SandboxLimits(timeout_s=20.0), isolation)
+    if isolation == "bubblewrap":
+        assert result.passed, result.reason
+    else:
+        assert result.status == "failed"
+        assert re.search(r"PermissionError: sandbox: import of (ctypes|subprocess) is not allowed", result.reason)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_completions_main_block_does_not_run(isolation: str) -> None:
+    """As in the reference graders' ``exec(program, {})``: ``__name__`` is builtins', so a self-test under
+    ``if __name__ == "__main__":`` (a wrong one, or one reading stdin) does not decide the verdict."""
+    main = "def module_name():\n    return __name__\nif __name__ == '__main__':\n    assert square(3) == 10\n    input()\n"
+    assert run_tests(GOOD + main, TESTS + "assert module_name() == 'builtins'\n", FAST, isolation).passed
+    wrong = run_tests(GOOD + main, "assert square(3) == 10\n", FAST, isolation)
+    assert wrong.status == "failed" and "AssertionError" in wrong.reason
+
+
 def test_failed_assert_fails_with_the_exception_as_reason() -> None:
     result = run_tests(GOOD, "assert square(3) == 10, 'wrong square'", FAST)
     assert result.status == "failed"
@@ -189,13 +216,15 @@ def test_stalls_time_out_on_the_wall_clock(isolation: str, program: str) -> None
         "import posix\nwhile True:\n    posix.fork()",
         "import subprocess\nsubprocess.Popen(['sleep', '60'])",
         "import os\nos.system('sleep 60')",
-        "import multiprocessing",
+        "import multiprocessing\nmultiprocessing.Process(target=print).start()",
         "import ctypes\nctypes.CDLL(None).fork()",
+        "import asyncio\nasyncio.run(asyncio.create_subprocess_exec('sleep', '60'))",
     ],
-    ids=["os.fork", "posix.fork", "subprocess", "os.system", "multiprocessing", "ctypes"],
+    ids=["os.fork", "posix.fork", "subprocess", "os.system", "multiprocessing", "ctypes", "asyncio"],
 )
-def test_process_creation_is_refused(program: str) -> None:
-    result = run_program(program, FAST)
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_process_creation_is_refused(program: str, isolation: str) -> None:
+    result = run_program(program, FAST, isolation)
     assert result.status == "failed"
     assert "PermissionError: sandbox:" in result.reason
 
@@ -238,7 +267,7 @@ def test_child_sees_a_clean_environment_and_a_private_working_directory(
     monkeypatch.setenv("TRIMS_SANDBOX_TEST_SECRET", SECRET)
     program = (
         "import os, tempfile\n"
-        "assert set(os.environ) <= {'PATH', 'HOME', 'TMPDIR', 'LANG', 'PWD'}, sorted(os.environ)\n"
+        f"assert set(os.environ) <= {CHILD_ENV!r}, sorted(os.environ)\n"
         "open('scratch.txt', 'w').write('ok')\n"
         "with tempfile.NamedTemporaryFile() as f:\n"
         "    f.write(b'x')\n"
@@ -435,7 +464,7 @@ print("uid", os.getuid(), "env", sorted(os.environ))
     succeeded = [line for line in lines if "SUCCEEDED" in line]
     assert succeeded == ["udp SUCCEEDED", "write-here SUCCEEDED"], out.stdout + out.stderr
     assert SECRET not in out.stdout and "TRIMS_SANDBOX_TEST_SECRET" not in out.stdout
-    assert "uid 65534 env ['HOME', 'LANG', 'PATH', 'PWD', 'TMPDIR']" in lines
+    assert f"uid 65534 env {sorted(CHILD_ENV)}" in lines
     assert victims.intact() and victim_process.poll() is None
 
 
@@ -450,6 +479,7 @@ def test_without_bubblewrap_auto_warns_once_and_records_the_fallback(monkeypatch
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == 1
     assert problem in messages[0] and "network, pid, mount and user namespaces" in messages[0]
+    assert "solutions that import ctypes or subprocess (numpy, scipy, pandas, sympy, asyncio) fail" in messages[0]
     assert (first.isolation, second.isolation) == ("process", "process") and first.passed
     with pytest.raises(SandboxUnavailable, match="bwrap is not installed"):
         run_tests(GOOD, TESTS, FAST, "bubblewrap")

@@ -21,11 +21,13 @@ Each process is isolated, in layers:
   is ever written to the evaluator's disk), a clean environment, a new session, death with the
   parent. Where bwrap is missing or cannot run, a one-time warning names what is missing and the
   runs fall back to plain processes (``isolation="process"``);
-* a fresh ``python -I -B`` in a new session, with a clean environment;
+* a fresh ``python -I -B`` in a new session, with a clean environment (one BLAS / OpenMP thread);
 * resource limits (CPU, address space, file size, open files, processes, no core dumps) set by the
   child before it reads any untrusted code;
 * in the solution process, a PEP 578 audit hook (second layer) refusing process creation, signals,
-  ctypes, sockets and writes outside its working directory;
+  ctypes calls, sockets and writes outside its working directory; without bubblewrap, where it is the
+  only layer, also the import of ctypes, subprocess and multiprocessing, so there a solution that
+  imports numpy, scipy, pandas, sympy or asyncio fails (the reference graders, and bubblewrap, run it);
 * a wall-clock timeout for the whole run, after which both processes are killed; they are killed
   after every run anyway, and output is read through size-capped pipes.
 """
@@ -163,7 +165,10 @@ def bubblewrap_command(limits: SandboxLimits) -> list[str]:
 
 
 def _child_env(home: str) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+    """A clean environment; one thread for BLAS and OpenMP, so numpy's pools fit the address-space limit on any
+    number of cores."""
+    return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+            **dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")}
 
 
 @functools.cache
@@ -186,7 +191,8 @@ def bubblewrap_problem() -> str | None:
 def _warn_fallback(problem: str) -> None:
     warnings.warn(
         f"trims_hf sandbox: {problem} ({INSTALL_BUBBLEWRAP}); model code runs WITHOUT network, pid, mount and user "
-        "namespaces (only rlimits, an audit hook and a separate judge process protect the evaluator)",
+        "namespaces (only rlimits, an audit hook and a separate judge process protect the evaluator), and solutions "
+        "that import ctypes or subprocess (numpy, scipy, pandas, sympy, asyncio) fail",
         RuntimeWarning, stacklevel=4,
     )
 
@@ -210,8 +216,8 @@ class _Child:
     """One sandboxed Python child: started in its own session, its stdin fed, its output capped."""
 
     def __init__(self, script: str, stdin_text: str, fds: tuple[int, int], limits: SandboxLimits,
-                 prefix: list[str], workdir: str) -> None:
-        argv = prefix + [sys.executable, "-I", "-B", "-c", script, json.dumps(limits.rlimits()), *map(str, fds)]
+                 prefix: list[str], workdir: str, args: tuple[str, ...] = ()) -> None:
+        argv = prefix + [sys.executable, "-I", "-B", "-c", script, json.dumps(limits.rlimits()), *map(str, fds), *args]
         self.proc = subprocess.Popen(
             argv, cwd=workdir, env=_child_env(workdir), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True, pass_fds=fds,
@@ -264,7 +270,7 @@ def run_tests(solution: str, tests: str, limits: SandboxLimits | None = None, is
     start = time.monotonic()
     try:
         try:
-            solver = _Child(_child_script("solution"), solution, (request_r, reply_w), limits, prefix, workdir)
+            solver = _Child(_child_script("solution"), solution, (request_r, reply_w), limits, prefix, workdir, (kind,))
             judge = _Child(_child_script("judge"), json.dumps(sorted(entry_points)) + "\n" + tests, (request_w, reply_r), limits,
                            prefix, workdir)
         finally:
