@@ -346,6 +346,19 @@ def test_torn_or_stale_records_are_decoded_again(scripted, tokenizer, tmp_path, 
     assert json.loads(records.read_text().splitlines()[-1])["prompt_id"] == "2"  # appended after the torn line
 
 
+def test_a_resumed_run_grades_saved_completions_with_todays_grader(scripted, tokenizer, tmp_path, monkeypatch):
+    """Decoding is what resuming saves; a verdict saved by an earlier grader is not reused."""
+    records = tmp_path / "records.jsonl"
+    whole = run(scripted, tokenizer, records_file=records)
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    lines[0] |= {"correct": False, "extracted": "7", "error": "expected 18"}  # an older grader's verdicts
+    lines[2] |= {"correct": True, "extracted": lines[2]["reference"], "error": None}
+    records.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    decoded = count_decoded(monkeypatch)
+    again = run(scripted, tokenizer, records_file=records)
+    assert decoded == [] and again.samples == whole.samples and again.accuracy == whole.accuracy
+
+
 def test_interrupt_raises_with_the_saved_count(scripted, tokenizer, tmp_path, monkeypatch):
     decode = evaluation.generate_text
 

@@ -287,7 +287,8 @@ def evaluate_settings(
     Extra ``hooks`` (e.g. a ``TrajectoryRecorder``) see every batch this process decodes, with the examples' ids as
     sample ids. With ``records_file`` (JSONL), every graded sample is appended as its batch finishes (by each
     process to its own :func:`process_records_file`), samples already saved by a run with the same
-    :func:`run_fingerprint` (and the same prompt and gold answer) are not decoded again, and Ctrl-C raises
+    :func:`run_fingerprint` (and the same prompt and gold answer) are not decoded again (their completions are graded
+    again), and Ctrl-C raises
     :class:`EvaluationInterrupted`; the result equals an uninterrupted run's (timings aside).
     """
     from ..distributed import gather, my_share, process_state
@@ -317,7 +318,7 @@ def evaluate_settings(
         print(f"resuming: {len(records)} of {total} {task.name} problems done ({settings}; {saved.shown})",
               file=sys.stderr)
     state.wait_for_everyone()  # every process has read the saved records before any appends new ones
-    resumed, appended = len(records), _AppendedLines(files)
+    resumed, appended, regrade = len(records), _AppendedLines(files), set(records)
     recorders = [TokensPerStepRecorder(tokenizer, task.stop_strings) for _ in configs]
     decode_seconds = [0.0] * len(configs)  # this process's share of each setting's decoding
     bar = tqdm(total=total, initial=resumed, desc=task.name, disable=not progress or not state.is_main_process)
@@ -331,6 +332,8 @@ def evaluate_settings(
                 if records_file is not None:
                     _append_records(saved.own_file, saved.fingerprints[c], graded)
                 records.update(((c, r.prompt_id), r) for r in graded)
+            records.update(((c, e.id), _graded_again(task, e, records[c, e.id], execute_code))
+                           for e in batches[b] if (c, e.id) in regrade)
             decode_seconds[c] += sum(records[c, e.id].decode_time_s for e in batches[b])
             bar.update((resumed + appended() if files else len(records)) - bar.n)
     except KeyboardInterrupt:
@@ -400,6 +403,14 @@ def _result(name: str, task: Task, tokenizer: PreTrainedTokenizerBase, fmt: Prom
         num_processes=num_processes,
         samples=samples,
     )
+
+
+def _graded_again(task: Task, example: Example, record: SampleRecord, execute_code: bool) -> SampleRecord:
+    """A saved record with its completion graded by today's grader: decoding is what a resumed run saves, and a
+    verdict saved by an earlier grader (or under another code isolation) is not reused."""
+    grade = task.grade(example, record.completion, execute_code=execute_code)
+    return replace(record, extracted=grade["extracted"], correct=bool(grade["correct"]), error=grade["error"],
+                   isolation=grade.get("isolation"))
 
 
 def _decode_and_grade(model: nn.Module, tokenizer: PreTrainedTokenizerBase, task: Task, config: DecodingConfig,
