@@ -405,7 +405,7 @@ def test_mbpp_three_shot_style_reaches_the_prompt(saved_student, tmp_path, capsy
     assert code == 0
     (result,) = read(output)
     assert result["prompt_format"]["shots"] == 3 and result["num_samples"] == 1
-    assert result["samples"][0]["prompt"].count("[BEGIN]") == 3  # the three shots' answers, as the model saw them
+    assert result["samples"][0]["prompt"].count("[DONE]") == 3  # the three shots' answers, as the model saw them
 
 
 @pytest.fixture

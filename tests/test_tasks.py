@@ -295,7 +295,8 @@ def test_mbpp_three_shot_prompt_uses_tasks_2_3_4_and_begin_done() -> None:
     assert [s.id for s in task.shots] == ["2", "3", "4"]
     messages = task.build_prompt(example)
     assert [m["role"] for m in messages] == ["user", "assistant"] * 3 + ["user"]
-    assert messages[1]["content"].startswith("[BEGIN]\n") and messages[1]["content"].endswith("\n[DONE]")
+    assert all(m["content"].endswith("\n[BEGIN]\n") for m in messages[::2])  # lm-eval's multi-turn shots
+    assert messages[1]["content"] == task.shots[0].fields["code"] + "\n[DONE]"
     plain = task.build_prompt(example, PlainTokenizer())
     assert plain.startswith("You are an expert Python programmer, and here is your task:")
     assert plain.endswith(example.fields["test_list"][-1] + "\n[BEGIN]\n") and plain.count("[DONE]") == 3
@@ -303,6 +304,36 @@ def test_mbpp_three_shot_prompt_uses_tasks_2_3_4_and_begin_done() -> None:
     assert task.prompt_format()["shot_task_ids"] == [2, 3, 4]
     with pytest.raises(RuntimeError, match="call load"):
         MBPPTask(style="3shot").build_prompt(example)
+
+
+def test_mbpp_three_shot_plain_prompt_is_lm_evals_mbpp_prompt() -> None:
+    """The oracle is lm-evaluation-harness's own ``mbpp`` task as installed: its YAML's templates (rendered with
+    jinja2, as the harness does) and its list of shots (read from its utils.py without running it)."""
+    import ast
+    from importlib.resources import files
+
+    import jinja2
+    import yaml
+
+    folder = files("lm_eval") / "tasks" / "mbpp"
+
+    class TaskLoader(yaml.SafeLoader):  # the YAML's `!function module.name` tags, kept as text
+        pass
+
+    TaskLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+    spec = yaml.load((folder / "mbpp.yaml").read_text(), Loader=TaskLoader)  # noqa: S506 (SafeLoader subclass)
+    utils = ast.parse((folder / "utils.py").read_text())
+    shots = next(ast.literal_eval(node.body[-1].value) for node in utils.body
+                 if isinstance(node, ast.FunctionDef) and node.name == "list_fewshot_samples")
+    text, target = (jinja2.Template(spec[key], keep_trailing_newline=True) for key in ("doc_to_text", "doc_to_target"))
+    task = MBPPTask(style="3shot")
+    examples = task.load(MBPP_FILE)
+    assert [int(s.id) for s in task.shots] == [shot["task_id"] for shot in shots]
+    delimiter = spec.get("fewshot_delimiter", "\n\n")  # the harness's default
+    context = delimiter.join(text.render(**shot) + spec["target_delimiter"] + target.render(**shot) for shot in shots)
+    for example in examples:
+        expected = context + delimiter + text.render(**example.fields)
+        assert task.build_prompt(example, PlainTokenizer()) == expected
 
 
 def test_mbpp_reference_code_passes_and_wrong_code_fails() -> None:

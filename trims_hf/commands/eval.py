@@ -43,7 +43,8 @@ class EvalArguments:
                                   "progress file)."})
     mbpp_style: Literal["instruct", "3shot"] = field(
         default="instruct",
-        metadata={"help": "MBPP prompt: the instruction with its asserts, or the classic 3-shot [BEGIN]...[DONE] format."},
+        metadata={"help": "MBPP prompt: the instruction with its asserts, or the classic 3-shot [BEGIN]...[DONE] format "
+                          "(lm-evaluation-harness's mbpp prompt, character for character)."},
     )
     data_file: str | None = field(default=None,
                                   metadata={"help": "Local JSON/JSONL copy of the benchmark (default: the Hub data set)."})

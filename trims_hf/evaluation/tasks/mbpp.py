@@ -1,4 +1,4 @@
-"""MBPP (full config): instruct prompt with the test asserts, or the classic 3-shot [BEGIN]/[DONE]."""
+"""MBPP (full config): instruct prompt with the test asserts, or the classic 3-shot [BEGIN]/[DONE] (lm-eval's ``mbpp``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def _task_text(example: Example) -> str:
         f"You are an expert Python programmer, and here is your task: {example.fields['text']} "
         f"Your code should pass these tests:\n\n{tests}\n"
     )
+
+
+SHOT_DELIMITER = "\n\n"
+"""Between the shots, and before the task, in the 3-shot plain text (lm-eval's ``fewshot_delimiter``)."""
 
 
 class MBPPTask(CodeTask):
@@ -66,16 +70,19 @@ class MBPPTask(CodeTask):
             raise RuntimeError("mbpp 3-shot prompts need the shot examples: call load() first")
         messages: Messages = []
         for shot in self.shots:
-            messages.append({"role": "user", "content": _task_text(shot)})
-            messages.append({"role": "assistant", "content": f"[BEGIN]\n{shot.fields['code']}\n[DONE]"})
-        messages.append({"role": "user", "content": _task_text(example)})
+            messages.append({"role": "user", "content": f"{_task_text(shot)}[BEGIN]\n"})
+            messages.append({"role": "assistant", "content": f"{shot.fields['code']}\n[DONE]"})
+        messages.append({"role": "user", "content": f"{_task_text(example)}[BEGIN]\n"})
         return messages
 
     def plain_text(self, messages: Messages) -> str:
-        """The classic continuation format: shots and task back to back, ending with ``[BEGIN]``."""
+        """The classic continuation format, as lm-evaluation-harness's ``mbpp`` task writes it: each shot's task
+        and answer, the shots and the task apart by a blank line, ending with ``[BEGIN]``."""
         if self.style == "instruct":
             return super().plain_text(messages)
-        return "\n".join(m["content"] for m in messages) + "[BEGIN]\n"
+        turns = [m["content"] for m in messages]
+        shots = [task + answer for task, answer in zip(turns[:-1:2], turns[1::2])]
+        return SHOT_DELIMITER.join([*shots, turns[-1]])
 
     def prompt_format(self, tokenizer: Any = None) -> dict[str, Any]:
         return {
