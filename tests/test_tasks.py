@@ -90,6 +90,8 @@ def test_default_loading_asks_the_hub_for_the_right_dataset(monkeypatch: pytest.
         ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
         ("\\boxed{7} and then \\boxed{8", "7"),  # the last box was cut off
         ("so \\boxed 5$.", "5"),
+        ("so the answer is $\\boxed 6 - 5i$.", "6 - 5i"),  # no braces: to the closing $, as Minerva reads it
+        ("\\boxed 7 is the answer\nthen $x$", "7"),  # no $ on its line: the first word
         ("no box here", None),
     ],
 )
@@ -139,6 +141,16 @@ def test_gsm8k_loads_the_test_split_and_its_references() -> None:
         ("\\boxed{3/4}", "0.75"),
         ("We compute 10-4=6 so 6 apples.", "6"),
         ("I do not know.", None),
+        ("\\boxed{\u22123}", "-3"),  # U+2212, the minus sign
+        ("\\boxed{120 \\text{ ft}^2}", "120"),  # a unit's power is not the answer
+        ("\\boxed{10^6}", "1000000"),
+        ("\\boxed{2^{-3}}", "0.125"),
+        ("\\boxed{1\\frac{1}{2}}", "1.5"),
+        ("\\boxed{1 000 000}", "1000000"),
+        ("\\boxed{3/0}", None),  # states no number, and no fragment of it is read instead
+        ("\\boxed{1\\frac{1}{0}}", None),
+        ("\\boxed{9^{1000}}", None),
+        ("He has 18 apples. \\boxed{\\text{eighteen}}", "18"),  # a box without a number: the text outside it
     ],
 )
 def test_gsm8k_extraction(completion: str, expected: str | None) -> None:
@@ -202,6 +214,7 @@ def test_math500_loads_and_grades_every_reference_solution() -> None:
         ("Final Answer: The final answer is $-4$. I hope it is correct.", "-4", True),
         ("\\boxed{\\text{(C)}}", "\\text{(C)}", True),
         ("\\boxed{3}", "-3", False),
+        ("so the answer is $\\boxed 6 - 5i$.", "6 - 5i", True),
     ],
 )
 def test_math500_grading_uses_math_verify(completion: str, reference: str, correct: bool) -> None:

@@ -22,22 +22,33 @@ def _braced(text: str, start: int) -> str | None:
     return None
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces kept).
-
-    ``\\boxed 5`` (no braces) yields ``5``. A box cut off by the generation length is skipped in
-    favour of the previous complete one.
-    """
+def last_boxed_span(text: str) -> tuple[int, int, str] | None:
+    """Where the last complete ``\\boxed{...}`` / ``\\fbox{...}`` starts and ends in ``text``, and its content
+    (:func:`last_boxed`)."""
     for match in reversed(list(_BOXED.finditer(text))):
         rest = text[match.end() :]
         stripped = rest.lstrip()
+        opening = match.end() + len(rest) - len(stripped)
         if stripped.startswith("{"):
-            content = _braced(text, match.end() + len(rest) - len(stripped))
+            content = _braced(text, opening)
             if content is not None:
-                return content.strip()
+                return match.start(), opening + len(content) + 2, content.strip()
         elif rest[:1].isspace() and stripped:
-            return re.split(r"[\s$]", stripped, maxsplit=1)[0]
+            line = stripped.split("\n", 1)[0]
+            content = line.split("$", 1)[0] if "$" in line else re.split(r"[\s$]", stripped, maxsplit=1)[0]
+            return match.start(), opening + len(content), content.strip()
     return None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces kept).
+
+    ``\\boxed 5`` (no braces) yields what runs to the closing ``$`` on its line (``$\\boxed 6 - 5i$``: ``6 - 5i``,
+    as the Minerva / lm-eval grader reads it), else its first word. A box cut off by the generation length is
+    skipped in favour of the previous complete one.
+    """
+    span = last_boxed_span(text)
+    return None if span is None else span[2]
 
 
 def code_block(text: str) -> str:

@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 from .base import BOXED_INSTRUCTION, Example, Grade, Messages, Task, TaskDataError, require
-from .extraction import last_boxed
+from .extraction import last_boxed_span
 
 # A number, optionally negative, with optional thousands separators and decimals ("-1,234.50").
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])-?\.\d+")
@@ -17,6 +17,12 @@ _FRACTION = re.compile(r"(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}|(-?\d+)\s*/\s*(\d
 _UNITS = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}")
 _NOISE = re.compile(r"\\[$%!,;]|[$%]|\{,\}|\\left|\\right")
 _HASHES = re.compile(r"####\s*(.*)")
+_MINUS = str.maketrans({"\u2212": "-"})  # the minus sign of math fonts and some tokenizers
+_UNIT_POWER = re.compile(r"(?<=[A-Za-z}\s])\^\s*(?:\{[^{}]*\}|\d+)")  # ft^2, \text{m}^{3}: a unit's, not a number's
+_POWER = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*(?:\{\s*(-?\d+)\s*\}|(-?\d+))")
+_MAX_EXPONENT = 100
+_MIXED = re.compile(r"(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}")
+_SPACED = re.compile(r"-?\d{1,3}(?: \d{3})+")  # "1 000 000", thousands apart by spaces
 
 
 def _format(value: Fraction) -> str:
@@ -26,18 +32,38 @@ def _format(value: Fraction) -> str:
     return format(decimal.normalize(), "f") if Fraction(decimal) == value else str(value)
 
 
+def _powers(text: str) -> str | None:
+    """``10^6`` and ``2^{-3}`` written out as their values (so no exponent is read as the answer); None when an
+    exponent is past :data:`_MAX_EXPONENT` (no answer is that large)."""
+    exponents = [int(m[2] or m[3]) for m in _POWER.finditer(text)]
+    if any(abs(e) > _MAX_EXPONENT for e in exponents):
+        return None
+    return _POWER.sub(lambda m: _format(Fraction(m[1]) ** int(m[2] or m[3])), text)
+
+
 def parse_number(text: str) -> str | None:
     """The number a short answer states, normalised ("$1,234.00" -> "1234"); None if there is none.
 
-    Currency signs, percent signs, thousands separators and ``\\text{...}`` units are dropped; a
-    lone fraction (``\\frac{1}{2}``, ``3/4``) is kept exact; otherwise the last number counts.
+    Currency signs, percent signs, thousands separators (commas, LaTeX spaces, or plain spaces in a lone number),
+    ``\\text{...}`` units and their powers are dropped; the minus sign (U+2212) reads as "-"; powers are written out;
+    a lone fraction (``\\frac{1}{2}``, ``3/4``) or mixed number (``1\\frac{1}{2}``) is kept exact, and one over zero
+    states no number; otherwise the last number counts.
     """
-    cleaned = _NOISE.sub("", _UNITS.sub(" ", text)).strip().rstrip(".")
+    cleaned = _UNIT_POWER.sub("", _NOISE.sub("", _UNITS.sub(" ", text.translate(_MINUS)))).strip().rstrip(".")
+    if (cleaned := _powers(cleaned)) is None:
+        return None
     fraction = _FRACTION.fullmatch(cleaned)
     if fraction:
         sign, num, den = (fraction[1], fraction[2], fraction[3]) if fraction[2] else ("", fraction[4], fraction[5])
-        if int(den) != 0:
-            return _format(Fraction(int(num), int(den)) * (-1 if sign else 1))
+        if int(den) == 0:
+            return None
+        return _format(Fraction(int(num), int(den)) * (-1 if sign else 1))
+    if mixed := _MIXED.fullmatch(cleaned):
+        if int(mixed[4]) == 0:
+            return None
+        return _format((int(mixed[2]) + Fraction(int(mixed[3]), int(mixed[4]))) * (-1 if mixed[1] else 1))
+    if _SPACED.fullmatch(cleaned):
+        return _format(Fraction(cleaned.replace(" ", "")))
     numbers = _NUMBER.findall(cleaned)
     return _format(Fraction(numbers[-1].replace(",", ""))) if numbers else None
 
@@ -71,10 +97,12 @@ class GSM8KTask(Task):
         }
 
     def extract(self, completion_text: str) -> str | None:
-        """Last ``\\boxed{}``, else the last ``#### X``, else the last number in the text."""
-        boxed = last_boxed(completion_text)
-        if boxed is not None and (number := parse_number(boxed)) is not None:
-            return number
+        """Last ``\\boxed{}``, else the last ``#### X``, else the last number in the text outside that box (a box
+        stating no number, such as ``\\boxed{3/0}``, is not read for a fragment of one)."""
+        if (boxed := last_boxed_span(completion_text)) is not None:
+            if (number := parse_number(boxed[2])) is not None:
+                return number
+            completion_text = completion_text[: boxed[0]] + " " + completion_text[boxed[1] :]
         hashes = _HASHES.findall(completion_text)
         if hashes and (number := parse_number(hashes[-1])) is not None:
             return number
