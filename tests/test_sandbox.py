@@ -163,6 +163,23 @@ def test_a_completions_main_block_does_not_run(isolation: str) -> None:
     assert wrong.status == "failed" and "AssertionError" in wrong.reason
 
 
+def test_an_iterable_the_solution_returns_reaches_the_tests_as_its_items() -> None:
+    """A map, generator or iterator arrives as a handle the tests can iterate over (``list``, ``sorted``, ``in``,
+    unpacking), its items listed by the solution, as the reference graders' ``list(result)`` reads them; it stays
+    unequal to a list, as there."""
+    solution = "class Box:\n    pass\ndef doubled(xs):\n    return map(lambda x: 2 * x, xs)\n" \
+               "def upto(n):\n    yield from range(n)\ndef pair():\n    return iter([Box(), 1])\n" \
+               "def opaque():\n    return object()\n"
+    tests = "assert list(doubled([1, 2])) == [2, 4] and tuple(doubled([3])) == (6,) and 4 in doubled([2])\n" \
+            "assert sorted(upto(3)) == [0, 1, 2]\nbox, one = pair()\nassert one == 1 and repr(box).startswith('<solution')\n"
+    assert run_tests(solution, tests, FAST).passed
+    for wrong, reason in [("assert list(upto(3)) == [0, 1]", "AssertionError"),
+                          ("assert upto(2) == [0, 1]", "AssertionError"),
+                          ("list(opaque())", "TypeError: 'object' object is not iterable")]:
+        result = run_tests(solution, wrong, FAST)
+        assert result.status == "failed" and reason in result.reason, (wrong, result.reason)
+
+
 def test_failed_assert_fails_with_the_exception_as_reason() -> None:
     result = run_tests(GOOD, "assert square(3) == 10, 'wrong square'", FAST)
     assert result.status == "failed"

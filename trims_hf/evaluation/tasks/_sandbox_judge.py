@@ -20,7 +20,7 @@ class SolutionError(Exception):
 
 
 class Remote:
-    """A name or object of the solution: calling it asks the solution process."""
+    """A name or object of the solution: calling it, or iterating over it, asks the solution process."""
 
     __slots__ = ("handle",)
 
@@ -28,10 +28,12 @@ class Remote:
         self.handle = handle
 
     def __call__(self, *args, **kwargs):
-        _requests.write(json.dumps({"call": self.handle, "args": encode(list(args), _reference),
-                                    "kwargs": encode(kwargs, _reference)}).encode() + b"\n")
-        _requests.flush()
-        return decode(_receive()["ok"], Remote)
+        return _ask({"call": self.handle, "args": encode(list(args), _reference), "kwargs": encode(kwargs, _reference)})
+
+    def __iter__(self):
+        """The items of a generator, map or other iterable the solution returned, as the solution lists them (what
+        ``list(result)`` reads in the reference graders, where the result is the object itself)."""
+        return iter(_ask({"iter": self.handle}))
 
     def __repr__(self):
         return f"<solution object #{self.handle}>"
@@ -41,6 +43,12 @@ def _reference(obj):
     if isinstance(obj, Remote):
         return {"h": obj.handle}
     raise TypeError(f"a test passed a {type(obj).__name__} to the solution; only plain values can cross")
+
+
+def _ask(request):
+    _requests.write(json.dumps(request).encode() + b"\n")
+    _requests.flush()
+    return decode(_receive()["ok"], Remote)
 
 
 def _receive():

@@ -6,7 +6,8 @@ Two processes per run, wired by pipes the parent creates:
 * the *judge* process runs the task's tests, in which every name the solution defined (except
   builtins' names) is a proxy: calling it asks the solution process and gets back a plain value
   (None, bool, int, float, complex, str, bytes and lists, tuples, dicts, sets of them), or an
-  opaque handle for anything else. The verdict is the judge's exit status.
+  opaque handle for anything else, which the tests can call or iterate over (the solution lists its
+  items). The verdict is the judge's exit status.
 
 So the solution can neither read nor forge the verdict (it shares no memory, frame, file or fd
 with the judge), and an object with an always-true ``__eq__`` never reaches a test: it arrives as
