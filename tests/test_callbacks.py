@@ -93,3 +93,17 @@ def test_bad_task_data_fails_at_construction(tmp_path, tokenizer):
     wrong.write_text('{"problem": "1 + 1?", "answer": "2"}\n')
     with pytest.raises(TaskDataError, match="row 0 has no field 'question'"):
         DecodeEvalCallback("gsm8k", tokenizer, limit=2, data_file=str(wrong))
+
+
+def test_a_decoder_past_the_models_positions_is_refused_when_attached(tmp_path, tokenizer, gsm8k_rows):
+    """Before training starts, not at the first evaluation: the longest prompt plus gen_length must fit."""
+    model = tiny_student(tokenizer)
+    trainer = make_trainer(tmp_path, tokenizer, gsm8k_rows, model)
+    positions = model.config.max_position_embeddings
+    too_long = DecodeEvalCallback("gsm8k", tokenizer, DecodingConfig(gen_length=positions, block_length=positions),
+                                  limit=2, data_file=GSM8K_TEST)
+    with pytest.raises(ValueError, match=rf"^DecodeEvalCallback gsm8k: problem \d: gen_length={positions} after a prompt "
+                                         rf"of \d+ tokens reaches position \d+, past the model's max_position_embeddings"
+                                         rf"={positions}; decode fewer tokens"):
+        too_long.attach(trainer)
+    assert too_long not in trainer.callback_handler.callbacks

@@ -338,6 +338,11 @@ MISTAKES = [
      r"^decode_eval_decoding: threshold=1.5: must be in \[0, 1\]\.$"),
     ("decode-eval-bad-setting", None, {"decode_eval_decoding": "{{treshold: 0.5}}"}, [],
      r"^decode_eval_decoding: unknown decoder setting\(s\) treshold; known: "),
+    ("decode-eval-past-the-positions", None,
+     {"decode_eval_task": "gsm8k", **UNSCHEDULED, "decode_eval_data_file": "{w}/gsm8k.jsonl",
+      "decode_eval_decoding": "{{gen_length: 4096, block_length: 32}}"}, [],
+     r"^decode_eval_task gsm8k: problem 0: gen_length=4096 after a prompt of \d+ tokens reaches position \d+, past the "
+     r"model's max_position_embeddings=\d+; set a smaller gen_length in decode_eval_decoding"),
     ("global-batch-zero", None, {"global_batch_size": "0"}, [], r"^global_batch_size 0: must be at least 1\.$"),
     ("global-batch-and-split", None, {"global_batch_size": "32", "gradient_accumulation_steps": "2"}, [],
      r"^global_batch_size 32 chooses per_device_train_batch_size and gradient_accumulation_steps itself \(the largest "

@@ -217,7 +217,7 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
     ``given`` names the settings the user set by a flag (:meth:`CommandParser.given`)."""
     from torch import device as torch_device
 
-    from ..evaluation.evaluate import check_task_inputs, load_examples, sweep_configs
+    from ..evaluation.evaluate import check_task_inputs, load_examples, longest_prompt_past, sweep_configs
     from ..evaluation.tasks import CodeExecutionDisabled, CodeTask, get_task
     from ..prompts import check_end_of_response, check_system_prompt
     from ..students import student_positions
@@ -263,15 +263,10 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
         raise InputError(parser().in_flag_terms(str(error))) from None
     check_end_of_response(tokenizer, prompt_format.end_of_response, "--end-of-response")
     examples = load_examples(task, args.data_file, args.limit, args.allow_code_execution)
-    if positions is not None:  # every prompt as the decoder will read it, before the model loads
-        from ..generation.decoding import past_the_positions
-        from ..prompts import prompt_token_ids
-
-        length, example = max(((len(prompt_token_ids(tokenizer, task.prompt(e, tokenizer, prompt_format),
-                                                      prompt_format)), e.id) for e in examples), default=(0, None))
-        if problem := past_the_positions(positions, length, max(c.gen_length for c in configs)):
-            raise InputError(f"--task {task.name}: problem {example}: {_decoding_terms(problem)}; generate fewer "
-                             "tokens.")
+    # every prompt as the decoder will read it, before the model loads
+    if problem := longest_prompt_past(positions, task, examples, tokenizer, max(c.gen_length for c in configs),
+                                      prompt_format):
+        raise InputError(f"--task {task.name}: {_decoding_terms(problem)}; generate fewer tokens.")
     return Inputs(task, examples, configs, student, device)
 
 

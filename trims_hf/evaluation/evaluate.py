@@ -35,7 +35,8 @@ from ..generation import (
     generate_text,
     throughput,
 )
-from ..prompts import resolved_format
+from ..generation.decoding import past_the_positions
+from ..prompts import prompt_token_ids, resolved_format
 from ..reports import library_versions, weights_fingerprint
 from ..settings import PromptFormat, settings_record
 from ..students import has_compiled_blocks
@@ -148,6 +149,20 @@ def load_examples(task: Task, data_file: str | None = None, limit: int | None = 
     if not examples:
         raise TaskDataError(f"{data_file or getattr(task, 'hub_id', task.name)}: no {task.name} examples to evaluate")
     return examples
+
+
+def longest_prompt_past(positions: int | None, task: Task, examples: Sequence[Example],
+                        tokenizer: PreTrainedTokenizerBase, gen_length: int,
+                        prompt_format: PromptFormat | None = None) -> str | None:
+    """Why the longest prompt of ``examples``, as the decoder renders it, plus ``gen_length`` tokens does not fit a
+    student of ``positions`` positions (naming its problem), or None when every one fits: checked before a model
+    loads, or before a training run whose evaluation would reach it."""
+    if positions is None or not examples:
+        return None
+    fmt = prompt_format or PromptFormat()
+    length, example = max((len(prompt_token_ids(tokenizer, task.prompt(e, tokenizer, fmt), fmt)), e.id) for e in examples)
+    problem = past_the_positions(positions, length, gen_length)
+    return None if problem is None else f"problem {example}: {problem}"
 
 
 def _model_name(model: nn.Module) -> str:

@@ -40,7 +40,7 @@ from ..data.preparation import is_prepared
 from ..data.schema import COMPLETION, MESSAGES, PROMPT, SchemaError, has_teacher_scores
 from ..distributed import announce, name_cpu_accelerator
 from ..errors import InputError, check_apart, check_output_path, one_line
-from ..evaluation.evaluate import check_task_inputs
+from ..evaluation.evaluate import check_task_inputs, load_examples, longest_prompt_past
 from ..evaluation.tasks import CodeExecutionDisabled, get_task
 from ..model_config import (
     ModelConfig,
@@ -53,7 +53,7 @@ from ..prompts import check_end_of_response
 from ..reports import write_atomic
 from ..settings import DecodingConfig, check_field_types, check_masking_read
 from ..sources import SourceError, check_dataset_source
-from ..students import STUDENTS, check_sequence_length, get_lora_model, prepare_student, student_config
+from ..students import STUDENTS, check_sequence_length, get_lora_model, prepare_student, student_config, student_positions
 from .batch_search import rows_per_process
 from .callbacks import DecodeEvalCallback
 from .config import MDLMConfig
@@ -148,6 +148,18 @@ def check_student_length(student: ResolvedStudent, model_args: ModelArguments, a
         check_sequence_length(student.config, student.kind, args.max_length)
     except ValueError as error:
         raise InputError(f"{error} (model_name_or_path {model_args.model_name_or_path}).") from None
+
+
+def check_decode_eval_fits(student: ResolvedStudent, data_args: DataArguments) -> None:
+    """The decode-and-grade evaluation's prompts, with its ``gen_length``, fit the student's positions (its config and
+    tokenizer alone, before any weight is read)."""
+    task = get_task(data_args.decode_eval_task)
+    examples = load_examples(task, data_args.decode_eval_data_file, data_args.decode_eval_limit)
+    decoding = data_args.decoding_config()
+    if problem := longest_prompt_past(student_positions(student.config, student.kind), task, examples,
+                                      student.tokenizer, decoding.gen_length):
+        raise InputError(f"decode_eval_task {task.name}: {problem}; set a smaller gen_length in "
+                         "decode_eval_decoding (e.g. '{gen_length: 64}').")
 
 
 def build_student(model_args: ModelArguments, student: ResolvedStudent) -> nn.Module:
@@ -525,6 +537,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     resume = check_run(model_args, data_args, args)
     student = resolve_student(model_args)
     check_student_length(student, model_args, args)
+    if data_args.decode_eval_task:
+        check_decode_eval_fits(student, data_args)
     check_end_of_response(student.tokenizer, args.end_of_response, "end_of_response")
     train_dataset, eval_dataset = load_data(data_args, args)
     tokenizer = student.tokenizer
