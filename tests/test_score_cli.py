@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from trims_hf.cli import main as trims_main
 from trims_hf.data import score_job as job
 from trims_hf.data.schema import SchemaError, as_prompt_completion
 from trims_hf.data.score_job import work_dir_for
+from trims_hf.data.teacher import load_teacher
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -339,3 +341,24 @@ def test_an_output_scored_already_is_refused_as_input_before_the_teacher_loads(t
         "teacher_entropy, teacher_bucket: it was scored already; pass the unscored rows (or drop those columns to score "
         "it again)."]
     assert not again.exists() and not work_dir_for(again).exists()
+
+
+@pytest.mark.parametrize("marks, what", [({"trims_student": "dream", "is_causal": False}, "a dream student of trims_hf"),
+                                         ({"is_causal": False}, "its config says is_causal: false")])
+def test_a_bidirectional_teacher_is_refused_before_it_loads(marks, what, teacher_dir, data_file, tmp_path, capsys,
+                                                            no_model_load):
+    """A trims student (or any model attending both ways) sees the token it scores: its NLL would be no teacher's."""
+    student = tmp_path / "student"
+    shutil.copytree(teacher_dir, student)
+    config = json.loads((student / "config.json").read_text())
+    (student / "config.json").write_text(json.dumps({**config, **marks}))
+    out = tmp_path / "out"
+    argv = ["score", "--teacher", str(student), "--dataset", str(data_file), "--prompt-column", "question",
+            "--completion-column", "answer", "--output", str(out)]
+    assert trims_main(argv) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"error: teacher {student}: {what}, so it attends to the tokens it scores; score with a causal language model "
+        "(an autoregressive teacher)."]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["student"]
+    with pytest.raises(ValueError, match=f"^teacher {student}: {what}"):
+        load_teacher(str(student))

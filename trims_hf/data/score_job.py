@@ -46,6 +46,7 @@ from .schema import (
 )
 from .scoring import EncodedRow
 from .teacher import (
+    check_causal_teacher,
     context_length,
     encode_dataset,
     load_teacher,
@@ -268,6 +269,7 @@ def build_scored_dataset(
         dataset = dataset()
     tokenizer, config = (loaded_teacher[1], loaded_teacher[0].config) if loaded_teacher else load_teacher_tokenizer(
         teacher, gguf_file, revision)
+    check_causal_teacher(config, teacher)
     rows, kept = encode_for_scoring(dataset, tokenizer, config, options, buckets)
     model, tokenizer = loaded_teacher or load_teacher(teacher, gguf_file, revision)
     work_dir = work_dir_for(output)

@@ -21,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..errors import InputError
 from ..prompts import prompt_token_ids
 from ..settings import DEFAULT_TEACHER, ScoringOptions
 from .schema import (
@@ -46,6 +47,17 @@ def _pretrained_args(name_or_path: str, gguf_file: str | None, revision: str | N
     return str(name_or_path), {"revision": revision, "gguf_file": gguf_file}
 
 
+def check_causal_teacher(config: PretrainedConfig, name_or_path: str) -> None:
+    """A teacher predicts each token from the tokens before it. A trims student (``trims_student`` in its config) or
+    any model whose config says ``is_causal: false`` attends both ways, so it would see the very token it scores
+    and its NLL would measure nothing; refused by name before any row is scored."""
+    kind = getattr(config, "trims_student", None)
+    if kind or getattr(config, "is_causal", True) is False:
+        what = f"a {kind} student of trims_hf" if kind else "its config says is_causal: false"
+        raise InputError(f"teacher {name_or_path}: {what}, so it attends to the tokens it scores; score with a causal "
+                         "language model (an autoregressive teacher).")
+
+
 def load_teacher_tokenizer(
     name_or_path: str = DEFAULT_TEACHER, gguf_file: str | None = None, revision: str | None = None
 ) -> tuple[PreTrainedTokenizerBase, PretrainedConfig]:
@@ -69,6 +81,7 @@ def load_teacher(
     name_or_path, kwargs = _pretrained_args(name_or_path, gguf_file, revision)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    check_causal_teacher(AutoConfig.from_pretrained(name_or_path, **kwargs), name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
     check_chunked_head(model)
