@@ -211,6 +211,32 @@ def test_every_epoch_draws_fresh_masks_as_mdlm_trainer_does(tmp_path, tokenizer,
     assert torch.allclose(weights, reference_weights, atol=1e-6)
 
 
+def test_sequences_past_the_students_positions_are_refused_on_both_paths(tmp_path, tokenizer, prepared):
+    """A rotary student runs past its position embeddings without complaint, on positions it never saw: MDLMTrainer
+    refuses a collator max_length past them when built, and either path refuses a longer batch before its forward."""
+    model = tiny_student(tokenizer, seed=1)
+    model.config.max_position_embeddings = 64
+    rows = [row for row in prepared if len(row["input_ids"]) > 64][:2]
+    with pytest.raises(ValueError, match=r"^max_length=128: more than the 64 positions of the student "
+                                         r"\(max_position_embeddings\); set it to at most 64$"):
+        MDLMTrainer(model, make_args(tmp_path, padding="max_length", max_length=128), processing_class=tokenizer)
+    batch = TrimsDataCollator(tokenizer)(rows)  # padding='longest', no max_length: the batch is checked
+    width = batch["input_ids"].shape[1]
+    refusal = rf"^a batch of {width} tokens \(the collator's max_length, or its longest row with padding='longest'\): " \
+              r"more than the 64 positions of the student"
+    forwards = []
+    model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    with pytest.raises(ValueError, match=refusal):
+        model(**batch)  # a plain transformers.Trainer's call
+    trainer = MDLMTrainer(model, make_args(tmp_path), data_collator=TrimsDataCollator(tokenizer))
+    with pytest.raises(ValueError, match=refusal):
+        trainer.compute_loss(model, batch)
+    assert forwards == []
+    model.config.max_position_embeddings = width
+    with torch.no_grad():
+        assert model(**batch).loss > 0 and trainer.compute_loss(model, batch) > 0  # at the limit: trained
+
+
 def test_plain_trainer_without_the_epoch_callback_stops_at_the_first_step(tmp_path, tokenizer, prepared):
     """Nothing would advance the collator's epoch: the plain Trainer stops with the fix, instead of repeating masks."""
     with pytest.raises(ValueError, match="CollatorEpochCallback"):

@@ -134,12 +134,30 @@ def student_positions(config_dict: dict[str, Any], kind: str) -> int | None:
     return getattr(student_config(config_dict, kind).get_text_config(), "max_position_embeddings", None)
 
 
-def check_sequence_length(config_dict: dict[str, Any], kind: str, max_length: int) -> None:
-    """Refuse sequences longer than the student's position embeddings, which it was never trained beyond."""
-    positions = student_positions(config_dict, kind)
-    if positions is not None and max_length > positions:
-        raise ValueError(f"max_length={max_length}: more than the {positions} positions of the student "
+def model_positions(model: nn.Module) -> int | None:
+    """The positions a loaded student was trained on (``max_position_embeddings``), or None where its config names
+    none."""
+    return getattr(config_of(model).get_text_config(), "max_position_embeddings", None)
+
+
+def check_positions(length: int, positions: int | None, what: str | None = None) -> None:
+    """Refuse sequences longer than the student's position embeddings, which it was never trained beyond (a rotary
+    student runs there without complaint, on positions it never saw); ``what`` names the length (``max_length=N``)."""
+    if positions is not None and length > positions:
+        raise ValueError(f"{what or f'max_length={length}'}: more than the {positions} positions of the student "
                          f"(max_position_embeddings); set it to at most {positions}")
+
+
+def check_batch_length(model: nn.Module, input_ids: torch.Tensor) -> None:
+    """:func:`check_positions` for a training batch (``[B, L]`` ids) about to run through ``model``."""
+    length = input_ids.shape[1]
+    check_positions(length, model_positions(model), f"a batch of {length} tokens (the collator's max_length, or its "
+                                                    "longest row with padding='longest')")
+
+
+def check_sequence_length(config_dict: dict[str, Any], kind: str, max_length: int) -> None:
+    """:func:`check_positions` for a student's ``config.json`` dict (no weights)."""
+    check_positions(max_length, student_positions(config_dict, kind))
 
 
 def student_mask_token_id(config_dict: dict[str, Any], kind: str, mask_token_id: int | None = None,

@@ -28,6 +28,7 @@ from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
 from ..students.adapters import BASE_FINGERPRINT, training_base_fingerprint, write_base_fingerprint
 from ..students.loss import check_normalization, masked_token_loss, normaliser, per_unit_loss
+from ..students.registry import check_batch_length, check_positions, model_positions
 from .batch_search import fit_global_batch, optimizer_spec
 from .collator import INPUT_COLUMNS, TrimsDataCollator
 from .config import MDLMConfig
@@ -102,6 +103,8 @@ class MDLMTrainer(Trainer):
                                               max_length=fmt.max_length, seed=args.seed)
         if isinstance(getattr(data_collator, "masking", None), MaskingConfig):
             masking = data_collator.masking  # the collator's buckets are the ones trained: rows are cut for them
+        if (length := getattr(data_collator, "max_length", None)) is not None:  # before training; else per batch
+            check_positions(length, model_positions(model))
         train_dataset = self.prepare_rows(train_dataset, processing_class, fmt, masking, args)
         eval_dataset = (
             {name: self.prepare_rows(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
@@ -187,6 +190,7 @@ class MDLMTrainer(Trainer):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        check_batch_length(model, inputs["input_ids"])
         batch = {key: inputs[key] for key in schema.LOSS_KEYS}
         head = None if return_outputs else self.accelerator.unwrap_model(model).get_output_embeddings()
         outputs, token_logits = masked_logits(model, self.student, inputs, head)
