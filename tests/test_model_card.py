@@ -14,7 +14,7 @@ from trims_hf.cli import main
 from trims_hf.commands.eval import parser as eval_parser
 from trims_hf.reports import library_versions
 from trims_hf.settings import DecodingConfig, ResponseFormat
-from trims_hf.training.model_card import eval_command, evaluation_from_logs, trims_model_card
+from trims_hf.training.model_card import eval_command, evaluation_from_logs, fitting_decoder, trims_model_card
 
 TOY = Path(__file__).resolve().parents[1] / "recipes" / "toy" / "trims_toy.yaml"
 HYPERPARAMETERS = {"TRIMS": {"num_buckets": 8, "p_context": 0.05, "p_future": 0.95, "trajectory_ratio": 0.1},
@@ -109,3 +109,22 @@ def test_push_access_fails_before_training(tmp_path, monkeypatch, capsys, case, 
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("positions, gen, block", [(None, 256, 32), (4096, 256, 32), (512, 256, 32), (256, 128, 32),
+                                                   (100, 32, 32), (40, 16, 16), (3, 1, 1)])
+def test_without_an_evaluation_the_suggested_decoder_fits_the_student(positions, gen, block):
+    """The default decoder leaves at least half a small student's positions to the prompt, so the card's line runs."""
+    card = trims_model_card(base_model="outputs/toy/base", dataset="outputs/toy/scored",
+                            hyperparameters=HYPERPARAMETERS, positions=positions)
+    assert f"--gen-length {gen} --block-length {block} " in card.text
+    for n in range(2, 2100):
+        decoding = fitting_decoder(n)  # a valid decoder (DecodingConfig checks it) within half the positions
+        assert decoding.gen_length <= max(1, n // 2) and decoding.gen_length % decoding.block_length == 0
+        assert decoding.gen_length == 256 or decoding.gen_length * 2 > n // 2  # halved no further than it must be
+
+
+def test_a_configured_decoder_is_suggested_as_given_even_without_an_evaluation():
+    card = trims_model_card(base_model="outputs/toy/base", dataset="outputs/toy/scored", hyperparameters=HYPERPARAMETERS,
+                            decoding=DecodingConfig(gen_length=64, block_length=16), positions=100)
+    assert "--gen-length 64 --block-length 16 " in card.text

@@ -85,6 +85,10 @@ def test_toy_recipe_end_to_end(tmp_path, toy):
     assert state["global_step"] == 3 and len(losses) == 3 and all(loss > 0 for loss in losses)
     card = (tmp_path / "README.md").read_text()
     assert "library_name: peft" in card and "trajectory_ratio" in card
+    positions = json.loads((Path(toy[toy.index("--model_name_or_path") + 1]) / "config.json").read_text())[
+        "max_position_embeddings"]
+    gen_length = int(re.search(r"--gen-length (\d+) ", card)[1])  # the suggested evaluation leaves room for a prompt
+    assert 2 * gen_length <= positions
     assert (tmp_path / BASE_FINGERPRINT).is_file()  # the base's weights as training read them (here random ones)
 
 

@@ -101,6 +101,17 @@ def eval_command(base_model: str, adapter: str, task: str = "gsm8k", decoding: D
     return shlex.join([*words, "--output", f"{task}-results.json"])
 
 
+def fitting_decoder(positions: int | None) -> DecodingConfig:
+    """The default decoder for a student of ``positions`` positions: its ``gen_length`` (and ``block_length`` with
+    it) halved until at least half the positions are left to the prompt, so a suggested line runs on a small
+    student too."""
+    decoding = DecodingConfig()
+    gen_length = decoding.gen_length
+    while positions is not None and gen_length > max(1, positions // 2):
+        gen_length //= 2
+    return dataclasses.replace(decoding, gen_length=gen_length, block_length=min(decoding.block_length, gen_length))
+
+
 def _decoding_text(decoding: DecodingConfig) -> str:
     """``threshold 0.9, gen 256, block 32, cache none, early stop on`` (plus temperature when sampling)."""
     text = (f"{decoding_setting(decoding)}, gen {decoding.gen_length}, block {decoding.block_length}, "
@@ -121,6 +132,7 @@ def trims_model_card(
     base_model_revision: str | None = None,
     model_name: str = "trims-adapter",
     license: str | None = None,
+    positions: int | None = None,
 ) -> ModelCard:
     """Build the card of an adapter trained with TRIMS (or the MDLM baseline when ``trajectory_ratio`` is 0).
 
@@ -128,7 +140,9 @@ def trims_model_card(
     ``log_history`` is the Trainer's (final training loss, and the decode evaluation of
     :class:`~trims_hf.training.callbacks.DecodeEvalCallback` made with ``decoding`` on ``eval_data_file``);
     ``model_kind`` / ``mask_token_id`` are the student settings the base model needed, so the usage lines
-    load it the same way; ``model_name`` is the adapter's repo id (or folder).
+    load it the same way; ``model_name`` is the adapter's repo id (or folder); ``positions`` (the base's
+    ``max_position_embeddings``) sizes the suggested evaluation when no decode evaluation ran
+    (:func:`fitting_decoder`).
     """
     log_history = list(log_history)
     evaluation = evaluation_from_logs(log_history)
@@ -162,8 +176,8 @@ def trims_model_card(
     )
     task = next(iter(evaluation), "gsm8k")
     n = evaluation.get(task, {}).get("num_samples")
-    command = eval_command(base_model, model_name, task, decoding, int(n) if n else None, eval_data_file, model_kind,
-                           mask_token_id, base_model_revision)
+    command = eval_command(base_model, model_name, task, decoding or fitting_decoder(positions),
+                           int(n) if n else None, eval_data_file, model_kind, mask_token_id, base_model_revision)
     if evaluation:
         decoder = _decoding_text(decoding or DecodingConfig())
         rows = [[name, f"{100 * m['accuracy']:.1f}" if "accuracy" in m else "-",

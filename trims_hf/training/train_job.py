@@ -579,7 +579,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
             log_history=trainer.state.log_history, model_kind=model_args.model_kind,
             mask_token_id=model_args.mask_token_id, model_name=trainer.hub_model_id or args.output_dir,
             decoding=data_args.decoding_config() if data_args.decode_eval_task else None,
-            eval_data_file=data_args.decode_eval_data_file,
+            eval_data_file=data_args.decode_eval_data_file, positions=student_positions(student.config, student.kind),
         )
         card.save(Path(args.output_dir) / "README.md")
         if args.push_to_hub:
