@@ -52,7 +52,7 @@ def test_card_content_and_metadata(tmp_path):
     assert "| `lr_scheduler_type` | `cosine` |" in text and "SchedulerType" not in text
     assert "Final training loss 1.2500 at step 10 (mean over training 1.8750)." in text
     assert f"- transformers {library_versions()['transformers']}" in text
-    assert 'PeftModel.from_pretrained(base, "me/llada-trims")' in text and "revision='abc123'" in text
+    assert "revision='abc123', adapter=\"me/llada-trims\")" in text
     assert hub.PAPER_TITLE in text and "Lingjie Chen" in text and "with TRIMS" in text
 
 

@@ -207,11 +207,9 @@ on the teacher-scored data set `{dataset}`, following *{PAPER_TITLE}*.
 ## Usage
 
 ```python
-from peft import PeftModel
 from trims_hf import load_student
 
-base = load_student("{base_model}"{load_options})
-model = PeftModel.from_pretrained(base, "{model_name}")
+model = load_student("{base_model}"{load_options}, adapter="{model_name}")   # a peft PeftModel, the base checked
 ```
 
 ## Evaluation
