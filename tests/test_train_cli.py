@@ -337,7 +337,7 @@ MISTAKES = [
      {"decode_eval_task": "gsm8k", **UNSCHEDULED, "decode_eval_data_file": "{w}/test.jsonl"}, [],
      r"^decode_eval_data_file .*test\.jsonl: no such file\.$"),
     ("decode-eval-hub-unreachable", None, {"decode_eval_task": "gsm8k", **UNSCHEDULED}, [],
-     r"^decode_eval_data_file openai/gsm8k: not a local path, and the Hugging Face Hub is unreachable"),
+     r"^decode_eval_data_file openai/gsm8k \(the default\): not a local path, and the Hugging Face Hub is unreachable"),
     ("decode-eval-threshold", None, {"decode_eval_decoding": "{{threshold: 1.5}}"}, [],
      r"^decode_eval_decoding: threshold=1.5: must be in \[0, 1\]\.$"),
     ("decode-eval-bad-setting", None, {"decode_eval_decoding": "{{treshold: 0.5}}"}, [],

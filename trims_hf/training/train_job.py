@@ -356,7 +356,7 @@ def check_decode_eval(data_args: DataArguments, args: MDLMConfig) -> None:
         raise InputError(f"decode_eval_task {name}: its grading runs model-written code, which trims train does not do; "
                           "evaluate code tasks with `trims eval --allow-code-execution`.") from None
     if data_args.decode_eval_data_file is None:
-        check_dataset_source("decode_eval_data_file", task.hub_id)
+        check_dataset_source("decode_eval_data_file", task.hub_id, default=task.hub_id)
 
 
 REPORTING_PACKAGE_CHECK = {"comet_ml": "comet", "azure_ml": "azureml", "flyte": "flytekit"}
