@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from trims_hf import AdapterError, load_student, lora_config
 from trims_hf.cli import main as cli
+from trims_hf.exporting import base_is_original, export_card
 from trims_hf.students.adapters import BASE_FINGERPRINT, base_difference, base_fingerprint, write_base_fingerprint
 
 
@@ -314,6 +315,15 @@ def test_merged_export_is_the_original_layout_with_our_logits(tmp_path: Path) ->
 
 @needs_deepspeed
 @pytest.mark.slow
+def test_an_export_card_shows_the_original_code_only_for_an_original_checkpoint(saved_student, tmp_path: Path) -> None:
+    assert base_is_original(fixture("llada")) and not base_is_original(saved_student)
+    for original_layout in (True, False):
+        card = export_card(fixture("llada"), "me/adapter", tmp_path, "adapter", original_layout=original_layout).text
+        assert ("## Load with the original code" in card) is original_layout
+        assert ("original model's module names" in card) is original_layout
+        assert 'load_student("' in card
+
+
 def test_a_merged_export_without_an_accelerator_prints_nothing_of_deepspeed(saved_student, tmp_path: Path) -> None:
     """Saving the merged model with transformers (a student in transformers' layout) asks accelerate to unwrap it,
     which imports DeepSpeed where it is installed; DeepSpeed left to guess its accelerator prints that it found no GPU.
@@ -424,6 +434,8 @@ def test_plain_causal_lm_student_exports_with_model_kind(plain_llama, plain_llam
     assert not (tmp_path / "unsaid").exists()
     assert cli([*export, str(tmp_path / "merged"), "--model-kind", "llada"]) == 0
     assert (tmp_path / "merged" / "model.safetensors").is_file()
+    card = (tmp_path / "merged" / "README.md").read_text()  # no original code reads it: only trims_hf's way is shown
+    assert "transformers' own layout" in card and "trust_remote_code" not in card and "load_student(" in card
     base_tokenizer = AutoTokenizer.from_pretrained(plain_llama)  # a merged folder loads on its own: the base's tokenizer
     assert AutoTokenizer.from_pretrained(tmp_path / "merged").get_vocab() == base_tokenizer.get_vocab()
     trained = tmp_path / "run"  # trims train's output folder: the adapter beside the student's tokenizer, which wins

@@ -101,9 +101,19 @@ def export_adapter(base: str, adapter: str, output: Path, *, model_kind: str | N
     return output
 
 
-def export_card(base: str, adapter: str, output: Path, export_format: str, repo_id: str | None = None) -> ModelCard:
+def base_is_original(base: str, model_kind: str | None = None) -> bool:
+    """Whether ``base`` is an original checkpoint of its family (LLaDA, Dream...), whose layout an export keeps; a
+    plain causal LM or masked LM trained as a student has transformers' own layout and no original code."""
+    from transformers import PreTrainedConfig
+
+    config_dict, _ = PreTrainedConfig.get_config_dict(base)
+    return STUDENTS[model_kind or detect_student_kind(config_dict)].is_original(config_dict)
+
+
+def export_card(base: str, adapter: str, output: Path, export_format: str, repo_id: str | None = None,
+                original_layout: bool = True) -> ModelCard:
     """The card of an exported folder: base model, the TRIMS settings the adapter's own card recorded, and how to load
-    it with the original code and with trims_hf."""
+    it with trims_hf and, where the base is an original checkpoint (``original_layout``), with the original code."""
     name = repo_id or str(output)
     trained = Path(adapter).expanduser() / CARD
     settings = ModelCard.load(trained).data.to_dict().get(METADATA_KEY, {}) if trained.is_file() else {}
@@ -120,22 +130,11 @@ def export_card(base: str, adapter: str, output: Path, export_format: str, repo_
         ours = f'model = load_student("{name}")'
         imports = "from transformers import AutoModel"
     listed = "\n".join(f"- `{key}`: {value}" for key, value in sorted(settings.items())) or "- not recorded"
-    body = f"""---
-{data.to_yaml()}
----
-
-# {name}
-
-{"A LoRA adapter for" if export_format == "adapter" else "The merged weights of"} the masked diffusion language model
-`{base}` fine-tuned with TRIMS (trajectory-ranked instruction masked supervision), exported from `{adapter}` in the
-original model's module names, so the original modeling code (and tools built on it: Fast-dLLM, dLLM, d3LLM, SGLang)
-loads it as it is.
-
-## TRIMS settings
-
-{listed}
-
-## Load with the original code
+    layout = ("in the original model's module names, so the original modeling code (and tools built on it: Fast-dLLM, "
+              "dLLM, d3LLM, SGLang)\nloads it as it is." if original_layout else "in transformers' own layout: the "
+              "base is no original checkpoint of a diffusion\nfamily, so no original code reads it, and transformers' "
+              "Auto classes would load it causal or headless;\nload it with trims_hf, which makes it bidirectional.")
+    original_section = f"""## Load with the original code
 
 ```python
 {imports}
@@ -143,7 +142,22 @@ loads it as it is.
 {original}
 ```
 
-## Load with trims_hf (no remote code)
+""" if original_layout else ""
+    body = f"""---
+{data.to_yaml()}
+---
+
+# {name}
+
+{"A LoRA adapter for" if export_format == "adapter" else "The merged weights of"} the masked diffusion language model
+`{base}` fine-tuned with TRIMS (trajectory-ranked instruction masked supervision), exported from `{adapter}`
+{layout}
+
+## TRIMS settings
+
+{listed}
+
+{original_section}## Load with trims_hf (no remote code)
 
 ```python
 from trims_hf import load_student
@@ -171,7 +185,7 @@ def export(base: str, adapter: str, output: str | Path, export_format: str = "me
     output = Path(output)
     writer = export_merged if export_format == "merged" else export_adapter
     writer(base, adapter, output, model_kind=model_kind, allow_base_mismatch=allow_base_mismatch)
-    export_card(base, adapter, output, export_format, push_to_hub).save(output / CARD)
+    export_card(base, adapter, output, export_format, push_to_hub, base_is_original(base, model_kind)).save(output / CARD)
     if push_to_hub:
         push_folder(output, push_to_hub, token)
     return output
