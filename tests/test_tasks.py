@@ -151,6 +151,14 @@ def test_gsm8k_loads_the_test_split_and_its_references() -> None:
         ("\\boxed{1\\frac{1}{0}}", None),
         ("\\boxed{9^{1000}}", None),
         ("He has 18 apples. \\boxed{\\text{eighteen}}", "18"),  # a box without a number: the text outside it
+        ("\\boxed{3 \\times 10^6}", "3000000"),
+        ("\\boxed{3\\times10^{6}}", "3000000"),
+        ("\\boxed{5 ^ 2}", "25"),  # a number's power, though spaced
+        ("so 0^{-1} is undefined, the answer is 8", "8"),  # an undefined power is no number, and no crash
+        ("\\boxed{0^{-1}}", None),
+        ("\\boxed{1" + "0" * 50 + "^{100}}", None),  # 5,000 digits: no answer, and no crash printing it
+        ("\\boxed{" + "1" * 5000 + "}", None),
+        ("There are 2^{200} ways, but only 42 are valid. The answer is 42.", "42"),  # one huge power loses only itself
     ],
 )
 def test_gsm8k_extraction(completion: str, expected: str | None) -> None:

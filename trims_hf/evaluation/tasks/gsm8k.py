@@ -18,9 +18,11 @@ _UNITS = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}")
 _NOISE = re.compile(r"\\[$%!,;]|[$%]|\{,\}|\\left|\\right")
 _HASHES = re.compile(r"####\s*(.*)")
 _MINUS = str.maketrans({"\u2212": "-"})  # the minus sign of math fonts and some tokenizers
-_UNIT_POWER = re.compile(r"(?<=[A-Za-z}\s])\^\s*(?:\{[^{}]*\}|\d+)")  # ft^2, \text{m}^{3}: a unit's, not a number's
-_POWER = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*(?:\{\s*(-?\d+)\s*\}|(-?\d+))")
-_MAX_EXPONENT = 100
+_UNIT_POWER = re.compile(r"(?<=[A-Za-z}])\^\s*(?:\{[^{}]*\}|\d+)")  # ft^2, \text{m}^{3}: a unit's, not a number's
+# A power, with an optional factor before it ("3 \times 10^{6}"); group 1 the factor, 2 the base, 3 or 4 the exponent.
+_POWER = re.compile(r"(?:(\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|\u00d7)\s*)?(\d+(?:\.\d+)?)\s*\^\s*"
+                    r"(?:\{\s*(-?\d+)\s*\}|(-?\d+))")
+_MAX_DIGITS = 300  # a power written out past this many digits states no answer (and Python prints ints to 4,300)
 _MIXED = re.compile(r"(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}")
 _SPACED = re.compile(r"-?\d{1,3}(?: \d{3})+")  # "1 000 000", thousands apart by spaces
 
@@ -32,26 +34,34 @@ def _format(value: Fraction) -> str:
     return format(decimal.normalize(), "f") if Fraction(decimal) == value else str(value)
 
 
-def _powers(text: str) -> str | None:
-    """``10^6`` and ``2^{-3}`` written out as their values (so no exponent is read as the answer); None when an
-    exponent is past :data:`_MAX_EXPONENT` (no answer is that large)."""
-    exponents = [int(m[2] or m[3]) for m in _POWER.finditer(text)]
-    if any(abs(e) > _MAX_EXPONENT for e in exponents):
+def _power(match: re.Match[str]) -> str:
+    """One power (times its factor) written out; a space, so no number, where it is undefined (``0^{-1}``) or
+    longer than :data:`_MAX_DIGITS`."""
+    base, exponent = Fraction(match[2]), int(match[3] or match[4])
+    if (base == 0 and exponent < 0) or abs(exponent) * len(str(abs(int(base)) or 1)) > _MAX_DIGITS:
+        return " "
+    return _format(Fraction(match[1] or 1) * base ** exponent)
+
+
+def _exact(number: str) -> Fraction | None:
+    """The value of a number as written; None past the digits Python reads into an int (4,300)."""
+    try:
+        return Fraction(number)
+    except ValueError:
         return None
-    return _POWER.sub(lambda m: _format(Fraction(m[1]) ** int(m[2] or m[3])), text)
 
 
 def parse_number(text: str) -> str | None:
     """The number a short answer states, normalised ("$1,234.00" -> "1234"); None if there is none.
 
     Currency signs, percent signs, thousands separators (commas, LaTeX spaces, or plain spaces in a lone number),
-    ``\\text{...}`` units and their powers are dropped; the minus sign (U+2212) reads as "-"; powers are written out;
-    a lone fraction (``\\frac{1}{2}``, ``3/4``) or mixed number (``1\\frac{1}{2}``) is kept exact, and one over zero
+    ``\\text{...}`` units and their powers are dropped; the minus sign (U+2212) reads as "-"; powers (``10^6``,
+    ``3 \\times 10^{6}``) are written out, one undefined or past :data:`_MAX_DIGITS` digits being no number; a
+    lone fraction (``\\frac{1}{2}``, ``3/4``) or mixed number (``1\\frac{1}{2}``) is kept exact, and one over zero
     states no number; otherwise the last number counts.
     """
-    cleaned = _UNIT_POWER.sub("", _NOISE.sub("", _UNITS.sub(" ", text.translate(_MINUS)))).strip().rstrip(".")
-    if (cleaned := _powers(cleaned)) is None:
-        return None
+    cleaned = _UNITS.sub(" ", _UNIT_POWER.sub("", text.translate(_MINUS)))
+    cleaned = _POWER.sub(_power, _NOISE.sub("", cleaned)).strip().rstrip(".")
     fraction = _FRACTION.fullmatch(cleaned)
     if fraction:
         sign, num, den = (fraction[1], fraction[2], fraction[3]) if fraction[2] else ("", fraction[4], fraction[5])
@@ -62,10 +72,9 @@ def parse_number(text: str) -> str | None:
         if int(mixed[4]) == 0:
             return None
         return _format((int(mixed[2]) + Fraction(int(mixed[3]), int(mixed[4]))) * (-1 if mixed[1] else 1))
-    if _SPACED.fullmatch(cleaned):
-        return _format(Fraction(cleaned.replace(" ", "")))
-    numbers = _NUMBER.findall(cleaned)
-    return _format(Fraction(numbers[-1].replace(",", ""))) if numbers else None
+    numbers = [cleaned.replace(" ", "")] if _SPACED.fullmatch(cleaned) else _NUMBER.findall(cleaned)
+    value = _exact(numbers[-1].replace(",", "")) if numbers else None
+    return None if value is None else _format(value)
 
 
 class GSM8KTask(Task):
