@@ -362,3 +362,17 @@ def test_a_bidirectional_teacher_is_refused_before_it_loads(marks, what, teacher
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["student"]
     with pytest.raises(ValueError, match=f"^teacher {student}: {what}"):
         load_teacher(str(student))
+
+
+def test_a_composite_teachers_text_model_is_checked_too():
+    """Composite configs (Gemma 3's) keep the language model's settings in text_config."""
+    from transformers import Gemma3Config, LlamaConfig
+
+    from trims_hf.data.teacher import check_causal_teacher
+
+    check_causal_teacher(LlamaConfig(), "causal")  # no is_causal at all: a causal LM
+    composite = Gemma3Config()
+    check_causal_teacher(composite, "composite")
+    composite.text_config.is_causal = False
+    with pytest.raises(ValueError, match="^teacher composite: its config says is_causal: false"):
+        check_causal_teacher(composite, "composite")

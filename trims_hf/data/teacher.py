@@ -52,7 +52,7 @@ def check_causal_teacher(config: PretrainedConfig, name_or_path: str) -> None:
     any model whose config says ``is_causal: false`` attends both ways, so it would see the very token it scores
     and its NLL would measure nothing; refused by name before any row is scored."""
     kind = getattr(config, "trims_student", None)
-    if kind or getattr(config, "is_causal", True) is False:
+    if kind or False in (getattr(config, "is_causal", True), getattr(config.get_text_config(), "is_causal", True)):
         what = f"a {kind} student of trims_hf" if kind else "its config says is_causal: false"
         raise InputError(f"teacher {name_or_path}: {what}, so it attends to the tokens it scores; score with a causal "
                          "language model (an autoregressive teacher).")
