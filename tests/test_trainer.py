@@ -220,6 +220,9 @@ def test_sequences_past_the_students_positions_are_refused_on_both_paths(tmp_pat
     with pytest.raises(ValueError, match=r"^max_length=128: more than the 64 positions of the student "
                                          r"\(max_position_embeddings\); set it to at most 64$"):
         MDLMTrainer(model, make_args(tmp_path, padding="max_length", max_length=128), processing_class=tokenizer)
+    with pytest.raises(ValueError, match=r"^train_dataset: a row of \d+ tokens \(rows are prepared up to max_length\): "
+                                         r"more than the 64 positions of the student"):
+        MDLMTrainer(model, make_args(tmp_path), train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     batch = TrimsDataCollator(tokenizer)(rows)  # padding='longest', no max_length: the batch is checked
     width = batch["input_ids"].shape[1]
     refusal = rf"^a batch of {width} tokens \(the collator's max_length, or its longest row with padding='longest'\): " \
@@ -235,6 +238,9 @@ def test_sequences_past_the_students_positions_are_refused_on_both_paths(tmp_pat
     model.config.max_position_embeddings = width
     with torch.no_grad():
         assert model(**batch).loss > 0 and trainer.compute_loss(model, batch) > 0  # at the limit: trained
+    plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", remove_unused_columns=False)
+    fitting = MDLMTrainer(model, plain, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    assert len(fitting.train_dataset) == 2  # rows that fit are trained, though the default max_length (1024) does not
 
 
 def test_plain_trainer_without_the_epoch_callback_stops_at_the_first_step(tmp_path, tokenizer, prepared):

@@ -78,6 +78,14 @@ def is_prepared(dataset: Dataset) -> bool:
     return {schema.INPUT_IDS, schema.PROMPT_LENGTH} <= set(getattr(dataset, "column_names", None) or ())
 
 
+def longest_row(dataset: Dataset) -> int:
+    """The most ``input_ids`` any prepared row holds (read from the Arrow column's list lengths, not the ids)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(dataset.data.column(schema.INPUT_IDS))
+    return int(pc.max(lengths).as_py() or 0)
+
+
 MIN_IDS_PER_BUCKET = 16
 """A prepared set's K is read from its bucket ids only when it holds at least this many per bucket: fewer scored
 tokens than K, or a random ordering over a handful of tokens, may leave its last bucket empty."""

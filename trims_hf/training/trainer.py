@@ -23,7 +23,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
 from ..data import schema
-from ..data.preparation import bucket_count, is_prepared, prepare_dataset
+from ..data.preparation import bucket_count, is_prepared, longest_row, prepare_dataset
 from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
 from ..students.adapters import BASE_FINGERPRINT, training_base_fingerprint, write_base_fingerprint
@@ -103,13 +103,21 @@ class MDLMTrainer(Trainer):
                                               max_length=fmt.max_length, seed=args.seed)
         if isinstance(getattr(data_collator, "masking", None), MaskingConfig):
             masking = data_collator.masking  # the collator's buckets are the ones trained: rows are cut for them
-        if (length := getattr(data_collator, "max_length", None)) is not None:  # before training; else per batch
-            check_positions(length, model_positions(model))
+        positions = model_positions(model)
+        if getattr(getattr(data_collator, "masking", None), "padding", None) == "max_length":  # every batch this long
+            check_positions(data_collator.max_length, positions)
         train_dataset = self.prepare_rows(train_dataset, processing_class, fmt, masking, args)
         eval_dataset = (
             {name: self.prepare_rows(split, processing_class, fmt, masking, args) for name, split in eval_dataset.items()}
             if isinstance(eval_dataset, dict) else self.prepare_rows(eval_dataset, processing_class, fmt, masking, args)
         )
+        splits = {"train_dataset": train_dataset, **(eval_dataset if isinstance(eval_dataset, dict)
+                                                     else {"eval_dataset": eval_dataset})}
+        for name, split in splits.items():  # before training; rows of other forms are checked batch by batch
+            if is_prepared(split) and hasattr(split, "data"):
+                longest = longest_row(split)
+                check_positions(longest, positions, f"{name}: a row of {longest} tokens (rows are prepared up to "
+                                                    "max_length)")
         self.loss_normalization = getattr(args, "loss_normalization", "token")
         check_normalization(self.loss_normalization)
         if getattr(args, "global_batch_size", None) is not None:  # eager: compiled, each probed shape would compile
