@@ -165,17 +165,20 @@ def test_a_completions_main_block_does_not_run(isolation: str) -> None:
 
 def test_an_iterable_the_solution_returns_reaches_the_tests_as_its_items() -> None:
     """A map, generator or iterator arrives as a handle the tests can iterate over (``list``, ``sorted``, ``in``,
-    unpacking), its items listed by the solution, as the reference graders' ``list(result)`` reads them; it stays
-    unequal to a list, as there."""
+    unpacking, ``next``, a loop that stops early), the solution running ``iter`` and ``next``, as the reference
+    graders read the object itself; it stays unequal to a list, as there."""
     solution = "class Box:\n    pass\ndef doubled(xs):\n    return map(lambda x: 2 * x, xs)\n" \
                "def upto(n):\n    yield from range(n)\ndef pair():\n    return iter([Box(), 1])\n" \
-               "def opaque():\n    return object()\n"
+               "def opaque():\n    return object()\nimport itertools\ndef counting():\n    return itertools.count()\n"
     tests = "assert list(doubled([1, 2])) == [2, 4] and tuple(doubled([3])) == (6,) and 4 in doubled([2])\n" \
-            "assert sorted(upto(3)) == [0, 1, 2]\nbox, one = pair()\nassert one == 1 and repr(box).startswith('<solution')\n"
+            "assert sorted(upto(3)) == [0, 1, 2]\nbox, one = pair()\nassert one == 1 and repr(box).startswith('<solution')\n" \
+            "assert next(upto(2)) == 0 and next(iter(counting())) == 0\n" \
+            "for i in counting():\n    if i == 3:\n        break\n"  # an endless iterator, read as far as the test goes
     assert run_tests(solution, tests, FAST).passed
     for wrong, reason in [("assert list(upto(3)) == [0, 1]", "AssertionError"),
                           ("assert upto(2) == [0, 1]", "AssertionError"),
-                          ("list(opaque())", "TypeError: 'object' object is not iterable")]:
+                          ("list(opaque())", "TypeError: 'object' object is not iterable"),
+                          ("next(opaque())", "TypeError: 'object' object is not an iterator")]:
         result = run_tests(solution, wrong, FAST)
         assert result.status == "failed" and reason in result.reason, (wrong, result.reason)
 

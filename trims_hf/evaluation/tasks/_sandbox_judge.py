@@ -20,7 +20,8 @@ class SolutionError(Exception):
 
 
 class Remote:
-    """A name or object of the solution: calling it, or iterating over it, asks the solution process."""
+    """A name or object of the solution: calling it, or iterating over it, asks the solution process (a
+    ``StopIteration`` it raises crosses back as one, so iteration ends as in the solution)."""
 
     __slots__ = ("handle",)
 
@@ -31,9 +32,12 @@ class Remote:
         return _ask({"call": self.handle, "args": encode(list(args), _reference), "kwargs": encode(kwargs, _reference)})
 
     def __iter__(self):
-        """The items of a generator, map or other iterable the solution returned, as the solution lists them (what
-        ``list(result)`` reads in the reference graders, where the result is the object itself)."""
-        return iter(_ask({"iter": self.handle}))
+        """``iter()`` of the solution's object, run by the solution: a generator or map the solution returned is read
+        item by item, as the reference graders (which hold the object itself) read it, so a test may stop early."""
+        return _ask({"iter": self.handle})
+
+    def __next__(self):
+        return _ask({"next": self.handle})
 
     def __repr__(self):
         return f"<solution object #{self.handle}>"

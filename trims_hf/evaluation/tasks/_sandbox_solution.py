@@ -24,10 +24,10 @@ def _make_guard(root, namespaced):
         "os.remove", "os.rmdir", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.chflags",
         "os.link", "os.symlink", "shutil.rmtree", "shutil.chown",
     })
-    # Under bubblewrap the namespaces bound what native code could do, so these modules import (numpy, scipy,
-    # pandas, sympy and asyncio need them, and the reference graders allow them) and only their use is refused
-    # by the events above; ctypes' import itself opens the running program (dlopen of None). Without
-    # namespaces this hook is the only layer, and ctypes or an unaudited fork would get past it.
+    # Under bubblewrap the namespaces are the boundary, so these modules import (numpy, scipy, pandas, sympy and
+    # asyncio need them, and the reference graders allow them): the events above refuse their plain uses, and what
+    # gets below them (_posixsubprocess.fork_exec is unaudited) stays inside the namespaces; ctypes' import itself
+    # opens the running program (dlopen of None). Without namespaces this hook is the only layer, so they stay out.
     blocked_imports = frozenset() if namespaced else frozenset(
         {"_posixsubprocess", "_ctypes", "ctypes", "subprocess", "multiprocessing"})
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -92,8 +92,10 @@ def _main():
     for line in requests:
         try:
             call = json.loads(line)
-            if "iter" in call:  # the judge iterates over an object of ours: its items, listed here
-                reply = {"ok": encode(list(objects[call["iter"]]), handle)}
+            if "iter" in call:  # the judge iterates over an object of ours, one item per request
+                reply = {"ok": encode(iter(objects[call["iter"]]), handle)}
+            elif "next" in call:
+                reply = {"ok": encode(next(objects[call["next"]]), handle)}
             else:
                 function = objects[call["call"]]
                 args = decode(call["args"], objects.__getitem__)

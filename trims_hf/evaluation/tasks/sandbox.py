@@ -6,8 +6,8 @@ Two processes per run, wired by pipes the parent creates:
 * the *judge* process runs the task's tests, in which every name the solution defined (except
   builtins' names) is a proxy: calling it asks the solution process and gets back a plain value
   (None, bool, int, float, complex, str, bytes and lists, tuples, dicts, sets of them), or an
-  opaque handle for anything else, which the tests can call or iterate over (the solution lists its
-  items). The verdict is the judge's exit status.
+  opaque handle for anything else, which the tests can call or iterate over (the solution runs
+  ``iter()`` and ``next()``, one item per request). The verdict is the judge's exit status.
 
 So the solution can neither read nor forge the verdict (it shares no memory, frame, file or fd
 with the judge), and an object with an always-true ``__eq__`` never reaches a test: it arrives as
@@ -26,9 +26,11 @@ Each process is isolated, in layers:
 * resource limits (CPU, address space, file size, open files, processes, no core dumps) set by the
   child before it reads any untrusted code;
 * in the solution process, a PEP 578 audit hook (second layer) refusing process creation, signals,
-  ctypes calls, sockets and writes outside its working directory; without bubblewrap, where it is the
-  only layer, also the import of ctypes, subprocess and multiprocessing, so there a solution that
-  imports numpy, scipy, pandas, sympy or asyncio fails (the reference graders, and bubblewrap, run it);
+  ctypes calls, sockets and writes outside its working directory through Python's own calls (it stops
+  mistakes and plain attacks; a determined program reaches below it, so the namespaces are the
+  boundary); without bubblewrap, where it is the only layer, also the import of ctypes, subprocess and
+  multiprocessing, so there a solution that imports numpy, scipy, pandas, sympy or asyncio fails (the
+  reference graders, and bubblewrap, run it);
 * a wall-clock timeout for the whole run, after which both processes are killed; they are killed
   after every run anyway, and output is read through size-capped pipes.
 """
