@@ -236,6 +236,7 @@ def test_sequences_past_the_students_positions_are_refused_on_both_paths(tmp_pat
         trainer.compute_loss(model, batch)
     assert forwards == []
     model.config.max_position_embeddings = width
+    trainer = MDLMTrainer(model, make_args(tmp_path), data_collator=TrimsDataCollator(tokenizer))
     with torch.no_grad():
         assert model(**batch).loss > 0 and trainer.compute_loss(model, batch) > 0  # at the limit: trained
     plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", remove_unused_columns=False)

@@ -148,11 +148,12 @@ def check_positions(length: int, positions: int | None, what: str | None = None)
                          f"(max_position_embeddings); set it to at most {positions}")
 
 
-def check_batch_length(model: nn.Module, input_ids: torch.Tensor) -> None:
-    """:func:`check_positions` for a training batch (``[B, L]`` ids) about to run through ``model``."""
+def check_batch_length(input_ids: torch.Tensor, positions: int | None) -> None:
+    """:func:`check_positions` for a training batch (``[B, L]`` ids) about to run through a student of ``positions``
+    positions (:func:`model_positions` of the model itself: a DeepSpeed engine's ``config`` is its own)."""
     length = input_ids.shape[1]
-    check_positions(length, model_positions(model), f"a batch of {length} tokens (the collator's max_length, or its "
-                                                    "longest row with padding='longest')")
+    check_positions(length, positions, f"a batch of {length} tokens (the collator's max_length, or its longest row "
+                                       "with padding='longest')")
 
 
 def check_sequence_length(config_dict: dict[str, Any], kind: str, max_length: int) -> None:

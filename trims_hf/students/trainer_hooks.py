@@ -15,7 +15,7 @@ from ..data.schema import EPOCH_KEY, LOSS_KEYS, UNFOLLOWED_EPOCH
 from .base import StudentSpec
 from .block_diffusion import noised_half, training_inputs
 from .loss import mdlm_loss
-from .registry import check_batch_length
+from .registry import check_batch_length, model_positions
 
 
 class MDLMLossHooks:
@@ -48,7 +48,7 @@ class MDLMLossHooks:
             raise ValueError("nothing advances the TrimsDataCollator's epoch, so every epoch would train on the first "
                              "epoch's masks: pass callbacks=[trims_hf.CollatorEpochCallback(collator)] to the Trainer, "
                              "or train with trims_hf.MDLMTrainer.")
-        check_batch_length(module, kwargs["input_ids"])
+        check_batch_length(kwargs["input_ids"], model_positions(module))
         batch = {key: kwargs.pop(key) for key in (*LOSS_KEYS, "num_items_in_batch") if key in kwargs}
         self._pending[threading.get_ident()] = batch
         if self.spec.block_size is not None:

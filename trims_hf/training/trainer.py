@@ -103,7 +103,7 @@ class MDLMTrainer(Trainer):
                                               max_length=fmt.max_length, seed=args.seed)
         if isinstance(getattr(data_collator, "masking", None), MaskingConfig):
             masking = data_collator.masking  # the collator's buckets are the ones trained: rows are cut for them
-        positions = model_positions(model)
+        self.positions = positions = model_positions(model)  # of the model itself, before any engine wraps it
         if getattr(getattr(data_collator, "masking", None), "padding", None) == "max_length":  # every batch this long
             check_positions(data_collator.max_length, positions)
         train_dataset = self.prepare_rows(train_dataset, processing_class, fmt, masking, args)
@@ -198,7 +198,7 @@ class MDLMTrainer(Trainer):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        check_batch_length(model, inputs["input_ids"])
+        check_batch_length(inputs["input_ids"], self.positions)
         batch = {key: inputs[key] for key in schema.LOSS_KEYS}
         head = None if return_outputs else self.accelerator.unwrap_model(model).get_output_embeddings()
         outputs, token_logits = masked_logits(model, self.student, inputs, head)
