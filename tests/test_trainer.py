@@ -4,12 +4,15 @@ any split of a global batch equal, Dream shift, training and its logged statisti
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import synthetic_scored_rows, tiny_student
+from conftest import needs_deepspeed, synthetic_scored_rows, tiny_student
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
@@ -242,6 +245,25 @@ def test_sequences_past_the_students_positions_are_refused_on_both_paths(tmp_pat
     plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", remove_unused_columns=False)
     fitting = MDLMTrainer(model, plain, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     assert len(fitting.train_dataset) == 2  # rows that fit are trained, though the default max_length (1024) does not
+
+
+@needs_deepspeed
+@pytest.mark.slow
+def test_building_the_trainer_without_an_accelerator_prints_nothing_of_deepspeed(saved_student, tmp_path):
+    """The Trainer asks accelerate to unwrap the model, which imports DeepSpeed where it is installed, and DeepSpeed
+    left to guess prints that it found no GPU; MDLMTrainer names the CPU first (a process of its own: DeepSpeed reads
+    the setting when it is first imported)."""
+    script = ("import sys\nfrom trims_hf import MDLMConfig, MDLMTrainer, load_student, load_student_tokenizer\n"
+              f"model = load_student({saved_student!r})\n"
+              f"MDLMTrainer(model, MDLMConfig(output_dir={str(tmp_path)!r}, use_cpu=True, report_to='none'), "
+              f"processing_class=load_student_tokenizer({saved_student!r}))\n"
+              "print('deepspeed' in sys.modules)\n")
+    env = {name: value for name, value in os.environ.items() if name != "DS_ACCELERATOR"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]  # DeepSpeed was imported
+    if not torch.accelerator.is_available():  # where DeepSpeed finds one, it has nothing to say
+        assert "unable to detect" not in done.stdout + done.stderr
 
 
 def test_plain_trainer_without_the_epoch_callback_stops_at_the_first_step(tmp_path, tokenizer, prepared):

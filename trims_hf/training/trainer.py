@@ -24,6 +24,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ..data import schema
 from ..data.preparation import bucket_count, is_prepared, longest_row, prepare_dataset
+from ..distributed import name_cpu_accelerator
 from ..settings import MaskingConfig, StudentFormat
 from ..students import compile_blocks, mask_token_id, student_spec
 from ..students.adapters import BASE_FINGERPRINT, training_base_fingerprint, write_base_fingerprint
@@ -92,6 +93,8 @@ class MDLMTrainer(Trainer):
         **kwargs: Any,
     ) -> None:
         args = args if args is not None else MDLMConfig(output_dir="trims-output")
+        if not torch.accelerator.is_available():  # DeepSpeed, imported by accelerate, would say it found no GPU
+            name_cpu_accelerator()
         self.student = student_spec(model)
         self._fingerprinted, self._base_fingerprint = model, training_base_fingerprint(model)  # before probe or shard
         masking = args.masking() if isinstance(args, MDLMConfig) else MaskingConfig()
