@@ -131,13 +131,17 @@ def student_config(config_dict: dict[str, Any], kind: str) -> PreTrainedConfig:
 def student_positions(config_dict: dict[str, Any], kind: str) -> int | None:
     """The positions a student of ``kind`` with this ``config.json`` dict was trained on (``max_position_embeddings``),
     or None where its config names none."""
-    return getattr(student_config(config_dict, kind).get_text_config(), "max_position_embeddings", None)
+    return _positions(student_config(config_dict, kind))
+
+
+def _positions(config: PreTrainedConfig) -> int | None:
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
 
 
 def model_positions(model: nn.Module) -> int | None:
     """The positions a loaded student was trained on (``max_position_embeddings``), or None where its config names
     none."""
-    return getattr(config_of(model).get_text_config(), "max_position_embeddings", None)
+    return _positions(config_of(model))
 
 
 def check_positions(length: int, positions: int | None, what: str | None = None) -> None:

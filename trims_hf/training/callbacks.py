@@ -26,6 +26,7 @@ from transformers import (
 from ..evaluation.evaluate import evaluate_task, load_examples, longest_prompt_past
 from ..evaluation.tasks import Task, get_task
 from ..generation import DecodingConfig
+from ..students.registry import model_positions
 
 
 class DecodeEvalCallback(TrainerCallback):
@@ -61,9 +62,8 @@ class DecodeEvalCallback(TrainerCallback):
     def attach(self, trainer: Trainer) -> DecodeEvalCallback:
         """Register with ``trainer`` and keep a handle to log through it; refuses, before training starts, a decoder
         whose ``gen_length`` after the longest prompt would run past the model's positions."""
-        config = getattr(trainer.model, "config", None)
-        positions = getattr(config.get_text_config(), "max_position_embeddings", None) if config is not None else None
-        if problem := longest_prompt_past(positions, self.task, self.examples, self.tokenizer, self.config.gen_length):
+        if problem := longest_prompt_past(model_positions(trainer.model), self.task, self.examples, self.tokenizer,
+                                          self.config.gen_length):
             raise ValueError(f"DecodeEvalCallback {self.task.name}: {problem}; decode fewer tokens (its config's "
                              "gen_length).")
         self.trainer = trainer
