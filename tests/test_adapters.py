@@ -310,6 +310,7 @@ def test_merged_export_is_the_original_layout_with_our_logits(tmp_path: Path) ->
         torch.testing.assert_close(load_reference(str(tmp_path / "merged"), "llada")(input_ids("llada")), ours,
                                    atol=1e-4, rtol=1e-4)
     card = (tmp_path / "merged" / "README.md").read_text()
+    assert "\n# merged\n" in card  # the folder's name heads the card, the path is what loads it
     assert "trust_remote_code=True" in card and f'load_student("{tmp_path / "merged"}")' in card
 
 

@@ -237,7 +237,7 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--set", "base_lr=nan"], r"base_lr=nan: must be a finite number > 0\.$"),
     (["--set", "seeds=0,1,0"], r"seeds: 0 is given twice; each value once\.$"),
     (["--set", "thresholds=0.5,0.9,0.5"], r"thresholds: 0\.5 is given twice; each value once\.$"),
-    (["--set", "thresholds=0.5,1.5"], r"threshold=1\.5: must be in \[0, 1\]"),
+    (["--set", "thresholds=0.5,1.5"], r"thresholds: threshold=1\.5: must be in \[0, 1\]\.$"),
     (["--set", "teacher=qwen"], r"teacher=qwen: choose embedded or smollm2\."),
     (["--set", "hidden_size=63"], r"hidden_size=63, num_heads=2: each head takes hidden_size / num_heads dimensions, "
                                   r"which must be a whole even number \(rotary positions pair them\)\.$"),

@@ -101,6 +101,18 @@ def test_eval_sweep_with_adapter_prints_table_and_writes_plot(saved_student, ada
     assert aup[0]["model"] == f"{saved_student} + {adapter}" and aup[0]["points"] == 2 and aup[0]["y_max"] == 83.9
 
 
+def test_no_progress_hides_transformers_weight_loading_bar_too(saved_student, tmp_path, capsys):
+    from transformers.utils import logging as transformers_logging
+
+    arguments = ["eval", "--model", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST, *SMALL[:4], "--limit",
+                 "1"]
+    assert main([*arguments, "--output", str(tmp_path / "r.json"), "--no-progress"]) == 0
+    assert "Loading weights" not in capsys.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()  # the caller's setting, restored
+    assert main([*arguments, "--output", str(tmp_path / "shown.json")]) == 0
+    assert "Loading weights" in capsys.readouterr().err
+
+
 def test_interrupted_eval_resumes_to_the_uninterrupted_result(saved_student, tmp_path, capsys, monkeypatch):
     arguments = ["eval", "--model", saved_student, "--task", "gsm8k", "--data-file", GSM8K_TEST, *SMALL]
     assert main([*arguments, "--output", str(tmp_path / "whole.json")]) == 0
@@ -117,7 +129,7 @@ def test_interrupted_eval_resumes_to_the_uninterrupted_result(saved_student, tmp
     capsys.readouterr()
     assert main([*arguments, "--output", str(output)]) == 130
     records = output.with_suffix(".progress.jsonl")
-    last_line = capsys.readouterr().err.strip().splitlines()[-1]  # after the weight-loading progress bar
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
     assert last_line == f"error: interrupted: 1 of 3 gsm8k problems (threshold 0.9) saved in {records}; rerun the same " \
                         "command to resume."
     assert not output.exists() and len(records.read_text().splitlines()) == 1

@@ -648,6 +648,12 @@ def test_an_empty_tuple_setting_takes_values_of_its_declared_type():
         protocol_module.with_overrides(empty, ["tail_thresholds=x"])
 
 
+@pytest.mark.parametrize("assignment", ["thresholds=0.5,2", "tail_thresholds=-0.5", "selection_threshold=nan"])
+def test_a_threshold_out_of_range_is_named_by_the_field_that_set_it(assignment):
+    with pytest.raises(ValueError, match=rf"^{assignment.partition('=')[0]}: threshold=\S+: must be in \[0, 1\]\.$"):
+        protocol_module.with_overrides(smollm2.SMOKE, [assignment])
+
+
 def test_a_setting_takes_its_own_type_bools_from_true_false_and_an_optional_one_none():
     p = protocol_module.with_overrides(smollm2.SMOKE, ["masking.train_on_padding=false", "decoding.strategy=fixed_steps",
                                                       "decoding.steps=12", "decoding.early_stop=True",

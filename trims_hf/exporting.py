@@ -114,7 +114,7 @@ def export_card(base: str, adapter: str, output: Path, export_format: str, repo_
                 original_layout: bool = True) -> ModelCard:
     """The card of an exported folder: base model, the TRIMS settings the adapter's own card recorded, and how to load
     it with trims_hf and, where the base is an original checkpoint (``original_layout``), with the original code."""
-    name = repo_id or str(output)
+    name = repo_id or str(output)  # what loads it: the Hub id, else the folder as the user named it
     trained = Path(adapter).expanduser() / CARD
     settings = ModelCard.load(trained).data.to_dict().get(METADATA_KEY, {}) if trained.is_file() else {}
     data = ModelCardData(base_model=base, library_name="peft" if export_format == "adapter" else "transformers",
@@ -147,7 +147,7 @@ def export_card(base: str, adapter: str, output: Path, export_format: str, repo_
 {data.to_yaml()}
 ---
 
-# {name}
+# {repo_id or Path(output).resolve().name}
 
 {"A LoRA adapter for" if export_format == "adapter" else "The merged weights of"} the masked diffusion language model
 `{base}` fine-tuned with TRIMS (trajectory-ranked instruction masked supervision), exported from `{adapter}`

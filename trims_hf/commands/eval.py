@@ -29,7 +29,7 @@ from ..model_config import (
     resolve_student,
 )
 from ..settings import DecodingConfig, ResponseFormat
-from . import INTERRUPTED, CommandParser, fail, flag_terms
+from . import INTERRUPTED, CommandParser, fail, flag_terms, transformers_progress_bars
 
 
 @dataclass
@@ -302,7 +302,8 @@ def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseF
     announce("trims eval", state)
     device = state.device if state.num_processes > 1 and inputs.device != "cpu" else inputs.device  # a GPU each
     try:
-        model = load_model(model_config, inputs.student).to(device).eval()
+        with transformers_progress_bars(args.progress):
+            model = load_model(model_config, inputs.student).to(device).eval()
         name = model_config.model_name_or_path + (f" + {model_config.adapter}" if model_config.adapter else "")
         results = evaluate_settings(model, inputs.student.tokenizer, inputs.task, inputs.configs,
                                     execute_code=args.allow_code_execution, batch_size=args.batch_size,

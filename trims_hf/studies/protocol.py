@@ -346,12 +346,17 @@ class StudyProtocol:
                     check_seed("seeds", seed)
             if isinstance(value, tuple) and (twice := [v for i, v in enumerate(value) if v in value[:i]]):
                 raise ValueError(f"{field.name}: {twice[0]} is given twice; each value once.")
-        for tau in self.decoded_thresholds():
-            self.decoding_at(tau)
+        for name, values in self.decoded_thresholds().items():
+            for tau in values:
+                try:
+                    self.decoding_at(tau)
+                except ValueError as error:
+                    raise ValueError(f"{name}: {error}") from None
 
-    def decoded_thresholds(self) -> tuple[float, ...]:
-        """Every threshold this protocol decodes at (a study with more evaluations adds its own)."""
-        return (*self.thresholds, *self.tail_thresholds)
+    def decoded_thresholds(self) -> dict[str, tuple[float, ...]]:
+        """Every threshold this protocol decodes at, by the field that sets it (a study with more evaluations adds
+        its own)."""
+        return {"thresholds": self.thresholds, "tail_thresholds": self.tail_thresholds}
 
     def sft_seeds(self) -> tuple[int, ...]:
         """The seeds the variants are trained with; the first one is traced."""
@@ -432,8 +437,8 @@ class LeveledOneSeedProtocol(StudyProtocol):
                 raise ValueError(f"levels: {error}") from None
         super().__post_init__()
 
-    def decoded_thresholds(self) -> tuple[float, ...]:
-        return (*super().decoded_thresholds(), self.selection_threshold)
+    def decoded_thresholds(self) -> dict[str, tuple[float, ...]]:
+        return {**super().decoded_thresholds(), "selection_threshold": (self.selection_threshold,)}
 
     def sft_seeds(self) -> tuple[int, ...]:
         return (self.seed,)
