@@ -66,10 +66,10 @@ def test_gathered_recorders_on_one_process_keep_the_counts():
 
 # --- trims eval ---------------------------------------------------------------------------------------------------
 
-def one_and_two_processes(saved_student: str, folder: Path, *extra: str) -> tuple[Path, Path, str]:
+def one_and_two_processes(saved_student: str, folder: Path) -> tuple[Path, Path, str]:
     one, two = folder / "one" / "results.json", folder / "two" / "results.json"
-    assert main(["eval", "--model", saved_student, *EVAL, *extra, "--output", str(one)]) == 0
-    done = launch([*two_processes(), *CLI, "eval", "--model", saved_student, *EVAL, *extra, "--output", str(two)])
+    assert main(["eval", "--model", saved_student, *EVAL, "--output", str(one)]) == 0
+    done = launch([*two_processes(), *CLI, "eval", "--model", saved_student, *EVAL, "--output", str(two)])
     return one, two, done.stderr
 
 
@@ -78,16 +78,6 @@ def same_results(one: Path, two: Path) -> None:
     assert [r["num_processes"] for r in ones] == [1] * len(ones) and [r["num_processes"] for r in twos] == [2] * len(ones)
     assert [without_timings(r) | {"num_processes": 0} for r in twos] == \
            [without_timings(r) | {"num_processes": 0} for r in ones]
-
-
-def test_two_process_sweep_writes_the_one_process_results(saved_student, tmp_path):
-    """Each setting of a sweep shards the prompts over the processes; every record equals the one-process run's."""
-    one, two, err = one_and_two_processes(saved_student, tmp_path, "--sweep", "0.5,0.9")
-    same_results(one, two)
-    assert [r["decoding"]["threshold"] for r in read(two)] == [0.5, 0.9]
-    assert [[s["prompt_id"] for s in r["samples"]] for r in read(two)] == [["0", "1", "2", "3", "4"]] * 2
-    assert "trims eval: running on 2 processes (multi_cpu, gloo)" in err
-    assert sorted(p.name for p in two.parent.iterdir()) == ["results.json", "results.png"]  # no progress files left
 
 
 @pytest.mark.parametrize("kind", ["llada_moe", "llada2"])
@@ -101,19 +91,24 @@ def test_two_process_eval_of_the_moe_students_writes_the_one_process_result(kind
     assert read(one)[0]["nfe"] > 0 and "running on 2 processes" in err
 
 
-def test_interrupted_two_process_eval_resumes_to_the_same_file(saved_student, tmp_path):
+def test_an_interrupted_two_process_sweep_resumes_to_the_one_process_results(saved_student, tmp_path):
+    """Each setting of a sweep shards the prompts over the processes; a sweep whose every process was interrupted
+    resumes from their saved records, and every record equals the one-process run's."""
     one = tmp_path / "one.json"
-    assert main(["eval", "--model", saved_student, *EVAL, "--output", str(one)]) == 0
+    sweep = ["--sweep", "0.5,0.9"]
+    assert main(["eval", "--model", saved_student, *EVAL, *sweep, "--output", str(one)]) == 0
     output = tmp_path / "two" / "results.json"
-    arguments = ["eval", "--model", saved_student, *EVAL, "--output", str(output)]
+    arguments = ["eval", "--model", saved_student, *EVAL, *sweep, "--output", str(output)]
     stopped = launch([*two_processes(), str(TESTS / "interrupted_eval_script.py"), *arguments], check=False)
     assert stopped.returncode != 0 and not output.exists()
     saved = list(output.parent.glob("results.progress.rank-*.jsonl"))
     assert saved and sum(len(p.read_text().splitlines()) for p in saved) < 5
     done = launch([*two_processes(), *CLI, *arguments])
-    assert "resuming:" in done.stderr
+    assert "resuming:" in done.stderr and "trims eval: running on 2 processes (multi_cpu, gloo)" in done.stderr
     same_results(one, output)
-    assert sorted(p.name for p in output.parent.iterdir()) == ["results.json"]
+    assert [r["decoding"]["threshold"] for r in read(output)] == [0.5, 0.9]
+    assert [[s["prompt_id"] for s in r["samples"]] for r in read(output)] == [["0", "1", "2", "3", "4"]] * 2
+    assert sorted(p.name for p in output.parent.iterdir()) == ["results.json", "results.png"]  # no progress files left
 
 
 def test_a_launch_that_gets_one_process_says_so(saved_student, tmp_path):

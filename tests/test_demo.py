@@ -414,9 +414,11 @@ def test_the_libraries_bars_are_silenced_during_the_stages_and_restored_after():
     import datasets
     from transformers.utils import logging as transformers_logging
 
-    from trims_hf.studies.demo.pipeline import one_bar_per_stage
+    from trims_hf.reports import library_bars_silenced
 
     assert not datasets.are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()
-    with one_bar_per_stage():  # the stages' own bars are plain tqdm, untouched
+    with library_bars_silenced(False):
+        assert not datasets.are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()
+    with library_bars_silenced():  # the stages' own bars are plain tqdm, untouched
         assert datasets.are_progress_bars_disabled() and not transformers_logging.is_progress_bar_enabled()
     assert not datasets.are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()

@@ -1,12 +1,13 @@
-"""What every report shares: the one markdown table writer, the library versions a number was made with, and the
-atomic file write every result and record goes through."""
+"""What every report shares: the one markdown table writer, the library versions a number was made with, the
+atomic file write every result and record goes through, and the libraries' progress bars kept out of the console."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -61,3 +62,25 @@ def weights_fingerprint(model: Any) -> str:
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+@contextmanager
+def library_bars_silenced(silenced: bool = True) -> Iterator[None]:
+    """transformers' and datasets' own progress bars (loading and writing weights, parquet shards, dataset splits and
+    maps) off inside the block and as they were after it; ``silenced=False`` leaves them alone. A study's stages and
+    an evaluation keep their own bars: the libraries' nested ones, dozens a stage, would bury them (and
+    ``--no-progress`` means no bar at all)."""
+    import datasets
+    from transformers.utils import logging as transformers_logging
+
+    datasets_had, transformers_had = not datasets.are_progress_bars_disabled(), transformers_logging.is_progress_bar_enabled()
+    if silenced:
+        datasets.disable_progress_bars()
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if datasets_had:
+            datasets.enable_progress_bars()
+        if transformers_had:
+            transformers_logging.enable_progress_bar()

@@ -7,12 +7,11 @@ the library's heavy modules only inside ``main``, so ``trims <command> --help`` 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from transformers import HfArgumentParser
@@ -34,26 +33,6 @@ def growable_cuda_segments() -> None:
     fragments the chosen batch may not fit in. Read when CUDA starts, so called before anything touches it."""
     if not any(os.environ.get(name) for name in ALLOCATOR_SETTINGS):
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-
-
-@contextlib.contextmanager
-def transformers_progress_bars(shown: bool) -> Iterator[None]:
-    """transformers' own bars (loading weights) shown or not as a command's ``--progress`` says, and restored
-    afterwards: a command called from Python leaves the caller's setting as it was."""
-    from transformers.utils import logging as transformers_logging
-
-    def show(on: bool) -> None:
-        if on:
-            transformers_logging.enable_progress_bar()
-        else:
-            transformers_logging.disable_progress_bar()
-
-    before = transformers_logging.is_progress_bar_enabled()
-    show(shown)
-    try:
-        yield
-    finally:
-        show(before)
 
 
 class HelpFormatter(argparse.HelpFormatter):

@@ -29,7 +29,7 @@ from ..model_config import (
     resolve_student,
 )
 from ..settings import DecodingConfig, ResponseFormat
-from . import INTERRUPTED, CommandParser, fail, flag_terms, transformers_progress_bars
+from . import INTERRUPTED, CommandParser, fail, flag_terms
 
 
 @dataclass
@@ -296,13 +296,14 @@ def run(model_config: ModelConfig, args: EvalArguments, prompt_format: ResponseF
     from ..evaluation.evaluate import EvaluationInterrupted, evaluate_settings, records_files
     from ..evaluation.results import format_table, plot_frontier, save_results
     from ..model_config import load_model
+    from ..reports import library_bars_silenced
 
     records = args.records_file()
     state = process_state(inputs.device)
     announce("trims eval", state)
     device = state.device if state.num_processes > 1 and inputs.device != "cpu" else inputs.device  # a GPU each
     try:
-        with transformers_progress_bars(args.progress):
+        with library_bars_silenced(not args.progress):
             model = load_model(model_config, inputs.student).to(device).eval()
         name = model_config.model_name_or_path + (f" + {model_config.adapter}" if model_config.adapter else "")
         results = evaluate_settings(model, inputs.student.tokenizer, inputs.task, inputs.configs,

@@ -12,8 +12,6 @@ from __future__ import annotations
 import random
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -24,6 +22,7 @@ from ...data.schema import as_prompt_completion
 from ...data.teacher import load_teacher, load_teacher_tokenizer
 from ...errors import InputError, check_input_file, check_output_path
 from ...evaluation.tasks.base import read_json_rows, write_json_rows
+from ...reports import library_bars_silenced
 from ...sources import smollm2_gguf
 from ..arith import ArithTask, make_splits
 from ..study import Study
@@ -110,27 +109,9 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
     output.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads)
     study = DemoStudy(output, settings, rows)
-    with one_bar_per_stage():
+    with library_bars_silenced():  # one bar a stage, its own
         study.run()
     shutil.rmtree(output / "work", ignore_errors=True)
     return study
 
 
-@contextmanager
-def one_bar_per_stage() -> Iterator[None]:
-    """Keep the stages' own progress bars (training, scoring, evaluation) and silence the libraries' bars around them
-    (loading and writing weights, parquet shards, dataset splits and maps): dozens per stage, nested, which buried
-    the stage headers in the console and the log. Restored on the way out."""
-    import datasets
-    from transformers.utils import logging as transformers_logging
-
-    datasets_had, transformers_had = not datasets.are_progress_bars_disabled(), transformers_logging.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    transformers_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if datasets_had:
-            datasets.enable_progress_bars()
-        if transformers_had:
-            transformers_logging.enable_progress_bar()
