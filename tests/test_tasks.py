@@ -159,6 +159,17 @@ def test_gsm8k_loads_the_test_split_and_its_references() -> None:
         ("\\boxed{1" + "0" * 50 + "^{100}}", None),  # 5,000 digits: no answer, and no crash printing it
         ("\\boxed{" + "1" * 5000 + "}", None),
         ("There are 2^{200} ways, but only 42 are valid. The answer is 42.", "42"),  # one huge power loses only itself
+        ("\\boxed{2^3^2}", "512"),  # a tower reads from the top
+        ("\\boxed{2^{3^{2}}}", "512"),
+        ("\\boxed{3 \\times 2^3^2}", "1536"),
+        ("\\boxed{(-2)^3}", "-8"),
+        ("\\boxed{-2^2}", "-4"),
+        ("\\boxed{10^{+6}}", "1000000"),
+        ("\\boxed{2^{3^{999}}}", None),  # a power over one that cannot be written out cannot be either
+        ("\\boxed{2^3^{999}}", None),
+        ("\\boxed{2^{2^{-1}}}", None),  # no whole exponent
+        ("\\boxed{10^{10^{10}}}", None),
+        ("\\boxed{2^{1.5}}", None),
     ],
 )
 def test_gsm8k_extraction(completion: str, expected: str | None) -> None:

@@ -19,9 +19,13 @@ _NOISE = re.compile(r"\\[$%!,;]|[$%]|\{,\}|\\left|\\right")
 _HASHES = re.compile(r"####\s*(.*)")
 _MINUS = str.maketrans({"\u2212": "-"})  # the minus sign of math fonts and some tokenizers
 _UNIT_POWER = re.compile(r"(?<=[A-Za-z}])\^\s*(?:\{[^{}]*\}|\d+)")  # ft^2, \text{m}^{3}: a unit's, not a number's
-# A power, with an optional factor before it ("3 \times 10^{6}"); group 1 the factor, 2 the base, 3 or 4 the exponent.
-_POWER = re.compile(r"(?:(\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|\u00d7)\s*)?(\d+(?:\.\d+)?)\s*\^\s*"
-                    r"(?:\{\s*(-?\d+)\s*\}|(-?\d+))")
+_NO_NUMBER = "\x00"  # what a power that cannot be written out leaves, so a power over it cannot be either
+_EXPONENT = r"(?:\{\s*(?:[-+]?\d+(?:\.\d+)?|\x00)\s*\}|[-+]?\d+(?:\.\d+)?)"
+# A power or a tower of them (2^3^2), with an optional factor before it ("3 \times 10^{6}") and a base that may be a
+# bracketed negative number ("(-2)^3").
+_POWER = re.compile(r"(?:(?P<factor>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|\u00d7)\s*)?"
+                    r"(?:\(\s*(?P<bracketed>-?\d+(?:\.\d+)?)\s*\)|(?P<base>\d+(?:\.\d+)?))"
+                    rf"(?P<exponents>(?:\s*\^\s*{_EXPONENT})+)")
 _MAX_DIGITS = 300  # a power written out past this many digits states no answer (and Python prints ints to 4,300)
 _MIXED = re.compile(r"(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}")
 _SPACED = re.compile(r"-?\d{1,3}(?: \d{3})+")  # "1 000 000", thousands apart by spaces
@@ -35,12 +39,26 @@ def _format(value: Fraction) -> str:
 
 
 def _power(match: re.Match[str]) -> str:
-    """One power (times its factor) written out; a space, so no number, where it is undefined (``0^{-1}``) or
-    longer than :data:`_MAX_DIGITS`."""
-    base, exponent = Fraction(match[2]), int(match[3] or match[4])
+    """One power or tower (times its factor) written out, a tower from the top down as mathematics reads it
+    (``2^3^2`` = 2^9); :data:`_NO_NUMBER` where a power is undefined (``0^{-1}``), a tower's exponent is not a
+    whole number, or the number would be longer than :data:`_MAX_DIGITS`."""
+    if _NO_NUMBER in match["exponents"]:
+        return _NO_NUMBER
+    *lower, exponent = (Fraction(e) for e in re.findall(r"[-+]?\d+(?:\.\d+)?", match["exponents"]))
+    for below in reversed(lower):
+        exponent = _whole_power(below, exponent)
+    value = _whole_power(Fraction(match["bracketed"] or match["base"]), exponent)
+    return _NO_NUMBER if value is None else _format(Fraction(match["factor"] or 1) * value)
+
+
+def _whole_power(base: Fraction, exponent: Fraction | None) -> Fraction | None:
+    """``base ** exponent``; None where the exponent is none or not whole, or the power is undefined or longer than
+    :data:`_MAX_DIGITS` digits."""
+    if exponent is None or exponent.denominator != 1:
+        return None
     if (base == 0 and exponent < 0) or abs(exponent) * len(str(abs(int(base)) or 1)) > _MAX_DIGITS:
-        return " "
-    return _format(Fraction(match[1] or 1) * base ** exponent)
+        return None
+    return base ** int(exponent)
 
 
 def _exact(number: str) -> Fraction | None:
@@ -61,7 +79,10 @@ def parse_number(text: str) -> str | None:
     states no number; otherwise the last number counts.
     """
     cleaned = _UNITS.sub(" ", _UNIT_POWER.sub("", text.translate(_MINUS)))
-    cleaned = _POWER.sub(_power, _NOISE.sub("", cleaned)).strip().rstrip(".")
+    cleaned = _NOISE.sub("", cleaned)
+    while (powered := _POWER.sub(_power, cleaned)) != cleaned:  # a power in an exponent first: 2^{3^{2}}
+        cleaned = powered
+    cleaned = cleaned.replace(_NO_NUMBER, " ").strip().rstrip(".")
     fraction = _FRACTION.fullmatch(cleaned)
     if fraction:
         sign, num, den = (fraction[1], fraction[2], fraction[3]) if fraction[2] else ("", fraction[4], fraction[5])
