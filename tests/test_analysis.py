@@ -41,6 +41,17 @@ def test_spearman_hand_cases():
     assert math.isnan(spearman_correlation(np.array([1.0, 2, 3]), np.array([5.0, 5, 5])))
 
 
+def test_spearman_is_nan_without_two_paired_numbers_and_refuses_unpaired_sides():
+    stats = pytest.importorskip("scipy.stats")
+    x, y = np.array([1.0, 2, np.nan, 4, 5]), np.array([5.0, 4, 3, 2, 1])
+    assert math.isnan(spearman_correlation(x, y)) and math.isnan(stats.spearmanr(x, y).statistic)  # as scipy's default
+    assert math.isnan(spearman_correlation(y, x))
+    assert math.isnan(spearman_correlation(np.array([1.0]), np.array([2.0])))
+    assert math.isnan(spearman_correlation(np.array([]), np.array([])))
+    with pytest.raises(ValueError, match="3 and 2 values"):
+        spearman_correlation(np.array([1.0, 2, 3]), np.array([1.0, 2]))
+
+
 def test_steps_into_block_counts_from_each_blocks_first_commit():
     steps = np.array([3.0, 1, 2, 7, 5, 6, 9])
     assert steps_into_block(steps, 3).tolist() == [2, 0, 1, 2, 0, 1, 0]
@@ -154,6 +165,20 @@ def test_study_rows_mean_spread_and_per_seed_ratio():
 def test_study_rows_rejects_other_strategies():
     with pytest.raises(ValueError, match="threshold"):
         study_rows([(0, result("MDLM", 0.9, 0.5, 2.0, strategy="entropy"))])
+
+
+@pytest.mark.parametrize(("results", "message"), [
+    ([*STUDY, (0, result("TRIMS", 0.9, 0.1, 9.0))], r"^TRIMS at threshold 0\.9, seed 0: two results; pass each run once\.$"),
+    ([*STUDY, (None, result("TRIMS", 0.9, 0.1, 9.0))], r"^TRIMS at threshold 0\.9: runs with and without a seed"),
+    ([(None, result("base", 0.9, 0.1, 1.0)), (0, result("base", 0.9, 0.1, 1.0))], r"^base at threshold 0\.9: runs with"),
+    ([(0, result("MDLM", 0.9, 0.5, 0.0)), (0, result("TRIMS", 0.9, 0.6, 2.0))],
+     r"^MDLM at threshold 0\.9, seed 0: tokens per step 0\.0 \(no step decoded\); no ratio to it\.$"),
+])
+def test_study_rows_refuse_what_would_silently_change_a_mean(results, message):
+    """A run given twice would replace the other in the mean; seeded and seedless runs of a model mixed would count
+    seeds wrong; a baseline that decoded no step has no ratio (the seed would drop out of "above in k of n")."""
+    with pytest.raises(ValueError, match=message):
+        study_rows(results)
 
 
 def test_format_study_lines():

@@ -35,11 +35,14 @@ def test_aup_leaves_out_points_more_than_five_below_the_first_and_weights_by_the
     assert accuracy_under_parallelism([(1.0, 0.0), (2.0, 0.0)]) == 0.0  # all wrong: 0, not 0 / 0
 
 
-@pytest.mark.parametrize("points, message", [
-    ([], "at least one"), ([(0.0, 50.0)], "parallelism must be"), ([(1.0, 0.5), (2.0, 150.0)], r"\[0, 100\]")])
-def test_aup_refuses_what_it_cannot_score(points, message):
+@pytest.mark.parametrize("points, y_max, message", [
+    ([], None, "at least one"), ([(0.0, 50.0)], None, "parallelism must be"),
+    ([(1.0, 0.5), (2.0, 150.0)], None, r"accuracy is a percentage in \[0, 100\], got 150\.0"),
+    ([(1.0, 50.0)], float("nan"), r"y_max is a percentage in \[0, 100\], got nan"),
+    ([(1.0, 50.0)], 150.0, r"y_max is a percentage")])
+def test_aup_refuses_what_it_cannot_score(points, y_max, message):
     with pytest.raises(ValueError, match=message):
-        accuracy_under_parallelism(points)
+        accuracy_under_parallelism(points, y_max=y_max)
 
 
 def tex_table(label: str) -> dict[str, list[float]]:

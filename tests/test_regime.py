@@ -18,6 +18,7 @@ from trims_hf.evaluation.evaluate import EvalResult, SampleRecord
 from trims_hf.studies import regime
 from trims_hf.studies.arith import ArithTask, draw_unique, make_problem
 from trims_hf.studies.protocol import BASE, VARIANTS, with_overrides
+from trims_hf.studies.regime import reading as regime_reading
 from trims_hf.studies.regime import study as regime_study
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "regime" / "regime.py"
@@ -243,6 +244,33 @@ def test_wilson_interval_stays_in_range_and_holds_the_estimate():
     assert regime.wilson(0, 100)[0] == pytest.approx(0.0, abs=1e-12) and regime.wilson(100, 100)[1] == pytest.approx(1.0)
     low, high = regime.wilson(300, 500)
     assert low < 0.6 < high and high - low == pytest.approx(2 * 1.96 * math.sqrt(0.6 * 0.4 / 500), rel=0.02)
+
+
+def test_wilson_matches_scipy_and_refuses_more_correct_than_problems():
+    stats = pytest.importorskip("scipy.stats")
+    for n in (1, 2, 7, 40, 113):
+        for correct in range(n + 1):
+            expected = stats.binomtest(correct, n).proportion_ci(method="wilson")
+            low, high = regime.wilson(correct, n)
+            assert 0.0 <= low <= high <= 1.0
+            assert (low, high) == pytest.approx((expected.low, expected.high), abs=2e-4)  # z 1.96, scipy's 1.959964
+    assert regime.wilson(0, 10)[0] == 0.0 and regime.wilson(10, 10)[1] == 1.0  # not -0.0 / 1.0000000000000002
+    for correct, n in ((5, 3), (-1, 3)):
+        with pytest.raises(ValueError, match=rf"^wilson: {correct} correct of {n}; needs 0 <= correct <= n\.$"):
+            regime.wilson(correct, n)
+
+
+def test_claim_rows_refuse_a_run_given_twice_and_a_baseline_that_decoded_no_step():
+    same = [True, False] * 50
+    twice = seeds_of([1.2, 1.1], same, same)
+    with pytest.raises(ValueError, match="MDLM at threshold 0.9, seed 0: two results"):
+        regime.claim_rows([*twice, twice[0]])
+    for rows in (regime.accuracy_rows, regime.frontier_rows):
+        with pytest.raises(ValueError, match="two results"):
+            rows([*twice, twice[0]])
+    stalled = [(0, evaluation("MDLM", 0.9, 0.0, same)), (0, evaluation("TRIMS hard-to-easy", 0.9, 2.0, same))]
+    with pytest.raises(ValueError, match=r"MDLM at threshold 0\.9, seed 0: tokens per step 0\.0 \(no step decoded\)"):
+        regime.claim_rows(stalled)
 
 
 def test_accuracy_rows_pool_seeds_and_average_aup():
@@ -521,6 +549,18 @@ def test_a_seed_interval_is_students_t_over_the_seeds():
     half = 2.776 * statistics.stdev([1, 2, 3, 4, 5]) / math.sqrt(5)
     assert (mean, low, high) == pytest.approx((3.0, 3.0 - half, 3.0 + half))
     assert math.isnan(regime.seed_interval([2.0])[1])
+    assert all(math.isnan(v) for v in regime.seed_interval([0.1, math.nan, 0.2]))  # a seed without a reading
+    with pytest.raises(ValueError, match="no values"):
+        regime.seed_interval([])
+
+
+def test_a_seed_interval_over_many_seeds_uses_t_not_the_normal_quantile():
+    stats = pytest.importorskip("scipy.stats")
+    for degrees in (*range(1, 40), 60, 120, 1000):
+        assert regime_reading.t_975(degrees) == pytest.approx(stats.t.ppf(0.975, degrees), abs=5e-4 if degrees <= 10 else 5e-6)
+    values = [0.05 * ((7 * i) % 12) - 0.2 for i in range(12)]
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=statistics.fmean(values), scale=stats.sem(values))
+    assert regime.seed_interval(values)[1:] == pytest.approx((low, high), abs=1e-5)
 
 
 def test_the_mechanism_reads_each_variant_against_mdlm_in_its_ordering_per_seed():

@@ -37,10 +37,11 @@ def accuracy_under_parallelism(points: Sequence[tuple[float, float]], y_max: flo
     """AUP of ``points`` = (parallelism > 0, accuracy in percent) pairs, as d3LLM's ``get_aup`` computes it.
 
     ``y_max`` defaults to the best accuracy among ``points``; pass the best over every method shown on the task
-    to score curves against each other as d3LLM's leaderboard does. Two choices where d3LLM's code would stop:
-    a point below ``y_1 - y_min_offset`` is left out (as the blog's definition says) instead of failing the
-    reference code's assertion on the last point, and a point at 0 % contributes 0 (its W would divide by
-    ``y_max`` = 0 when every accuracy is 0).
+    to score curves against each other as d3LLM's leaderboard does. Points of equal parallelism keep the order
+    given (the sort is stable, as d3LLM's), which decides which of them the next segment starts from. Two choices
+    where d3LLM's code would stop: a point below ``y_1 - y_min_offset`` is left out (as the blog's definition says)
+    instead of failing the reference code's assertion on the last point, and a point at 0 % contributes 0 (its W
+    would divide by ``y_max`` = 0 when every accuracy is 0).
     """
     if not points:
         raise ValueError("AUP needs at least one (parallelism, accuracy) point.")
@@ -49,6 +50,8 @@ def accuracy_under_parallelism(points: Sequence[tuple[float, float]], y_max: flo
             raise ValueError(f"AUP: parallelism must be a finite number > 0, got {rho}.")
         if not 0 <= accuracy <= 100:
             raise ValueError(f"AUP: accuracy is a percentage in [0, 100], got {accuracy}.")
+    if y_max is not None and not 0 <= y_max <= 100:  # NaN fails too
+        raise ValueError(f"AUP: y_max is a percentage in [0, 100], got {y_max}.")
     ordered = sorted(points, key=lambda point: point[0])
     y_min = ordered[0][1] - y_min_offset
     kept = [(rho, accuracy) for rho, accuracy in ordered if accuracy >= y_min]

@@ -37,10 +37,16 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
 
 
 def spearman_correlation(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rank correlation (Pearson's on tie-averaged ranks); NaN when either side is constant.
+    """Spearman's rank correlation (Pearson's on tie-averaged ranks); NaN when either side is constant, holds a NaN
+    or has fewer than two values.
 
     Written in numpy because scipy is not a dependency; equals ``scipy.stats.spearmanr(x, y).statistic``.
     """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) != len(y):
+        raise ValueError(f"spearman_correlation: {len(x)} and {len(y)} values; pair each x with one y.")
+    if len(x) < 2 or np.isnan(x).any() or np.isnan(y).any():
+        return math.nan
     x_ranks, y_ranks = _average_ranks(x), _average_ranks(y)
     if x_ranks.std() == 0 or y_ranks.std() == 0:
         return math.nan
@@ -48,7 +54,7 @@ def spearman_correlation(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def steps_into_block(commit_steps: np.ndarray, block_length: int) -> np.ndarray:
-    """Per position, how many steps after its block's first commit it was committed.
+    """Per position, how many steps after the first commit among ``commit_steps`` of its block it was committed.
 
     Blocks are decoded one after another, so the raw step mostly says which block a token is in; the
     lateness within the block is what shows the order the model chose.
@@ -58,9 +64,19 @@ def steps_into_block(commit_steps: np.ndarray, block_length: int) -> np.ndarray:
     return commit_steps - first[blocks]
 
 
+SPEARMAN_LABEL = ("Spearman(teacher NLL of an answer token, steps into its block before it was committed, counted from "
+                  "the block's first answer token)")
+"""How the reports name :func:`hard_first_correlation`."""
+
+
 def hard_first_correlation(trajectory: Trajectory, score: Callable[[torch.Tensor], torch.Tensor], block_length: int) -> float:
     """Spearman correlation between each answer token's teacher NLL and how many steps into its block it was
     committed: negative when the model decodes hard tokens first (what TRIMS hard-to-easy teaches).
+
+    The steps are counted among the answer's tokens: in the block where the answer ends, from the first answer token
+    committed there, not from an end-of-response fill committed before it (which
+    :func:`trims_hf.studies.mechanism.decode_commit_profile` counts from). The studies registered both readings so;
+    they differ in that one block only (docs/decisions.md).
 
     NaN when the teacher's tokens are not the student's (another tokenizer), the answer is shorter than
     three tokens, or nothing varies.
@@ -150,14 +166,11 @@ def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str =
     """
     if any(result.decoding["strategy"] != "threshold" for _, result in results):
         raise ValueError("study_rows groups by confidence threshold; pass results of the 'threshold' strategy only.")
-    groups: dict[tuple[str, float], dict[int | None, EvalResult]] = {}
-    for seed, result in results:
-        groups.setdefault((result.model, result.decoding["threshold"]), {})[seed] = result
+    groups = results_by_seed(results)
     rows = []
     for (model, tau), by_seed in groups.items():
         reference = groups.get(((baselines or {}).get(model, baseline), tau), {})
-        ratios = [r.tokens_per_step / reference[s].tokens_per_step for s, r in by_seed.items()
-                  if s in reference and reference[s].tokens_per_step]
+        ratios = [tokens_per_step_ratio(r, reference[s], s) for s, r in by_seed.items() if s in reference]
         rows.append({"model": model, "threshold": tau, "seeds": [s for s in by_seed if s is not None],
                      "accuracy": _spread([r.accuracy for r in by_seed.values()]),
                      "tokens_per_step": _spread([r.tokens_per_step for r in by_seed.values()]),
@@ -165,6 +178,30 @@ def study_rows(results: Sequence[tuple[int | None, EvalResult]], baseline: str =
                      "seeds_above_mdlm": (None if model == (baselines or {}).get(model, baseline)
                                           else [sum(ratio > 1 for ratio in ratios), len(ratios)])})
     return rows
+
+
+def results_by_seed(results: Sequence[tuple[int | None, EvalResult]]) -> dict[tuple[str, float], dict[int | None, EvalResult]]:
+    """``(seed, result)`` pairs grouped by (model, threshold), then seed; a second result of the same model, threshold
+    and seed, or a model with runs both with and without a seed, is refused: either would silently change a mean."""
+    groups: dict[tuple[str, float], dict[int | None, EvalResult]] = {}
+    for seed, result in results:
+        key = (result.model, result.decoding["threshold"])
+        by_seed = groups.setdefault(key, {})
+        if seed in by_seed:
+            raise ValueError(f"{result.model} at threshold {key[1]}, seed {seed}: two results; pass each run once.")
+        if by_seed and (seed is None) != (None in by_seed):
+            raise ValueError(f"{result.model} at threshold {key[1]}: runs with and without a seed; a model's runs are "
+                             "all seeded or one seedless run.")
+        by_seed[seed] = result
+    return groups
+
+
+def tokens_per_step_ratio(result: EvalResult, reference: EvalResult, seed: int | None) -> float:
+    """``result``'s tokens per step over ``reference``'s; an error naming the reference when it decoded no step."""
+    if not reference.tokens_per_step > 0:
+        raise ValueError(f"{reference.model} at threshold {reference.decoding['threshold']}, seed {seed}: tokens per "
+                         f"step {reference.tokens_per_step} (no step decoded); no ratio to it.")
+    return result.tokens_per_step / reference.tokens_per_step
 
 
 def format_study(rows: Sequence[dict[str, Any]]) -> str:

@@ -32,7 +32,7 @@ from ..generation.plots import mean_curve, plot_decode_order, plot_teacher_nll
 from ..reports import library_versions, write_atomic
 from ..training.config import MDLMConfig
 from ..training.trainer import MDLMTrainer
-from .analysis import TeacherNLL, format_study, hard_first_correlation, study_rows
+from .analysis import SPEARMAN_LABEL, TeacherNLL, format_study, hard_first_correlation, study_rows
 from .protocol import TEACHER_CONTEXT_FACTOR, StudyProtocol
 
 
@@ -181,8 +181,8 @@ class StudyReport:
         counts = {name: f" ({n} of {of})" for name, (n, of) in self.correlated.items()}
         order = ", ".join(f"{name} {'-' if value is None else f'{value:+.2f}'}{counts.get(name, '')}"
                           for name, value in self.hard_first.items())
-        table += (f"\n\nSpearman(teacher NLL of an answer token, steps into its block before it was committed) at "
-                  f"tau {self.trace_tau}, mean over {self.trace_samples} problems (negative: hard tokens first): {order}.")
+        table += (f"\n\n{SPEARMAN_LABEL} at tau {self.trace_tau}, mean over the traced problems it is defined on "
+                  f"(of how many, in brackets; negative: hard tokens first): {order}.")
         write_atomic(output / "table.md", "".join(note + "\n\n" for note in self.notes) + table + "\n")
         plot_frontier(main, output / "frontier.png")
         curves = {name: [torch.tensor([math.nan if v is None else v for v in curve])]

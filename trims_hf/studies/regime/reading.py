@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...reports import write_atomic
+from ..analysis import SPEARMAN_LABEL, results_by_seed, tokens_per_step_ratio
 from ..protocol import BASE, VARIANTS
 from .protocol import RegimeProtocol
 from .records import answer_tokens, unit_record
@@ -20,13 +21,16 @@ from .seeds import seed_results
 
 
 def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson's 95% interval of a proportion (stays inside [0, 1] near 0 and 1, unlike the normal one)."""
+    """Wilson's 95% interval of a proportion (stays inside [0, 1] near 0 and 1, unlike the normal one; its ends are
+    clipped there against float rounding)."""
+    if not 0 <= correct <= n:
+        raise ValueError(f"wilson: {correct} correct of {n}; needs 0 <= correct <= n.")
     if n == 0:
         return (math.nan, math.nan)
     phat, denominator = correct / n, 1 + z * z / n
     centre = (phat + z * z / (2 * n)) / denominator
     half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / denominator
-    return centre - half, centre + half
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def paired_difference(a: Sequence[bool], b: Sequence[bool], z: float = 1.96) -> tuple[float, float, float]:
@@ -45,13 +49,14 @@ def claim_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> li
     """The pre-registered reading per TRIMS variant and threshold: its tokens per step over MDLM's per seed, the
     seeds above 1, the accuracy difference to MDLM over the paired (seed, problem) records with its 95% interval,
     and ``holds``: above 1 in at least 4 of 5 seeds and an interval that includes 0 or favours TRIMS."""
-    by_key = {(result.model, result.decoding["threshold"], seed): result for seed, result in results}
+    by_key = {(model, tau, seed): result for (model, tau), by_seed in results_by_seed(results).items()
+              for seed, result in by_seed.items()}
     pairs = sorted({(model, tau) for model, tau, _ in by_key if model != baseline and VARIANTS.get(model, (False,))[0]},
                    key=lambda pair: (pair[1], list(VARIANTS).index(pair[0])))
     rows = []
     for model, tau in pairs:
         seeds = sorted(s for m, t, s in by_key if (m, t) == (model, tau) and (baseline, tau, s) in by_key)
-        ratios = {s: by_key[model, tau, s].tokens_per_step / by_key[baseline, tau, s].tokens_per_step for s in seeds}
+        ratios = {s: tokens_per_step_ratio(by_key[model, tau, s], by_key[baseline, tau, s], s) for s in seeds}
         ours, theirs = [], []
         for s in seeds:
             mine = {sample.prompt_id: sample.correct for sample in by_key[model, tau, s].samples}
@@ -70,16 +75,31 @@ def claim_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") -> li
 
 
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-"""Student's t 97.5% quantiles by degrees of freedom (any statistics table): a 95% interval over a few seeds; past
-10 degrees of freedom the normal 1.96 is within 14% and is used."""
+"""Student's t 97.5% quantiles by degrees of freedom (any statistics table): a 95% interval over a few seeds."""
+
+
+def t_975(degrees: int) -> float:
+    """Student's t 97.5% quantile: :data:`T_975` to 10 degrees of freedom, past it the Cornish-Fisher expansion
+    around the normal quantile to 1/df^4 (within 5e-6 of the exact quantile from 11 on)."""
+    if degrees in T_975:
+        return T_975[degrees]
+    z, v = 1.959963984540054, float(degrees)
+    terms = ((z**3 + z) / 4, (5 * z**5 + 16 * z**3 + 3 * z) / 96, (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+             (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160)
+    return z + sum(term / v ** (k + 1) for k, term in enumerate(terms))
 
 
 def seed_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean of per-seed values and its 95% t-interval over the seeds: (mean, low, high); NaN ends for one seed."""
+    """Mean of per-seed values and its 95% t-interval over the seeds: (mean, low, high); NaN ends for one seed, and
+    all NaN where a seed's value is NaN (a reading it could not make)."""
+    if not values:
+        raise ValueError("seed_interval: no values; needs one per seed.")
+    if any(math.isnan(value) for value in values):
+        return math.nan, math.nan, math.nan
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan, math.nan
-    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    half = t_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 
@@ -91,6 +111,7 @@ def frontier_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") ->
     variant's: at least its tokens per step and accuracy, one of them strictly."""
     from ...evaluation.aup import accuracy_under_parallelism
 
+    results_by_seed(results)  # each run once
     points: dict[tuple[str, int], list[tuple[float, float]]] = {}
     pooled: dict[tuple[str, float], list[Any]] = {}
     for seed, result in results:
@@ -154,12 +175,12 @@ def format_claim(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def accuracy_rows(results: Sequence[tuple[int, Any]]) -> list[dict[str, Any]]:
     """Per model and threshold, pooled over seeds: accuracy with Wilson's 95% interval, tokens per step (mean over
-    seeds), AUP per seed over the model's thresholds (mean), the seeds."""
+    seeds), AUP per seed over the model's thresholds (mean), the seeds. A seed's AUPs share one y_max, the best
+    accuracy of any model in that seed, so every model's AUP moves when a model is added (the frontier reading's
+    y_max is the best of the pair)."""
     from ...evaluation.aup import accuracy_under_parallelism
 
-    groups: dict[tuple[str, float], list[tuple[int, Any]]] = {}
-    for seed, result in results:
-        groups.setdefault((result.model, result.decoding["threshold"]), []).append((seed, result))
+    groups = {key: list(by_seed.items()) for key, by_seed in results_by_seed(results).items()}
     y_max = {seed: max(100 * r.accuracy for s, r in results if s == seed) for seed, _ in results}
     aup: dict[str, list[float]] = {}
     for model in dict.fromkeys(r.model for _, r in results):
@@ -197,14 +218,18 @@ def write_seed_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[in
     results = seed_results(output, protocol, seeds)
     planned = sum(unit.threshold is not None for unit in models_plan(protocol)) * len(seeds)
     claims, accuracy, frontier = claim_rows(results), accuracy_rows(results), frontier_rows(results)
-    probes, spearman = {}, {}
+    probes, spearman, correlated = {}, {}, {}
     for seed in seeds:
         folder = output / f"seed-{seed}"
         if (folder / "probe" / "unit.json").is_file():
             probes[seed] = unit_record(folder, "probe")["levels"]
         for trace in sorted(folder.glob("eval/*/tau*/trace.json")):
             name = next(m for m in [BASE, *VARIANTS] if trace.parent.parent.name in ("base", f"{slug_of(m)}-seed{seed}"))
-            spearman.setdefault(name, {})[seed] = json.loads(trace.read_text())["nll_vs_decode_step_spearman"]
+            document = json.loads(trace.read_text())
+            spearman.setdefault(name, {})[seed] = document["nll_vs_decode_step_spearman"]
+            if "correlated_problems" in document:  # traces written before the count was kept show none
+                correlated.setdefault(name, {})[seed] = f" ({document['correlated_problems']} of " \
+                                                        f"{document['traced_problems']})"
     report = output / "report"
     report.mkdir(parents=True, exist_ok=True)
     head = (f"PARTIAL: {len(results)} of {planned} evaluations finished.\n\n" if len(results) < planned else "")
@@ -213,7 +238,8 @@ def write_seed_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[in
                                                            f"({v['answer_tokens']:.1f} tokens/answer)"
                                                            for lv, v in levels.items())
                             for seed, levels in probes.items())
-    order = "\n".join(f"- {name}: " + ", ".join(f"seed {s} {'-' if v is None else f'{v:+.2f}'}" for s, v in by_seed.items())
+    order = "\n".join(f"- {name}: " + ", ".join(f"seed {s} {'-' if v is None else f'{v:+.2f}'}"
+                                                f"{correlated.get(name, {}).get(s, '')}" for s, v in by_seed.items())
                       for name, by_seed in spearman.items())
     text = (f"{head}Seeds {list(seeds)}, one base per seed; level {level}, {protocol.test_problems} test problems per "
             f"cell and seed.\n\nBase alone on the selection problems (tau {protocol.selection_threshold}):\n\n"
@@ -223,9 +249,8 @@ def write_seed_report(output: Path, protocol: RegimeProtocol, seeds: Sequence[in
             f"accuracy difference's 95% interval includes 0 or favours TRIMS):\n\n{format_claim(claims)}\n\n"
             f"The frontier (AUP of the variant minus MDLM's per seed, both against the pair's best accuracy; 95% "
             f"t-interval over seeds; MDLM points at least as fast and as accurate):\n\n{format_frontier(frontier)}\n\n"
-            f"Spearman(teacher NLL of an answer token, steps into its block before it was committed) at tau "
-            f"{protocol.trace_threshold()}, mean over {protocol.trace_samples} problems (negative: hard tokens first):"
-            f"\n\n{order}\n")
+            f"{SPEARMAN_LABEL} at tau {protocol.trace_threshold()}, mean over the traced problems it is defined on "
+            f"(of how many, in brackets; negative: hard tokens first):\n\n{order}\n")
     write_atomic(report / "study.md", text)
     write_atomic(report / "study.json", json.dumps({"protocol": dataclasses.asdict(protocol), "seeds": list(seeds),
                                                     "evaluations": len(results), "planned": planned,

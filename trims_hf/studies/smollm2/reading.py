@@ -131,7 +131,9 @@ def read_windows(folders: Sequence[Path]) -> str:
             above, not_worse = above + (ratio > 1), not_worse + (high >= 0)
             cells.append(f"{ratio:.3f}x, {100 * row['accuracy_difference']:+.1f} ({100 * low:+.1f}, {100 * high:+.1f})")
         lines.append(f"| {tau} | {model} | {' | '.join(cells)} | {above} of {len(seeds)} | {not_worse} of {len(seeds)} |")
-    lines += ["", "AUP minus MDLM's per window (both against the pair's best accuracy in that window):", "",
+    lines += ["", "AUP minus MDLM's per window (both against the pair's best accuracy in that window; a point more than "
+              "5 accuracy points below a curve's lowest-parallelism point is left out of its AUP, so one point "
+              "crossing that cut moves a difference by hundreds):", "",
               "| model | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
     for model in dict.fromkeys(m for s in seeds for m in frontiers[s]):
         cells = [f"{frontiers[s][model]['aup_difference']:+.1f}" if model in frontiers[s] else "-" for s in seeds]
