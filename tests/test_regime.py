@@ -544,6 +544,16 @@ def test_a_slower_and_less_accurate_point_is_dominated_and_a_curve_below_reads_b
     assert same["frontier"] == "not apart" and same["dominated_by_mdlm"] == {0.5: [], 0.9: []}
 
 
+def test_a_partial_report_compares_points_over_the_seeds_both_runs_have():
+    """Seed 2 of MDLM, a fast and accurate one, is finished before TRIMS's seed 2: TRIMS's two seeds are compared with
+    MDLM's same two, where MDLM's point is TRIMS's own, so nothing dominates it (pooled over all three MDLM seeds, the
+    extra seed would)."""
+    mdlm = [(0.5, 4.0, 0.70), (0.9, 2.0, 0.80)]
+    results = curves(2, mdlm, mdlm) + [(2, evaluation("MDLM", tau, 9.0, [True] * 100)) for tau in (0.5, 0.9)]
+    (row,) = regime.frontier_rows(results)
+    assert row["seeds"] == [0, 1] and row["dominated_by_mdlm"] == {0.5: [], 0.9: []}
+
+
 def test_a_seed_interval_is_students_t_over_the_seeds():
     mean, low, high = regime.seed_interval([1.0, 2.0, 3.0, 4.0, 5.0])
     half = 2.776 * statistics.stdev([1, 2, 3, 4, 5]) / math.sqrt(5)

@@ -107,19 +107,18 @@ def frontier_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") ->
     """The frontier reading per TRIMS variant (docs/regime.md, studies 10-12): per seed the AUP of the variant's and of
     MDLM's (tokens per step, accuracy) points, both against the better of the two's best accuracy in that seed; the
     difference's mean over seeds with its 95% t-interval (``above`` / ``below`` when it excludes 0); and, per
-    threshold, the MDLM thresholds whose point (tokens per step mean over seeds, accuracy pooled) dominates the
-    variant's: at least its tokens per step and accuracy, one of them strictly."""
+    threshold, the MDLM thresholds whose point (tokens per step mean over seeds, accuracy pooled; both over the seeds
+    the two thresholds' runs share, so a partial report compares like with like) dominates the variant's: at least
+    its tokens per step and accuracy, one of them strictly."""
     from ...evaluation.aup import accuracy_under_parallelism
 
-    results_by_seed(results)  # each run once
+    pooled = results_by_seed(results)  # (model, threshold) -> seed -> result, each run once
     points: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    pooled: dict[tuple[str, float], list[Any]] = {}
     for seed, result in results:
         points.setdefault((result.model, seed), []).append((result.tokens_per_step, 100 * result.accuracy))
-        pooled.setdefault((result.model, result.decoding["threshold"]), []).append(result)
 
-    def point(model: str, tau: float) -> tuple[float, float]:
-        runs = pooled[model, tau]
+    def point(model: str, tau: float, seeds: set[int]) -> tuple[float, float]:
+        runs = [pooled[model, tau][seed] for seed in sorted(seeds)]
         correct = sum(sample.correct for r in runs for sample in r.samples)
         return statistics.fmean(r.tokens_per_step for r in runs), correct / max(1, sum(len(r.samples) for r in runs))
 
@@ -137,10 +136,12 @@ def frontier_rows(results: Sequence[tuple[int, Any]], baseline: str = "MDLM") ->
         mean, low, high = seed_interval(list(differences.values())) if differences else (math.nan,) * 3
         dominated = {}
         for tau in sorted(t for m, t in pooled if m == model):
-            speed, accuracy = point(model, tau)
-            dominated[tau] = [t for m, t in sorted(pooled) if m == baseline
-                              and (other := point(baseline, t))[0] >= speed and other[1] >= accuracy
-                              and other != (speed, accuracy)]
+            dominated[tau] = []
+            for t in sorted(t for m, t in pooled if m == baseline):
+                if shared := pooled[model, tau].keys() & pooled[baseline, t].keys():
+                    (speed, accuracy), other = point(model, tau, shared), point(baseline, t, shared)
+                    if other[0] >= speed and other[1] >= accuracy and other != (speed, accuracy):
+                        dominated[tau].append(t)
         rows.append({"model": model, "seeds": seeds, "aup_difference_per_seed": differences, "aup_difference": mean,
                      "interval": [low, high], "frontier": "above" if low > 0 else "below" if high < 0 else "not apart",
                      "dominated_by_mdlm": dominated})
