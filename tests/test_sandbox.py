@@ -183,6 +183,20 @@ def test_an_iterable_the_solution_returns_reaches_the_tests_as_its_items() -> No
         assert result.status == "failed" and reason in result.reason, (wrong, result.reason)
 
 
+def test_exact_numbers_and_ranges_the_solution_returns_reach_the_tests_by_value() -> None:
+    """A Fraction, Decimal or range compares with the number or range a test states, as where the reference graders
+    run the solution in the tests' own process (a handle would be unequal to every one of them)."""
+    solution = "from fractions import Fraction\nfrom decimal import Decimal\ndef half():\n    return Fraction(1, 2)\n" \
+               "def price():\n    return Decimal('2.50')\ndef evens(n):\n    return range(0, n, 2)\n"
+    tests = "from fractions import Fraction\nfrom decimal import Decimal\n" \
+            "assert half() == 0.5 and half() == Fraction(2, 4) and type(half()) is Fraction\n" \
+            "assert price() == Decimal('2.5') and str(price()) == '2.50'\n" \
+            "assert evens(7) == range(0, 7, 2) and list(evens(7)) == [0, 2, 4, 6] and evens(7)[-1] == 6\n"
+    assert run_tests(solution, tests, FAST).passed
+    result = run_tests(solution, "assert half() == 0.25", FAST)
+    assert result.status == "failed" and "AssertionError" in result.reason
+
+
 def test_failed_assert_fails_with_the_exception_as_reason() -> None:
     result = run_tests(GOOD, "assert square(3) == 10, 'wrong square'", FAST)
     assert result.status == "failed"

@@ -5,6 +5,8 @@ the whole as ``python -I -B -c``, so the child needs no file of ours inside the 
 """
 
 import builtins
+import decimal
+import fractions
 import json
 import os  # noqa: F401 (the children's)
 import resource
@@ -30,6 +32,13 @@ def encode(x, other):
         return {"b": bytes.hex(x)}
     if isinstance(x, complex):
         return {"c": [complex.real.__get__(x), complex.imag.__get__(x)]}
+    if isinstance(x, range):
+        return {"r": [int.__int__(range.start.__get__(x)), int.__int__(range.stop.__get__(x)),
+                      int.__int__(range.step.__get__(x))]}
+    if isinstance(x, fractions.Fraction):  # exact numbers a test compares with numbers: by value, as the reference
+        return {"q": [int.__int__(x._numerator), int.__int__(x._denominator)]}
+    if isinstance(x, decimal.Decimal):
+        return {"m": decimal.Decimal.__str__(x)}
     if isinstance(x, type) and getattr(builtins, x.__name__, None) is x:
         return {"y": x.__name__}
     return other(x)
@@ -47,6 +56,12 @@ def decode(x, handle):
         return bytes.fromhex(value)
     if tag == "c":
         return complex(*value)
+    if tag == "r":
+        return range(*value)
+    if tag == "q":
+        return fractions.Fraction(*value)
+    if tag == "m":
+        return decimal.Decimal(value)
     if tag == "y":
         kind = getattr(builtins, value)
         if not isinstance(kind, type):
