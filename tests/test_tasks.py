@@ -176,6 +176,15 @@ def test_gsm8k_extraction(completion: str, expected: str | None) -> None:
     assert GSM8KTask().extract(completion) == expected
 
 
+def test_degenerate_completions_are_read_in_one_pass() -> None:
+    """A small student stuck in a loop writes thousands of unclosed boxes or one endless number; each is read in
+    one pass over the text (a scan per box or per digit took minutes at these sizes), to the same answers."""
+    loop = "\\boxed{7} then " + "\\boxed{" * 40_000
+    assert last_boxed(loop) == "7" and GSM8KTask().extract(loop) == "7"
+    assert GSM8KTask().extract("\\boxed{" + "9" * 4_000 + "}") == "9" * 4_000
+    assert GSM8KTask().extract("so " + "1" * 60_000) is None  # past the digits Python reads into an int
+
+
 def test_gsm8k_grading_is_numeric() -> None:
     task = GSM8KTask()
     assert task.grade_answer("\\boxed{18.0}", "#### 18")["correct"]

@@ -7,33 +7,35 @@ import re
 _BOXED = re.compile(r"\\(?:boxed|fbox)\b")
 _FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _BEGIN, _DONE = "[BEGIN]", "[DONE]"
+_SPACES = re.compile(r"\s*")
 
 
-def _braced(text: str, start: int) -> str | None:
-    """Content of the brace group opening at ``text[start]``; None if it never closes."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{" and text[i - 1] != "\\":
-            depth += 1
-        elif text[i] == "}" and text[i - 1] != "\\":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i]
-    return None
+def _closing_braces(text: str) -> dict[int, int]:
+    """Where each unescaped ``{`` that closes is closed, in one pass (a degenerate completion of thousands of
+    unclosed boxes costs no more than one of them)."""
+    closing, opened = {}, []
+    for i, character in enumerate(text):
+        if character in "{}" and (i == 0 or text[i - 1] != "\\"):
+            if character == "{":
+                opened.append(i)
+            elif opened:
+                closing[opened.pop()] = i
+    return closing
 
 
 def last_boxed_span(text: str) -> tuple[int, int, str] | None:
     """Where the last complete ``\\boxed{...}`` / ``\\fbox{...}`` starts and ends in ``text``, and its content
     (:func:`last_boxed`)."""
+    closing = None
     for match in reversed(list(_BOXED.finditer(text))):
-        rest = text[match.end() :]
-        stripped = rest.lstrip()
-        opening = match.end() + len(rest) - len(stripped)
-        if stripped.startswith("{"):
-            content = _braced(text, opening)
-            if content is not None:
-                return match.start(), opening + len(content) + 2, content.strip()
-        elif rest[:1].isspace() and stripped:
+        opening = _SPACES.match(text, match.end()).end()
+        if text.startswith("{", opening):
+            closing = _closing_braces(text) if closing is None else closing
+            if opening in closing:
+                content = text[opening + 1 : closing[opening]]
+                return match.start(), closing[opening] + 1, content.strip()
+        elif opening > match.end() and opening < len(text):
+            stripped = text[opening:]
             line = stripped.split("\n", 1)[0]
             content = line.split("$", 1)[0] if "$" in line else re.split(r"[\s$]", stripped, maxsplit=1)[0]
             return match.start(), opening + len(content), content.strip()

@@ -22,8 +22,8 @@ _UNIT_POWER = re.compile(r"(?<=[A-Za-z}])\^\s*(?:\{[^{}]*\}|\d+)")  # ft^2, \tex
 _NO_NUMBER = "\x00"  # what a power that cannot be written out leaves, so a power over it cannot be either
 _EXPONENT = r"(?:\{\s*(?:[-+]?\d+(?:\.\d+)?|\x00)\s*\}|[-+]?\d+(?:\.\d+)?)"
 # A power or a tower of them (2^3^2), with an optional factor before it ("3 \times 10^{6}") and a base that may be a
-# bracketed negative number ("(-2)^3").
-_POWER = re.compile(r"(?:(?P<factor>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|\u00d7)\s*)?"
+# bracketed negative number ("(-2)^3"). It starts only where a number does, so a long run of digits costs one pass.
+_POWER = re.compile(r"(?<![\d.])(?:(?P<factor>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|\u00d7)\s*)?"
                     r"(?:\(\s*(?P<bracketed>-?\d+(?:\.\d+)?)\s*\)|(?P<base>\d+(?:\.\d+)?))"
                     rf"(?P<exponents>(?:\s*\^\s*{_EXPONENT})+)")
 _MAX_DIGITS = 300  # a power written out past this many digits states no answer (and Python prints ints to 4,300)
