@@ -325,6 +325,7 @@ def test_an_export_card_shows_the_original_code_only_for_an_original_checkpoint(
         assert 'load_student("' in card
 
 
+@pytest.mark.slow  # a process of its own
 def test_a_merged_export_without_an_accelerator_prints_nothing_of_deepspeed(saved_student, tmp_path: Path) -> None:
     """Saving the merged model with transformers (a student in transformers' layout) asks accelerate to unwrap it,
     which imports DeepSpeed where it is installed; DeepSpeed left to guess its accelerator prints that it found no GPU.

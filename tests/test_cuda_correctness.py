@@ -391,9 +391,9 @@ class _Blocks(DecodeHook):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["llada_moe", "llada2"])
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
-                         ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", [pytest.param("llada_moe", marks=pytest.mark.slow), "llada2"])  # LLaDA-MoE's
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],  # steps in the
+                         ids=["fp32", "bf16"])                                # inner loop: test_new_students.py
 def test_moe_students_every_step_mode_commits_the_eager_tokens(original_checkpoint, monkeypatch, device, kind, dtype):
     """The MoE students under every step mode they run (grouped-GEMM experts; LLaDA 2.x's block-causal decoder with
     buffers and graphs of its own per block, prefix cache only) commit the eager step's tokens. On CUDA torch's grouped
