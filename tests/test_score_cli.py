@@ -105,11 +105,21 @@ CASES = {
     "no rows in a parquet file": (["--dataset", "{tmp}/none.parquet"], {"none.parquet": None},
                                   "--dataset {tmp}/none.parquet: no rows."),
     "blank lines only": (["--dataset", "{tmp}/blank.jsonl"], {"blank.jsonl": "\n\n"}, "--dataset {tmp}/blank.jsonl: no rows."),
+    "corrupt parquet": (["--dataset", "{tmp}/g.parquet"], {"g.parquet": "x\n"},
+                        "--dataset {tmp}/g.parquet: cannot be read as a .parquet file (Parquet file size is 2 bytes, "
+                        "smaller than the minimum file footer (8 bytes))."),
+    "empty folder": (["--dataset", "{tmp}/empty"], {"empty/": ""}, "--dataset {tmp}/empty: no rows in split 'train'."),
+    "not utf-8": (["--dataset", "{tmp}/latin.jsonl"],
+                  {"latin.jsonl": b'{"question": "q", "answer": "a"}\n{"question": "caf\xe9", "answer": "a"}\n'},
+                  "--dataset {tmp}/latin.jsonl: line 2 is not UTF-8 text (byte 17: b'\\xe9'); JSON Lines are UTF-8."),
     "null completion": (["--dataset", "{tmp}/null.jsonl"], {"null.jsonl": '{"question": "q", "answer": null}\n'},
                         "row 0: column 'answer' (--completion-column) is missing or null."),
     "too long": (["--teacher-max-length", "30"], {},
                  "row 0: column 'answer' (--completion-column) is too long for the teacher: 108 prompt + 90 completion "
                  "tokens > context 30 (pass a larger --teacher-max-length, or --truncate)."),
+    "past the teacher's positions": (["--teacher-max-length", "4096"], {},
+                                     "--teacher-max-length 4096: past the teacher's 2048 positions "
+                                     "(max_position_embeddings); give at most that."),
     "prompt without tokens": (["--dataset", "{tmp}/p.jsonl", "--prompt-format", "verbatim"],
                               {"p.jsonl": '{"question": "", "answer": "Natalia sold 48 clips."}\n'},
                               "row 0: column 'question' (--prompt-column) renders to no teacher tokens, so nothing predicts "
@@ -198,6 +208,26 @@ def test_a_jsonl_file_of_one_array_of_rows_is_read_as_its_rows(tmp_path):
     assert load_source_dataset(str(tmp_path / "array.jsonl"), flag="--dataset").to_list() == rows
 
 
+def test_a_folder_saved_with_save_to_disk_is_read_as_its_splits(tmp_path):
+    """``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` folders, which ``load_dataset`` refuses, load as the
+    data set (its one split, ``train``) or the split asked for."""
+    from datasets import DatasetDict
+
+    from trims_hf.data.hub import load_source_dataset
+    from trims_hf.sources import SourceError
+
+    rows = [{"question": "q1", "answer": "a1"}, {"question": "q2", "answer": "a2"}]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))
+    DatasetDict({"train": Dataset.from_list(rows[:1]), "test": Dataset.from_list(rows[1:])}).save_to_disk(
+        str(tmp_path / "two"))
+    assert load_source_dataset(str(tmp_path / "one"), flag="--dataset").to_list() == rows
+    assert load_source_dataset(str(tmp_path / "two"), "test", flag="--dataset").to_list() == rows[1:]
+    with pytest.raises(SourceError, match=r"one holds one data set, read as the split 'train'; got split='test'\.$"):
+        load_source_dataset(str(tmp_path / "one"), "test", flag="--dataset")
+    with pytest.raises(SourceError, match=r"two has no split='dev' \(its splits: train, test\)\.$"):
+        load_source_dataset(str(tmp_path / "two"), "dev", flag="--dataset")
+
+
 def test_the_old_max_length_flag_still_sets_the_teachers_context_with_a_notice(teacher_dir, data_file, tmp_path, capsys,
                                                                               no_model_load):
     """``--max-length`` of ``trims score`` was the teacher's context, while ``trims train``'s is the student's
@@ -220,7 +250,9 @@ def test_each_mistake_is_one_line_before_any_model_loads(case, teacher_dir, data
         if content is None:  # a parquet file with the columns and no rows
             Dataset.from_dict({"question": [], "answer": []}).to_parquet(str(tmp_path / name))
         else:
-            (tmp_path / name).mkdir() if name.endswith("/") else (tmp_path / name).write_text(content)
+            path = tmp_path / name
+            path.mkdir() if name.endswith("/") else path.write_bytes(content) if isinstance(content, bytes) \
+                else path.write_text(content)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", case == "push offline")
     out = tmp_path / "out"
     (tmp_path / "here").mkdir()

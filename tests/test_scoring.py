@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -124,6 +126,30 @@ def test_resume_skips_finished_chunks(teacher, tokenizer, dataset, tmp_path):
     finally:
         counter.handle.remove()
     assert second.to_list() == first.to_list()
+
+
+def test_a_resumed_run_reuses_no_chunk_of_other_weights_or_another_dtype(teacher, tokenizer, dataset, tmp_path):
+    """The same teacher name and rows, with the weights retrained or loaded in another dtype, is another run: its
+    chunks are scored anew, so no data set mixes two teachers' scores; the same weights reuse every chunk."""
+    options = ScoringOptions(rows_per_work_chunk=4, min_work_chunks=1)
+    first = score_dataset(teacher, tokenizer, dataset, tmp_path, options, "tiny", 0, 1)
+    retrained = make_teacher(tokenizer, seed=123)
+    counter = ForwardCounter(retrained)
+    try:
+        other = score_dataset(retrained, tokenizer, dataset, tmp_path, options, "tiny", 0, 1)
+        assert counter.calls > 0
+    finally:
+        counter.handle.remove()
+    fresh = score_dataset(retrained, tokenizer, dataset, tmp_path / "fresh", options, "tiny", 0, 1)
+    assert other.to_list() == fresh.to_list() != first.to_list()
+    halved = score_dataset(copy.deepcopy(teacher).to(torch.bfloat16), tokenizer, dataset, tmp_path, options, "tiny", 0, 1)
+    assert halved["teacher_nll"] != first["teacher_nll"] and len(list(tmp_path.glob("*/chunk-*.parquet"))) == 9
+    counter = ForwardCounter(teacher)
+    try:
+        assert score_dataset(teacher, tokenizer, dataset, tmp_path, options, "tiny", 0, 1).to_list() == first.to_list()
+        assert counter.calls == 0
+    finally:
+        counter.handle.remove()
 
 
 def test_two_processes_and_chunkings_equal_one(teacher, tokenizer, dataset, tmp_path):

@@ -53,22 +53,49 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
     if local_file and Path(source).suffix == ".jsonl":
         check_jsonl_rows_are_objects(Path(source), flag)
     try:
-        dataset = (load_dataset(builder, data_files=str(source), split="train") if local_file
-                   else load_dataset(source, split=split))
-    except ValueError as error:  # datasets' "Unknown split" (its message lists the splits there are), or no rows
-        if "corresponds to no data" in str(error):
+        if local_file:
+            dataset = load_dataset(builder, data_files=str(source), split="train")
+        elif saved_with_datasets(source):
+            dataset = _saved_split(source, split, flag)
+        else:
+            dataset = load_dataset(source, split=split)
+    except SourceError:
+        raise
+    except Exception as error:  # datasets' and pyarrow's errors of what is there
+        message = str(error)
+        if "corresponds to no data" in message or type(error).__name__ == "EmptyDatasetError":
             raise no_rows from None
-        if "split" not in str(error).lower():
-            raise
-        raise SourceError(f"{flag} {source} has no split={split!r} ({str(error).splitlines()[0]}).") from None
-    except Exception as error:  # a malformed local file comes as one of several datasets / pyarrow errors
-        if not local_file:
-            raise
-        reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)
-        raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
+        if local_file:  # a malformed file (pyarrow's ArrowInvalid is a ValueError too)
+            reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)
+            raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
+        if isinstance(error, ValueError) and "split" in message.lower():  # datasets lists the splits there are
+            raise SourceError(f"{flag} {source} has no split={split!r} ({message.splitlines()[0]}).") from None
+        raise
     if not len(dataset):
         raise no_rows
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
+
+
+def saved_with_datasets(source: str) -> bool:
+    """A folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (which ``load_dataset`` refuses)."""
+    folder = Path(source)
+    return folder.is_dir() and any((folder / name).is_file() for name in ("state.json", "dataset_dict.json"))
+
+
+def _saved_split(source: str, split: str, flag: str) -> Dataset:
+    """``split`` of a ``save_to_disk`` folder; a saved single ``Dataset`` is the ``train`` split."""
+    from datasets import DatasetDict, load_from_disk
+
+    from ..sources import SourceError
+
+    saved = load_from_disk(source)
+    if isinstance(saved, DatasetDict):
+        if split not in saved:
+            raise SourceError(f"{flag} {source} has no split={split!r} (its splits: {', '.join(saved)}).")
+        return saved[split]
+    if split != "train":
+        raise SourceError(f"{flag} {source} holds one data set, read as the split 'train'; got split={split!r}.")
+    return saved
 
 
 def check_jsonl_rows_are_objects(path: Path, flag: str) -> None:
@@ -77,7 +104,14 @@ def check_jsonl_rows_are_objects(path: Path, flag: str) -> None:
     not have. The first row is read."""
     from ..sources import SourceError
 
-    with path.open(encoding="utf-8", errors="replace") as lines:
+    with path.open("rb") as lines:  # every line UTF-8, as JSON is (a bad byte would stop the run at its row)
+        for number, line in enumerate(lines):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise SourceError(f"{flag} {path}: line {number + 1} is not UTF-8 text (byte {error.start}: "
+                                  f"{line[error.start:error.start + 1]!r}); JSON Lines are UTF-8.") from None
+    with path.open(encoding="utf-8") as lines:
         first = next((line for line in lines if line.strip()), "")
     try:
         row = json.loads(first)

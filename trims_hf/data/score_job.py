@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..distributed import balanced_shards, process_state
 from ..errors import check_output_folder
 from ..prompts import check_system_prompt, prompt_template, resolved_format
+from ..reports import weights_fingerprint
 from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
 from .buckets import bucket_rows, bucket_statistics
 from .hub import (
@@ -126,7 +128,10 @@ def score_dataset(
     completions = [split_prompt_completion(row, i)[1] for i, row in enumerate(dataset)]
     size = options.rows_per_chunk(len(rows))
     num_chunks = math.ceil(len(rows) / size)
-    work_dir = Path(work_dir) / _work_key(rows, teacher_id or model.name_or_path, size)
+    # the teacher's weights (and dtype) in the key: a teacher folder retrained, a moved Hub revision or another
+    # dtype on resuming never mixes its scores with the saved ones
+    work_dir = Path(work_dir) / _work_key(rows, json.dumps([teacher_id or model.name_or_path, weights_fingerprint(model)]),
+                                          size)
     work_dir.mkdir(parents=True, exist_ok=True)
     done = _saved_chunks(work_dir, num_chunks)
     if done and process_index == 0:
@@ -136,7 +141,7 @@ def score_dataset(
               for c in range(num_chunks)]
     mine = [c for c in balanced_shards(tokens, num_processes)[process_index] if not _chunk_path(work_dir, c).exists()]
     total = sum(len(r.completion_ids) for c in mine for r in rows[c * size : (c + 1) * size])
-    temporary = work_dir / f".chunk.{process_index}.tmp"
+    temporary = work_dir / f".chunk.{process_index}.{os.getpid()}.{uuid.uuid4().hex}.tmp"  # another run's is not ours
     try:
         with tqdm(total=total, unit="tok", desc=f"scoring [{process_index}]", disable=total == 0) as progress:
             for chunk in mine:
