@@ -67,6 +67,43 @@ def test_s1k_11_uses_the_chosen_trace(gsm8k_rows, teacher_dir, tmp_path):
     assert load_dataset(str(out), split="train")[1]["completion"] == expected
 
 
+@pytest.mark.parametrize(("version", "change", "flags", "expected"), [
+    ("s1K", {"thinking_trajectories": [None]}, [],
+     "row 1: column 'thinking_trajectories' (the {trace} of --completion-template) is empty; give rows with a trace "
+     "and an answer."),
+    ("s1K", {"thinking_trajectories": []}, [], "row 1: column 'thinking_trajectories' (the {trace} of"),
+    ("s1K", {"attempt": "  "}, [], "row 1: column 'attempt' (the {answer} of --completion-template) is empty"),
+    ("s1K-1.1", {"gemini_attempt": None}, ["--trace", "gemini"], "row 1: column 'gemini_attempt' (the {answer} of"),
+    ("s1K", {}, ["--trace", "gemini"], "--trace gemini picks one of s1K-1.1's two traces, and the --source rows are "
+                                       "s1K's, with one (thinking_trajectories, attempt); drop --trace."),
+])
+def test_rows_without_a_trace_or_answer_and_a_trace_s1k_lacks_are_refused(gsm8k_rows, teacher_dir, tmp_path, capsys,
+                                                                          version, change, flags, expected):
+    rows = s1k_rows(gsm8k_rows, version)
+    rows[1] |= change
+    source = tmp_path / "s1k.jsonl"
+    Dataset.from_list(rows).to_json(str(source))
+    out = tmp_path / "out"
+    assert build_s1k_trims.main(["--source", str(source), "--teacher", str(teacher_dir), "--output", str(out),
+                                 *flags]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and errors[0].startswith("error: " + expected), errors
+    assert not out.exists()
+
+
+def test_the_card_names_the_columns_read(gsm8k_rows, teacher_dir, tmp_path):
+    """s1K has one trace: its card names no --trace choice, only the columns read (s1K-1.1's names the trace too)."""
+    for version, flags, trace, columns in (("s1K", [], None, ("thinking_trajectories", "attempt")),
+                                           ("s1K-1.1", ["--trace", "gemini"], "gemini",
+                                            ("gemini_thinking_trajectory", "gemini_attempt"))):
+        source, out = tmp_path / f"{version}.jsonl", tmp_path / f"out-{version}"
+        Dataset.from_list(s1k_rows(gsm8k_rows, version)).to_json(str(source))
+        assert build_s1k_trims.main(["--source", str(source), "--teacher", str(teacher_dir), "--output", str(out),
+                                     *flags]) == 0
+        meta = read_card_metadata(out)
+        assert (meta["s1k_trace"], meta["s1k_trace_column"], meta["s1k_answer_column"]) == (trace, *columns)
+
+
 def test_wrong_schema_is_refused_without_output(gsm8k_rows, teacher_dir, tmp_path, capsys):
     source = tmp_path / "bad.jsonl"
     Dataset.from_list([{"question": "q", "answer": "a"}]).to_json(str(source))
@@ -79,8 +116,20 @@ def test_wrong_schema_is_refused_without_output(gsm8k_rows, teacher_dir, tmp_pat
 @pytest.mark.parametrize("flags, expected", [
     (["--source", "{tmp}/missing.parquet"], "--source {tmp}/missing.parquet: no such file or folder."),
     (["--completion-template", "{trace} {oops}"],
-     "--completion-template '{{trace}} {{oops}}' is not a format string with only {{trace}} and {{answer}} (KeyError: "
-     "'oops'). (see `build_s1k_trims.py --help`)"),
+     "--completion-template '{{trace}} {{oops}}': 'oops' is not a field; use only {{trace}} and {{answer}}. (see "
+     "`build_s1k_trims.py --help`)"),
+    (["--completion-template", "{trace.foo}"],
+     "--completion-template '{{trace.foo}}': 'trace.foo' is not a field; use only {{trace}} and {{answer}}. (see "
+     "`build_s1k_trims.py --help`)"),
+    (["--completion-template", "{answer!r}"],
+     "--completion-template '{{answer!r}}': 'answer' is not a field; use only {{trace}} and {{answer}}. (see "
+     "`build_s1k_trims.py --help`)"),
+    (["--completion-template", "fixed"],
+     "--completion-template 'fixed' holds neither {{trace}} nor {{answer}}: every row would get the same completion. "
+     "(see `build_s1k_trims.py --help`)"),
+    (["--completion-template", "{trace"],
+     "--completion-template '{{trace' is not a format string (expected '}}' before end of string). (see "
+     "`build_s1k_trims.py --help`)"),
     (["--limit", "-1"], "--limit -1: must be at least 1. (see `build_s1k_trims.py --help`)"),
     ([], "--source simplescaling/s1K (the default): not a local path and not in the Hugging Face cache, and "
          "HF_HUB_OFFLINE is set; pass a local .jsonl/.json/.parquet file or dataset folder to --source."),
