@@ -45,6 +45,11 @@ def test_as_prompt_completion_renames_the_two_columns_and_keeps_the_rest():
     assert list(as_prompt_completion(renamed, "prompt", "completion")) == list(renamed)  # schema rows pass through
     with pytest.raises(SchemaError, match=r"^--completion-column solution: no such column \(columns: question, answer"):
         as_prompt_completion(rows, "question", "solution", names=("--prompt-column", "--completion-column"))
+    schema = Dataset.from_list([{"prompt": "P", "completion": "C", "question": "Q"}])
+    assert list(as_prompt_completion(schema, "completion", "prompt")) == [{"prompt": "C", "completion": "P", "question": "Q"}]
+    assert list(as_prompt_completion(schema, "question", "prompt")) == [{"prompt": "Q", "completion": "P"}]
+    with pytest.raises(SchemaError, match=r"^--prompt-column and --completion-column both name the column question; "):
+        as_prompt_completion(schema, "question", "question", names=("--prompt-column", "--completion-column"))
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +113,8 @@ CASES = {
     "corrupt parquet": (["--dataset", "{tmp}/g.parquet"], {"g.parquet": "x\n"},
                         "--dataset {tmp}/g.parquet: cannot be read as a .parquet file (Parquet file size is 2 bytes, "
                         "smaller than the minimum file footer (8 bytes))."),
-    "empty folder": (["--dataset", "{tmp}/empty"], {"empty/": ""}, "--dataset {tmp}/empty: no rows in split 'train'."),
+    "empty folder": (["--dataset", "{tmp}/empty"], {"empty/": ""},
+                     "--dataset {tmp}/empty: no data files in the folder (.parquet, .jsonl, .json, .csv, ...)."),
     "not utf-8": (["--dataset", "{tmp}/latin.jsonl"],
                   {"latin.jsonl": b'{"question": "q", "answer": "a"}\n{"question": "caf\xe9", "answer": "a"}\n'},
                   "--dataset {tmp}/latin.jsonl: line 2 is not UTF-8 text (byte 17: b'\\xe9'); JSON Lines are UTF-8."),

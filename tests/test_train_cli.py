@@ -245,7 +245,7 @@ MISTAKES = [
      r"^dataset_name .*plain\.jsonl is a single file, whose one split is 'train'; got split='test'\.$"),
     ("data-unknown-split", None, {"eval_split": "test"}, [], r"^dataset_name .*scored has no split='test' \(Unknown split"),
     ("data-empty-folder", None, {"dataset_name": "{w}/empty"}, [],
-     r"^train_split train: cannot load it from dataset_name .*empty"),
+     r"^dataset_name .*empty: no data files in the folder \(\.parquet, \.jsonl, \.json, \.csv, \.\.\.\)\.$"),
     ("data-no-rows", None, {"dataset_name": "{w}/no-rows.parquet"}, [], r"^dataset_name .*no-rows\.parquet: no rows\.$"),
     ("data-empty-file", None, {"dataset_name": "{w}/empty.jsonl"}, [], r"^dataset_name .*empty\.jsonl: no rows\.$"),
     ("prompt-longer-than-max-length", None, {"max_length": "3"}, [],

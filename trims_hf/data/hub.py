@@ -63,7 +63,10 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
         raise
     except Exception as error:  # datasets' and pyarrow's errors of what is there
         message = str(error)
-        if "corresponds to no data" in message or type(error).__name__ == "EmptyDatasetError":
+        if type(error).__name__ == "EmptyDatasetError":
+            raise SourceError(f"{flag} {source}: no data files in the folder (.parquet, .jsonl, .json, .csv, ...).") \
+                from None
+        if "corresponds to no data" in message:
             raise no_rows from None
         if local_file:  # a malformed file (pyarrow's ArrowInvalid is a ValueError too)
             reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)

@@ -91,8 +91,14 @@ def as_prompt_completion(dataset: Any, prompt_column: str, completion_column: st
     for name, column in zip(names, (prompt_column, completion_column)):
         if column not in dataset.column_names:
             raise SchemaError(f"{name} {column}: no such column (columns: {', '.join(dataset.column_names)}).")
-    renames = {old: new for old, new in ((prompt_column, PROMPT), (completion_column, COMPLETION)) if old != new}
-    return dataset.remove_columns([new for new in renames.values() if new in dataset.column_names]).rename_columns(renames)
+    if prompt_column == completion_column:
+        raise SchemaError(f"{names[0]} and {names[1]} both name the column {prompt_column}; a row's prompt and "
+                          "completion are two columns.")
+    # through names of their own, so the two may be each other's targets (--prompt-column completion and back)
+    apart = {prompt_column: f"{PROMPT}\0", completion_column: f"{COMPLETION}\0"}
+    dataset = dataset.rename_columns(apart)
+    dataset = dataset.remove_columns([name for name in (PROMPT, COMPLETION) if name in dataset.column_names])
+    return dataset.rename_columns({f"{PROMPT}\0": PROMPT, f"{COMPLETION}\0": COMPLETION})
 
 
 def _where(index: int | None) -> str:
