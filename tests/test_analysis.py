@@ -127,8 +127,8 @@ def test_bucket_statistics_by_hand():
     assert stats["per_bucket"] == [
         {"bucket": 0, "tokens": 1, "nll_share": pytest.approx(1 / 6), "mean_nll": 1.0},
         {"bucket": 1, "tokens": 2, "nll_share": pytest.approx(5 / 6), "mean_nll": 2.5},
-        {"bucket": 2, "tokens": 0, "nll_share": 0.0, "mean_nll": 0.0},
-        {"bucket": 3, "tokens": 0, "nll_share": 0.0, "mean_nll": 0.0},
+        {"bucket": 2, "tokens": 0, "nll_share": 0.0, "mean_nll": None},  # no tokens: no mean
+        {"bucket": 3, "tokens": 0, "nll_share": 0.0, "mean_nll": None},
     ]
     assert stats["end_of_response_tokens"] == 3 and stats["end_of_response_bucket"] == 3
     assert stats["completion_tokens"] == 3 and stats["total_teacher_nll"] == 6.0

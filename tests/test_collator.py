@@ -285,7 +285,13 @@ def test_bad_rows_give_clear_errors(scored, tokenizer):
     with pytest.raises(SchemaError, match=r"row 41: 'bucket_ids' has 1 entries but there are 2 completion tokens"):
         trims([prepared])
     with pytest.raises(SchemaError, match="row 0: missing field 'bucket_ids'"):
-        trims([{"input_ids": [1, 2, 3], "prompt_length": 1}])
+        trims([{"input_ids": [1, 3, 4], "prompt_length": 1}])
+    mask = tokenizer.mask_token_id
+    with pytest.raises(SchemaError, match=rf"^row 7: the completion holds the mask token id {mask}: a target of the "):
+        trims([{"input_ids": [1, 3, mask, 4], "prompt_length": 2, "bucket_ids": [0, 1], "example_id": 7}])
+    trims([{"input_ids": [1, mask, 3, 4], "prompt_length": 2, "bucket_ids": [0, 1]}])  # a prompt may show it
+    with pytest.raises(SchemaError, match=rf"^row 0: 'input_ids' holds {10**9}, past the tokenizer's {len(tokenizer)} "):
+        trims([{"input_ids": [1, 3, 10**9], "prompt_length": 1, "bucket_ids": [0, 1]}])
     with pytest.raises(SchemaError, match="row 0: the prompt has no tokens"):
         collator(tokenizer, trajectory_ratio=0.0)([{"input_ids": [5, 6, 7], "prompt_length": 0}])
     out_of_range = {"input_ids": [1, 2, 3, 4], "prompt_length": 2, "bucket_ids": [0, 9]}

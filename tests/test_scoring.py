@@ -275,6 +275,17 @@ def test_teacher_buckets_are_cut_over_tokens_within_the_training_length(teacher,
     assert meta["quantile_tokens"] == "all" and meta["train_max_length"] is None
 
 
+def test_a_bucket_without_tokens_has_no_mean_on_the_card(teacher, tokenizer, dataset, tmp_path):
+    """K above the number of scored tokens leaves buckets empty: their mean NLL is none, not 0 (an easy bucket)."""
+    out = build_scored_dataset(dataset.select(range(1)), tmp_path / "out", "tiny", loaded_teacher=(teacher, tokenizer),
+                               buckets=BucketConfig(num_buckets=127))
+    rows = read_card_metadata(out)["bucket_statistics"]
+    empty = [row for row in rows if row["tokens"] == 0]
+    assert empty and all(row["mean_nll"] is None for row in empty)
+    assert all(row["mean_nll"] > 0 for row in rows if row["tokens"])
+    assert f"| {empty[0]['bucket']} | 0 | — | 0.0% |" in (out / "README.md").read_text()
+
+
 @pytest.mark.parametrize("ordering, seed", [("hard_to_easy", None), ("random", 3)])
 def test_card_names_the_teacher_and_holds_the_statistics(teacher, tokenizer, dataset, tmp_path, ordering, seed):
     """The card holds what made the buckets: a bucket seed only under the random ordering, the one it seeds."""

@@ -221,7 +221,8 @@ def teacher_coverage(
 
 def bucket_statistics(student_scores: Sequence[Sequence[float]], bucket_ids: Sequence[Sequence[int]],
                       num_buckets: int) -> dict[str, Any]:
-    """Per hard-to-easy bucket: tokens, share of the total teacher NLL, mean NLL; and the end-of-response
+    """Per hard-to-easy bucket: tokens, share of the total teacher NLL, mean NLL (None for a bucket without tokens,
+    as with K above the number of tokens); and the end-of-response
     tokens, which a prepared row's ``bucket_ids`` carry past its ``student_score`` (they are kept out of the
     quantiles and go to the easiest bucket). Tokens without a teacher score (NaN) are counted apart, in
     ``unscored_tokens``, and left out of the per-bucket figures.
@@ -235,7 +236,7 @@ def bucket_statistics(student_scores: Sequence[Sequence[float]], bucket_ids: Seq
     scores, flat, unscored = scores[scored], flat[scored], int((~scored).sum())
     total = scores.sum()
     rows = [{"bucket": k, "tokens": int((flat == k).sum()), "nll_share": float(scores[flat == k].sum() / total),
-             "mean_nll": float(scores[flat == k].mean()) if (flat == k).any() else 0.0} for k in range(num_buckets)]
+             "mean_nll": float(scores[flat == k].mean()) if (flat == k).any() else None} for k in range(num_buckets)]
     end_tokens = sum(len(b) - len(s) for b, s in zip(bucket_ids, student_scores))
     return {"per_bucket": rows, "end_of_response_tokens": end_tokens,
             "end_of_response_bucket": BucketConfig(num_buckets=num_buckets).end_bucket,

@@ -234,8 +234,8 @@ def scored_dataset_card(metadata: Mapping[str, Any], license: str | None = None,
                       if key not in ("thresholds", "bucket_statistics"))
     per_bucket = metadata.get("bucket_statistics") or []
     table = markdown_table(["bucket", "tokens", "mean NLL", "share of NLL"],
-                           [[str(b["bucket"]), f"{b['tokens']:,}", f"{b['mean_nll']:.4f}", f"{b['nll_share']:.1%}"]
-                            for b in per_bucket])
+                           [[str(b["bucket"]), f"{b['tokens']:,}", "—" if b["mean_nll"] is None else f"{b['mean_nll']:.4f}",
+                             f"{b['nll_share']:.1%}"] for b in per_bucket])
     buckets = f"""
 Per bucket (0 = revealed first), over the {metadata.get('quantile_tokens', 'all')} tokens the quantiles were cut on:
 

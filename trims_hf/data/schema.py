@@ -211,8 +211,11 @@ def _check_whole_numbers(values: Any, index: int | None, name: str, meaning: str
         raise SchemaError(f"{_where(index)}: '{name}' must be a list of whole numbers ({meaning}), got {shown!r}.")
 
 
-def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buckets: int | None = None) -> None:
-    """Check a prepared (already tokenised) row: ids, prompt length and, given K, bucket ids aligned and in range."""
+def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buckets: int | None = None,
+                      mask_token_id: int | None = None, vocab_size: int | None = None) -> None:
+    """Check a prepared (already tokenised) row: ids (below ``vocab_size``, the mask id not among the completion's:
+    a target of the mask would teach the student to leave positions masked), prompt length and, given K, bucket ids
+    aligned and in range."""
     if row.get(INPUT_IDS) is None:
         raise SchemaError(f"{_where(index)}: missing field '{INPUT_IDS}'.")
     if row.get(PROMPT_LENGTH) is None:
@@ -228,6 +231,13 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
                           "a row needs at least one (e.g. BOS).")
     if prompt_length >= n_ids:
         raise SchemaError(f"{_where(index)}: '{PROMPT_LENGTH}'={prompt_length} leaves no completion tokens in {n_ids} ids.")
+    ids = np.asarray(row[INPUT_IDS])
+    if vocab_size is not None and ids.size and ids.max() >= vocab_size:
+        raise SchemaError(f"{_where(index)}: '{INPUT_IDS}' holds {int(ids.max())}, past the tokenizer's {vocab_size} "
+                          "ids; prepare the rows with this tokenizer.")
+    if mask_token_id is not None and (ids[prompt_length:] == mask_token_id).any():
+        raise SchemaError(f"{_where(index)}: the completion holds the mask token id {mask_token_id}: a target of the "
+                          "mask would teach the student to leave positions masked; remove it from the text.")
     if num_buckets is not None:
         buckets = row.get(BUCKET_IDS)
         if buckets is None:

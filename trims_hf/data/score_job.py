@@ -223,8 +223,9 @@ def score_statistics(scored: Dataset, kept: Sequence[int] | None, num_buckets: i
         "mean_teacher_nll": round(float(np.mean(np.concatenate(scored[TEACHER_NLL]))), 4),
         "mean_teacher_entropy": round(float(np.mean(np.concatenate(scored[TEACHER_ENTROPY]))), 4),
         "num_quantile_tokens": stats["completion_tokens"],
-        "bucket_statistics": [{"bucket": b["bucket"], "tokens": b["tokens"], "mean_nll": round(b["mean_nll"], 4),
-                               "nll_share": round(b["nll_share"], 4)} for b in stats["per_bucket"]],
+        "bucket_statistics": [{"bucket": b["bucket"], "tokens": b["tokens"], "nll_share": round(b["nll_share"], 4),
+                               "mean_nll": None if b["mean_nll"] is None else round(b["mean_nll"], 4)}
+                              for b in stats["per_bucket"]],
     }
 
 

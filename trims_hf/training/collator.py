@@ -102,7 +102,7 @@ class TrimsDataCollator:
         digest = hashlib.blake2b(ids.tobytes(), digest_size=8, key=key).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
-    def _checked(self, row: Mapping[str, Any], index: int) -> Mapping[str, Any]:
+    def _checked(self, row: Mapping[str, Any], index: int, vocab_size: int | None) -> Mapping[str, Any]:
         where = row.get(schema.EXAMPLE_ID, index)
         if row.get(schema.INPUT_IDS) is None and (schema.PROMPT in row or schema.MESSAGES in row):
             raise schema.SchemaError(
@@ -114,7 +114,8 @@ class TrimsDataCollator:
                 f"row {where}: no '{schema.PROMPT_LENGTH}' column; transformers.Trainer drops the columns its model's "
                 "forward does not take: pass remove_unused_columns=False in the TrainingArguments (MDLMConfig does)."
             )
-        schema.validate_prepared(row, where, self.masking.num_buckets if self.needs_buckets else None)
+        schema.validate_prepared(row, where, self.masking.num_buckets if self.needs_buckets else None,
+                                 self.mask_token_id, vocab_size)
         return row
 
     def _width(self, lengths: np.ndarray, rows: Sequence[Mapping[str, Any]]) -> int:
@@ -133,7 +134,8 @@ class TrimsDataCollator:
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if len(features) == 0:
             raise ValueError("The collator got an empty batch; a batch holds at least one row.")
-        rows = [self._checked(row, index) for index, row in enumerate(features)]
+        vocab_size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None  # any tokenizer-like object
+        rows = [self._checked(row, index, vocab_size) for index, row in enumerate(features)]
         masking = self.masking
         batch_size = len(rows)
         lengths = np.array([len(row[schema.INPUT_IDS]) for row in rows])
