@@ -267,6 +267,14 @@ def test_mask_token_text_in_a_completion_or_as_its_end_is_refused(scored, tokeni
         prepare_dataset(Dataset.from_list(scored[:1]), tokenizer, StudentFormat(end_of_response=[tokenizer.mask_token]))
 
 
+@pytest.mark.parametrize("data_format", ["torch", "numpy"])
+def test_rows_read_in_a_tensor_format_collate_as_lists_do(tokenizer, data_format):
+    rows = [{"input_ids": [5, 6, 7, 8, 9], "prompt_length": 2, "bucket_ids": [0, 1, 2], "example_id": i} for i in range(2)]
+    formatted = Dataset.from_list(rows).with_format(data_format)
+    batch, expected = collator(tokenizer)([formatted[0], formatted[1]]), collator(tokenizer)(rows)
+    assert batch.keys() == expected.keys() and all(torch.equal(batch[key], expected[key]) for key in batch)
+
+
 def test_bad_rows_give_clear_errors(scored, tokenizer):
     trims = collator(tokenizer)
     with pytest.raises(SchemaError, match=r"row 0: not prepared for the student.*prepare_dataset"):

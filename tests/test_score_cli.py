@@ -50,6 +50,10 @@ def test_as_prompt_completion_renames_the_two_columns_and_keeps_the_rest():
     assert list(as_prompt_completion(schema, "question", "prompt")) == [{"prompt": "Q", "completion": "P"}]
     with pytest.raises(SchemaError, match=r"^--prompt-column and --completion-column both name the column question; "):
         as_prompt_completion(schema, "question", "question", names=("--prompt-column", "--completion-column"))
+    chat = Dataset.from_list([{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}])
+    with pytest.raises(SchemaError, match=r"^--prompt-column prompt: no such column \(columns: messages\); the rows are "
+                                          r"chat 'messages': give the prompt \(the turns before the answer\) and the "):
+        as_prompt_completion(chat, "prompt", "completion", names=("--prompt-column", "--completion-column"))
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,9 @@ def as_prompt_completion(dataset: Any, prompt_column: str, completion_column: st
     scores and a student trains on. ``names`` are what the error calls the two columns (a command's flags)."""
     for name, column in zip(names, (prompt_column, completion_column)):
         if column not in dataset.column_names:
-            raise SchemaError(f"{name} {column}: no such column (columns: {', '.join(dataset.column_names)}).")
+            chat = (f"; the rows are chat '{MESSAGES}': give the prompt (the turns before the answer) and the completion "
+                    "(the last assistant turn's text) as two columns" if MESSAGES in dataset.column_names else "")
+            raise SchemaError(f"{name} {column}: no such column (columns: {', '.join(dataset.column_names)}){chat}.")
     if prompt_column == completion_column:
         raise SchemaError(f"{names[0]} and {names[1]} both name the column {prompt_column}; a row's prompt and "
                           "completion are two columns.")
@@ -222,6 +224,8 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
         raise SchemaError(f"{_where(index)}: missing field '{PROMPT_LENGTH}'.")
     _check_whole_numbers(row[INPUT_IDS], index, INPUT_IDS, "token ids, >= 0")
     length = row[PROMPT_LENGTH]
+    if getattr(length, "ndim", None) == 0 and hasattr(length, "item"):  # rows read in the torch (or numpy) format
+        length = length.item()
     if isinstance(length, bool) or not isinstance(length, numbers.Real) or not float(length).is_integer():
         raise SchemaError(f"{_where(index)}: '{PROMPT_LENGTH}'={length!r}: a whole number of prompt tokens.")
     n_ids, prompt_length = len(row[INPUT_IDS]), int(length)
