@@ -127,9 +127,6 @@ CASES = {
     "too long": (["--teacher-max-length", "30"], {},
                  "row 0: column 'answer' (--completion-column) is too long for the teacher: 108 prompt + 90 completion "
                  "tokens > context 30 (pass a larger --teacher-max-length, or --truncate)."),
-    "past the teacher's positions": (["--teacher-max-length", "4096"], {},
-                                     "--teacher-max-length 4096: past the teacher's 2048 positions "
-                                     "(max_position_embeddings); give at most that."),
     "prompt without tokens": (["--dataset", "{tmp}/p.jsonl", "--prompt-format", "verbatim"],
                               {"p.jsonl": '{"question": "", "answer": "Natalia sold 48 clips."}\n'},
                               "row 0: column 'question' (--prompt-column) renders to no teacher tokens, so nothing predicts "

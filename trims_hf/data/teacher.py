@@ -139,15 +139,9 @@ def _head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     return softcap * torch.tanh(logits / softcap) if softcap else logits
 
 
-def context_length(config: PretrainedConfig | None, max_length: int | None = None) -> int:
-    """The explicit ``max_length`` or the teacher config's ``max_position_embeddings``; a ``max_length`` past those
-    positions is refused: the teacher was never trained there, so its scores would be noise (or, with absolute
-    position embeddings, an index error mid-run)."""
-    positions = getattr(config, "max_position_embeddings", None)
-    if max_length and positions and max_length > positions:
-        raise SchemaError(f"teacher_max_length={max_length}: past the teacher's {positions} positions "
-                          "(max_position_embeddings); give at most that.")
-    length = max_length or positions
+def context_length(config: PretrainedConfig, max_length: int | None = None) -> int:
+    """The explicit ``max_length`` or the teacher config's ``max_position_embeddings``."""
+    length = max_length or getattr(config, "max_position_embeddings", None)
     if not length:
         raise ValueError("The teacher config has no max_position_embeddings; pass max_length.")
     return int(length)
