@@ -117,6 +117,9 @@ CASES = {
     "corrupt parquet": (["--dataset", "{tmp}/g.parquet"], {"g.parquet": "x\n"},
                         "--dataset {tmp}/g.parquet: cannot be read as a .parquet file (Parquet file size is 2 bytes, "
                         "smaller than the minimum file footer (8 bytes))."),
+    "corrupt file in a folder": (["--dataset", "{tmp}/bad"], {"bad/": "", "bad/x.parquet": "x\n"},
+                                 "--dataset {tmp}/bad: cannot be read as a data set folder (ArrowInvalid: Parquet file "
+                                 "size is 2 bytes, smaller than the minimum file footer (8 bytes))."),
     "empty folder": (["--dataset", "{tmp}/empty"], {"empty/": ""},
                      "--dataset {tmp}/empty: no data files in the folder (.parquet, .jsonl, .json, .csv, ...)."),
     "not utf-8": (["--dataset", "{tmp}/latin.jsonl"],

@@ -152,6 +152,21 @@ def test_a_resumed_run_reuses_no_chunk_of_other_weights_or_another_dtype(teacher
         counter.handle.remove()
 
 
+def test_the_work_keys_weight_sample_sees_training_and_reads_no_offloaded_weight(tokenizer):
+    """The key hashes each tensor's first and last 64 values (cheap on billions of weights): one step of training on
+    any tensor moves it; a teacher offloaded to disk (meta tensors) counts by names, dtypes and shapes, not a crash."""
+    from trims_hf.reports import weights_fingerprint
+
+    model = make_teacher(tokenizer)
+    before = weights_fingerprint(model, sample=64)
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[0, 0] += 1e-3
+    assert weights_fingerprint(model, sample=64) != before
+    with torch.device("meta"):
+        offloaded = make_teacher(tokenizer)
+    assert weights_fingerprint(offloaded, sample=64) == weights_fingerprint(copy.deepcopy(offloaded), sample=64)
+
+
 def test_two_processes_and_chunkings_equal_one(teacher, tokenizer, dataset, tmp_path):
     single = score_dataset(teacher, tokenizer, dataset, tmp_path / "a", ScoringOptions(rows_per_work_chunk=100), "tiny", 0, 1)
     options = ScoringOptions(rows_per_work_chunk=3)

@@ -170,6 +170,11 @@ def test_gsm8k_loads_the_test_split_and_its_references() -> None:
         ("\\boxed{2^{2^{-1}}}", None),  # no whole exponent
         ("\\boxed{10^{10^{10}}}", None),
         ("\\boxed{2^{1.5}}", None),
+        ("\\boxed{2^{3}^{2}}", "512"),  # braced exponents of a tower are no unit's power
+        ("\\boxed{.5^2}", "0.25"),
+        ("\\boxed{(+2)^2}", "4"),
+        ("\\boxed{1.000000000000001^{300}}", None),  # 4,500 digits written out: no number, and no crash
+        ("\\boxed{" + "1" * 5000 + "/3}", None),
     ],
 )
 def test_gsm8k_extraction(completion: str, expected: str | None) -> None:

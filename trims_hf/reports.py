@@ -52,15 +52,23 @@ def write_json(path: Path, document: Any, indent: int | None = 2) -> Path:
     return write_atomic(path, json.dumps(document, indent=indent, allow_nan=False))
 
 
-def weights_fingerprint(model: Any) -> str:
+def weights_fingerprint(model: Any, sample: int | None = None) -> str:
     """A hash of every parameter and buffer (names, dtypes, shapes, bytes): the same weights, bit for bit, give
-    the same value, so runs can show they start from the same weights and saved work is reused only for them."""
+    the same value, so runs can show they start from the same weights and saved work is reused only for them.
+    ``sample`` hashes each tensor's first and last ``sample`` values only, for a key that must stay cheap on a
+    model of billions of weights (any training moves those too); an offloaded (meta) tensor counts by its name,
+    dtype and shape."""
     import torch  # here: the rest of this module serves torch-free commands
 
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        if tensor.is_meta:
+            continue
+        flat = tensor.detach().reshape(-1)
+        if sample is not None and flat.numel() > 2 * sample:
+            flat = torch.cat([flat[:sample], flat[-sample:]])
+        digest.update(flat.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 

@@ -63,16 +63,20 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
         raise
     except Exception as error:  # datasets' and pyarrow's errors of what is there
         message = str(error)
+        folder = Path(source).is_dir()
         if type(error).__name__ == "EmptyDatasetError":
-            raise SourceError(f"{flag} {source}: no data files in the folder (.parquet, .jsonl, .json, .csv, ...).") \
-                from None
+            raise SourceError(f"{flag} {source}: no data files" + (" in the folder (.parquet, .jsonl, .json, .csv, ...)."
+                                                                   if folder else ".")) from None
         if "corresponds to no data" in message:
             raise no_rows from None
+        reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)
         if local_file:  # a malformed file (pyarrow's ArrowInvalid is a ValueError too)
-            reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)
             raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
         if isinstance(error, ValueError) and "split" in message.lower():  # datasets lists the splits there are
             raise SourceError(f"{flag} {source} has no split={split!r} ({message.splitlines()[0]}).") from None
+        if folder:  # a malformed file in it, or a saved split without rows
+            raise SourceError(f"{flag} {source}: cannot be read as a data set folder ({type(error).__name__}: "
+                              f"{reason}).") from None
         raise
     if not len(dataset):
         raise no_rows

@@ -128,10 +128,10 @@ def score_dataset(
     completions = [split_prompt_completion(row, i)[1] for i, row in enumerate(dataset)]
     size = options.rows_per_chunk(len(rows))
     num_chunks = math.ceil(len(rows) / size)
-    # the teacher's weights (and dtype) in the key: a teacher folder retrained, a moved Hub revision or another
-    # dtype on resuming never mixes its scores with the saved ones
-    work_dir = Path(work_dir) / _work_key(rows, json.dumps([teacher_id or model.name_or_path, weights_fingerprint(model)]),
-                                          size)
+    # the teacher's weights (sampled: cheap at billions of weights) and dtype in the key: a teacher folder retrained,
+    # a moved Hub revision or another dtype on resuming never mixes its scores with the saved ones
+    teacher_key = json.dumps([teacher_id or model.name_or_path, weights_fingerprint(model, sample=64)])
+    work_dir = Path(work_dir) / _work_key(rows, teacher_key, size)
     work_dir.mkdir(parents=True, exist_ok=True)
     done = _saved_chunks(work_dir, num_chunks)
     if done and process_index == 0:

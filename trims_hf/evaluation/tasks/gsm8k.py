@@ -18,14 +18,16 @@ _UNITS = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}")
 _NOISE = re.compile(r"\\[$%!,;]|[$%]|\{,\}|\\left|\\right")
 _HASHES = re.compile(r"####\s*(.*)")
 _MINUS = str.maketrans({"\u2212": "-"})  # the minus sign of math fonts and some tokenizers
-_UNIT_POWER = re.compile(r"(?<=[A-Za-z}])\^\s*(?:\{[^{}]*\}|\d+)")  # ft^2, \text{m}^{3}: a unit's, not a number's
+# ft^2, \text{m}^{3}: a unit's power, not a number's (group 1, the unit, is kept)
+_UNIT_POWER = re.compile(r"([A-Za-z]|\\(?:text|mbox|mathrm)\{[^{}]*\})\s*\^\s*(?:\{[^{}]*\}|\d+)")
 _NO_NUMBER = "\x00"  # what a power that cannot be written out leaves, so a power over it cannot be either
 _EXPONENT = r"(?:\{\s*(?:[-+]?\d+(?:\.\d+)?|\x00)\s*\}|[-+]?\d+(?:\.\d+)?)"
 # A power or a tower of them (2^3^2), with an optional factor before it ("3 \times 10^{6}") and a base that may be a
 # bracketed negative number ("(-2)^3"). It starts only where a number does, so a long run of digits costs one pass.
 _POWER = re.compile(r"(?<![\d.])(?:(?P<factor>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot|\u00d7)\s*)?"
-                    r"(?:\(\s*(?P<bracketed>-?\d+(?:\.\d+)?)\s*\)|(?P<base>\d+(?:\.\d+)?))"
+                    r"(?:\(\s*(?P<bracketed>[-+]?(?:\d+(?:\.\d+)?|\.\d+))\s*\)|(?P<base>\d+(?:\.\d+)?|\.\d+))"
                     rf"(?P<exponents>(?:\s*\^\s*{_EXPONENT})+)")
+_MAX_NESTING = 8  # powers inside exponents read, one level a pass: 2^{3^{2}} takes two
 _MAX_DIGITS = 300  # a power written out past this many digits states no answer (and Python prints ints to 4,300)
 _MIXED = re.compile(r"(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}")
 _SPACED = re.compile(r"-?\d{1,3}(?: \d{3})+")  # "1 000 000", thousands apart by spaces
@@ -56,7 +58,8 @@ def _whole_power(base: Fraction, exponent: Fraction | None) -> Fraction | None:
     :data:`_MAX_DIGITS` digits."""
     if exponent is None or exponent.denominator != 1:
         return None
-    if (base == 0 and exponent < 0) or abs(exponent) * len(str(abs(int(base)) or 1)) > _MAX_DIGITS:
+    digits = max(len(str(abs(base.numerator))), len(str(base.denominator)))  # 1.5 is 3/2
+    if (base == 0 and exponent < 0) or abs(exponent) * digits > _MAX_DIGITS:
         return None
     return base ** int(exponent)
 
@@ -70,7 +73,8 @@ def _exact(number: str) -> Fraction | None:
 
 
 def parse_number(text: str) -> str | None:
-    """The number a short answer states, normalised ("$1,234.00" -> "1234"); None if there is none.
+    """The number a short answer states, normalised ("$1,234.00" -> "1234"); None if there is none, or if it has
+    more digits than Python reads into an int (4,300), which a looping model can write.
 
     Currency signs, percent signs, thousands separators (commas, LaTeX spaces, or plain spaces in a lone number),
     ``\\text{...}`` units and their powers are dropped; the minus sign (U+2212) reads as "-"; powers (``10^6``,
@@ -78,9 +82,18 @@ def parse_number(text: str) -> str | None:
     lone fraction (``\\frac{1}{2}``, ``3/4``) or mixed number (``1\\frac{1}{2}``) is kept exact, and one over zero
     states no number; otherwise the last number counts.
     """
-    cleaned = _UNITS.sub(" ", _UNIT_POWER.sub("", text.translate(_MINUS)))
+    try:
+        return _parse_number(text)
+    except ValueError:  # int() / Fraction() of a number past 4,300 digits
+        return None
+
+
+def _parse_number(text: str) -> str | None:
+    cleaned = _UNITS.sub(" ", _UNIT_POWER.sub(r"\1", text.translate(_MINUS)))
     cleaned = _NOISE.sub("", cleaned)
-    while (powered := _POWER.sub(_power, cleaned)) != cleaned:  # a power in an exponent first: 2^{3^{2}}
+    for _ in range(_MAX_NESTING):  # a power in an exponent first: 2^{3^{2}}
+        if (powered := _POWER.sub(_power, cleaned)) == cleaned:
+            break
         cleaned = powered
     cleaned = cleaned.replace(_NO_NUMBER, " ").strip().rstrip(".")
     fraction = _FRACTION.fullmatch(cleaned)
