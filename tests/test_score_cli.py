@@ -127,9 +127,12 @@ CASES = {
                   "--dataset {tmp}/latin.jsonl: line 2 is not UTF-8 text (byte 17: b'\\xe9'); JSON Lines are UTF-8."),
     "null completion": (["--dataset", "{tmp}/null.jsonl"], {"null.jsonl": '{"question": "q", "answer": null}\n'},
                         "row 0: column 'answer' (--completion-column) is missing or null."),
-    "too long": (["--teacher-max-length", "30"], {},
+    "too long": (["--teacher-max-length", "150"], {},
                  "row 0: column 'answer' (--completion-column) is too long for the teacher: 108 prompt + 90 completion "
-                 "tokens > context 30 (pass a larger --teacher-max-length, or --truncate)."),
+                 "tokens > context 150 (pass a larger --teacher-max-length, or --truncate)."),
+    "prompt alone too long": (["--teacher-max-length", "30", "--truncate"], {},
+                              "row 0: column 'question' (--prompt-column) alone is 108 teacher tokens, leaving none of "
+                              "the context 30 to the completion; pass a larger --teacher-max-length, or drop the row."),
     "prompt without tokens": (["--dataset", "{tmp}/p.jsonl", "--prompt-format", "verbatim"],
                               {"p.jsonl": '{"question": "", "answer": "Natalia sold 48 clips."}\n'},
                               "row 0: column 'question' (--prompt-column) renders to no teacher tokens, so nothing predicts "
@@ -244,12 +247,12 @@ def test_the_old_max_length_flag_still_sets_the_teachers_context_with_a_notice(t
     sequence: renamed ``--teacher-max-length``, the old spelling still works and says so in one line."""
     base = ["score", "--teacher", str(teacher_dir), "--dataset", str(data_file), "--prompt-column", "question",
             "--completion-column", "answer", "--output", str(tmp_path / "out")]
-    assert trims_main([*base, "--max-length", "30"]) == 2  # the row is too long for a context of 30: it was set
+    assert trims_main([*base, "--max-length", "150"]) == 2  # the row is too long for a context of 150: it was set
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if line.startswith("note")] == [
         "note: --max-length is now --teacher-max-length (its value is used as given)."]
     (error,) = error_lines(err)
-    assert error.endswith("tokens > context 30 (pass a larger --teacher-max-length, or --truncate).")
+    assert error.endswith("tokens > context 150 (pass a larger --teacher-max-length, or --truncate).")
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -166,8 +166,11 @@ def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, option
     if not completion_ids:
         raise SchemaError(f"row {index}: field '{COMPLETION}' has no teacher tokens.")
     room = max_length - len(prompt_ids)
+    if room < 1:  # no truncation of the completion can make it fit
+        raise SchemaError(f"row {index}: field '{PROMPT}' alone is {len(prompt_ids)} teacher tokens, leaving none of the "
+                          f"context {max_length} to the completion; pass a larger teacher_max_length, or drop the row.")
     truncated = len(completion_ids) > room
-    if truncated and (not options.truncate or room < 1):
+    if truncated and not options.truncate:
         raise SchemaError(
             f"row {index}: field '{COMPLETION}' is too long for the teacher: {len(prompt_ids)} prompt + "
             f"{len(completion_ids)} completion tokens > context {max_length} (pass a larger teacher_max_length"
