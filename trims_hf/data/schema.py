@@ -202,15 +202,17 @@ def validate_teacher_scores(row: Mapping[str, Any], completion: str, index: int 
         previous_start = start
 
 
-def _check_whole_numbers(values: Any, index: int | None, name: str, meaning: str) -> None:
+def _check_whole_numbers(values: Any, index: int | None, name: str, meaning: str) -> np.ndarray:
     """``values`` (a list, array or tensor) are whole numbers >= 0: integers, or floats that are whole. numpy would
-    cast a float down, read a string's characters, and a negative id as the loss's ignore index, all silently."""
+    cast a float down, read a string's characters, and a negative id as the loss's ignore index, all silently.
+    Returns them as the array checked."""
     array = np.asarray(values)
     whole = array.dtype.kind in "iu" or (array.dtype.kind == "f" and bool(np.isfinite(array).all())
                                          and bool((array == np.floor(array)).all()))
     if array.ndim != 1 or not whole or (array.size and array.min() < 0):
         shown = values if isinstance(values, str) else array.tolist()[:8] if array.ndim else array.tolist()
         raise SchemaError(f"{_where(index)}: '{name}' must be a list of whole numbers ({meaning}), got {shown!r}.")
+    return array
 
 
 def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buckets: int | None = None,
@@ -222,7 +224,7 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
         raise SchemaError(f"{_where(index)}: missing field '{INPUT_IDS}'.")
     if row.get(PROMPT_LENGTH) is None:
         raise SchemaError(f"{_where(index)}: missing field '{PROMPT_LENGTH}'.")
-    _check_whole_numbers(row[INPUT_IDS], index, INPUT_IDS, "token ids, >= 0")
+    ids = _check_whole_numbers(row[INPUT_IDS], index, INPUT_IDS, "token ids, >= 0")
     length = row[PROMPT_LENGTH]
     if getattr(length, "ndim", None) == 0 and hasattr(length, "item"):  # rows read in the torch (or numpy) format
         length = length.item()
@@ -235,7 +237,6 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
                           "a row needs at least one (e.g. BOS).")
     if prompt_length >= n_ids:
         raise SchemaError(f"{_where(index)}: '{PROMPT_LENGTH}'={prompt_length} leaves no completion tokens in {n_ids} ids.")
-    ids = np.asarray(row[INPUT_IDS])
     if vocab_size is not None and ids.size and ids.max() >= vocab_size:
         raise SchemaError(f"{_where(index)}: '{INPUT_IDS}' holds {int(ids.max())}, past the tokenizer's {vocab_size} "
                           "ids; prepare the rows with this tokenizer.")
@@ -251,8 +252,7 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
                 f"{_where(index)}: '{BUCKET_IDS}' has {len(buckets)} entries but there are "
                 f"{n_ids - prompt_length} completion tokens; bucket ids are not aligned with the tokens."
             )
-        _check_whole_numbers(buckets, index, BUCKET_IDS, f"bucket ids in [0, {num_buckets})")
-        values = np.asarray(buckets)  # whole numbers >= 0 (checked above): the upper bound is left
+        values = _check_whole_numbers(buckets, index, BUCKET_IDS, f"bucket ids in [0, {num_buckets})")
         if values.size and values.max() >= num_buckets:
             raise SchemaError(
                 f"{_where(index)}: '{BUCKET_IDS}' must lie in [0, {num_buckets}), got {sorted(set(values.tolist()))}.")
