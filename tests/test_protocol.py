@@ -131,7 +131,7 @@ def test_compiled_decoder_blocks_are_a_changed_protocol_and_the_default_is_not(n
     assert fingerprint(compiled) != fingerprint(protocol)
 
 
-@pytest.mark.parametrize("window, seed", [("window-2", 0), ("window-3", 1), ("window-4", 2), ("window-5", 3)])
+@pytest.mark.parametrize("window, seed", [("window-2", 0), ("window-3", 1), ("window-4", 2), ("window-5", 3), ("window-6", 4)])
 def test_a_registered_study_keeps_its_fingerprint(window, seed):
     """Each SmolLM2 protocol-2 window's results record the fingerprint its seed's protocol had when it ran; the protocol
     as the library builds it today must still have it, or a rerun would not continue that study."""

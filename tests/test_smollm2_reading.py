@@ -8,14 +8,15 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from trims_hf.studies.smollm2.reading import read_window, read_windows
+from trims_hf.studies.smollm2.reading import geometric_mean_interval, read_window, read_windows
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOWS = ROOT / "docs" / "results" / "smollm2"
-PROTOCOL_2 = [WINDOWS / f"window-{number}" for number in (2, 3, 4, 5)]
-"""The windows that ran protocol 2 (seeds 0, 1, 2 and 3)."""
+PROTOCOL_2 = [WINDOWS / f"window-{number}" for number in (2, 3, 4, 5, 6)]
+"""The windows that ran protocol 2 (seeds 0 to 4)."""
 
 
 def study_rows(folder: Path) -> dict[tuple[str, float], dict]:
@@ -67,7 +68,8 @@ def test_windows_that_cannot_be_read_together_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"different protocols \(base_steps\)"):
         read_windows([PROTOCOL_2[0], other])
     # A field one window's library did not have yet is named, not refused (window 2 predates compile_blocks).
-    lacking = "lack (the library added them later): decoding.compile_blocks (seed 1 False, seed 2 False, seed 3 False)."
+    later = ", ".join(f"seed {seed} False" for seed in range(1, len(PROTOCOL_2)))
+    lacking = f"lack (the library added them later): decoding.compile_blocks ({later})."
     assert lacking in read_windows(PROTOCOL_2)
 
 
@@ -106,8 +108,27 @@ def test_the_command_prints_the_reading_or_one_error_line(tmp_path, capsys):
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
     assert recipe.main(["--read", *map(str, PROTOCOL_2)]) == 0
-    windows = "seed 0 (window-2), seed 1 (window-3), seed 2 (window-4), seed 3 (window-5);"
+    windows = "seed 0 (window-2), seed 1 (window-3), seed 2 (window-4), seed 3 (window-5), seed 4 (window-6);"
     assert capsys.readouterr().out.startswith(f"Windows: {windows}")
     assert recipe.main(["--read", str(PROTOCOL_2[0]), str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --read: ") and "none: no results.json" in err
+
+
+@pytest.mark.parametrize("ratios", [[0.963, 1.025, 1.020, 1.004, 1.034], [1.2, 0.8], [0.5, 2.0, 1.0, 1.7, 0.9, 1.1, 0.95]])
+def test_the_mean_ratio_over_seeds_is_the_geometric_mean_with_a_t_interval_on_the_logarithms(ratios):
+    stats = pytest.importorskip("scipy.stats")
+    logs = np.log(ratios)
+    low, high = stats.t.interval(0.95, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
+    assert geometric_mean_interval(ratios) == f"{np.exp(logs.mean()):.3f}x ({np.exp(low):.3f}x, {np.exp(high):.3f}x)"
+    assert geometric_mean_interval(ratios[:1]) == f"{ratios[0]:.3f}x (-, -)"
+
+
+def test_the_reading_gives_each_row_its_mean_ratio_over_the_windows():
+    text = read_windows(PROTOCOL_2)
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 0.9 | TRIMS hard-to-easy |")]
+    assert len(rows) == 1
+    ratios = [float(cell.split("x,")[0]) for cell in rows[0][2:2 + len(PROTOCOL_2)]]
+    mean = float(rows[0][-1].split("x")[0])
+    assert mean == pytest.approx(np.exp(np.log(ratios).mean()), abs=2e-3)
+    assert "(-, -)" not in text

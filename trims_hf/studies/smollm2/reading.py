@@ -1,6 +1,8 @@
 """The replication's windows read side by side: each window (one seed, its own base and selection) gets the seed
-study's reading of its own records, and across windows only counts of per-window verdicts are given. The protocol
-reports each window beside the others and never pools them, so no number here mixes two windows' problems.
+study's reading of its own records; across windows only seed-level summaries are given: counts of per-window verdicts
+and the geometric mean of the per-window tokens per step ratios with its t-interval over the seeds (one value a
+seed). The protocol reports each window beside the others and never pools them, so no number here mixes two windows'
+problems.
 
 Read from what a window's call wrote (``results.json`` and ``records.jsonl.gz``, as committed under
 ``docs/results/smollm2/``), so any reader can redo it without a GPU."""
@@ -10,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ...evaluation.evaluate import EvalResult, SampleRecord
-from ..regime.reading import claim_rows, frontier_rows
+from ..regime.reading import claim_rows, frontier_rows, seed_interval
 
 REPORT_FILES = ("results.json", "records.jsonl.gz")
 """What a window's folder must hold to be read."""
@@ -94,6 +97,13 @@ def protocol_differences(windows: Sequence[Window]) -> tuple[list[str], dict[str
     return differing, absent
 
 
+def geometric_mean_interval(ratios: Sequence[float]) -> str:
+    """The geometric mean of per-seed ratios and its 95% t-interval over the seeds (taken on their logarithms, where a
+    ratio's noise is symmetric), as ``1.009x (0.974x, 1.045x)``; ``-`` ends for one seed."""
+    mean, low, high = (math.exp(value) for value in seed_interval([math.log(ratio) for ratio in ratios]))
+    return f"{mean:.3f}x (-, -)" if math.isnan(low) else f"{mean:.3f}x ({low:.3f}x, {high:.3f}x)"
+
+
 def read_windows(folders: Sequence[Path]) -> str:
     """The reading of the windows in ``folders`` as Markdown; ValueError when a folder cannot be read, two windows
     share a seed, or their protocols differ in more than the seed."""
@@ -118,19 +128,23 @@ def read_windows(folders: Sequence[Path]) -> str:
     lines += ["", "Per window, each TRIMS variant against that window's MDLM: tokens per step ratio; accuracy "
               "difference in points over the paired problems (95% interval).", "",
               "| threshold | model | " + " | ".join(f"seed {s}" for s in seeds) + " | ratio above 1 | interval "
-              "includes 0 or favours TRIMS |", "|---|---|" + "---|" * len(seeds) + "---|---|"]
+              "includes 0 or favours TRIMS | geometric mean ratio (95% interval over the seeds) |",
+              "|---|---|" + "---|" * len(seeds) + "---|---|---|"]
     keys = list(dict.fromkeys(key for seed in seeds for key in claims[seed]))
     for tau, model in sorted(keys, key=lambda key: key[0]):
-        cells, above, not_worse = [], 0, 0
+        cells, ratios, not_worse = [], [], 0
         for seed in seeds:
             row = claims[seed].get((tau, model))
             if row is None:
                 cells.append("-")
                 continue
             ratio, (low, high) = row["ratio_per_seed"][seed], row["difference_interval"]
-            above, not_worse = above + (ratio > 1), not_worse + (high >= 0)
+            ratios.append(ratio)
+            not_worse += high >= 0
             cells.append(f"{ratio:.3f}x, {100 * row['accuracy_difference']:+.1f} ({100 * low:+.1f}, {100 * high:+.1f})")
-        lines.append(f"| {tau} | {model} | {' | '.join(cells)} | {above} of {len(seeds)} | {not_worse} of {len(seeds)} |")
+        above = sum(ratio > 1 for ratio in ratios)
+        lines.append(f"| {tau} | {model} | {' | '.join(cells)} | {above} of {len(seeds)} | {not_worse} of {len(seeds)} "
+                     f"| {geometric_mean_interval(ratios) if len(ratios) == len(seeds) else '-'} |")
     lines += ["", "AUP minus MDLM's per window (both against the pair's best accuracy in that window; a point more than "
               "5 accuracy points below a curve's lowest-parallelism point is left out of its AUP, so one point "
               "crossing that cut moves a difference by hundreds):", "",
