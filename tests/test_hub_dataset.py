@@ -128,3 +128,20 @@ def test_folders_follow_the_umask_like_mkdir(tmp_path, umask, mode):
     finally:
         os.umask(previous)
     assert stat.S_IMODE(folder.stat().st_mode) == mode and stat.S_IMODE((folder / "data").stat().st_mode) == mode
+
+
+def test_a_folder_is_read_whole_or_refused_when_its_formats_differ(tmp_path):
+    """datasets reads one format per folder and skips the others' files; hidden files and a README are no data."""
+    from trims_hf.data.hub import load_source_dataset
+    from trims_hf.sources import SourceError
+
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(3)]
+    folder = tmp_path / "data"
+    (folder / ".cache").mkdir(parents=True)
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    Dataset.from_list(rows[:1]).to_parquet(str(folder / ".cache" / "old.parquet"))
+    (folder / "README.md").write_text("# data\n")
+    assert load_source_dataset(str(folder))["prompt"] == ["p0", "p1", "p2"]
+    Dataset.from_list(rows[:2]).to_parquet(str(folder / "more.parquet"))
+    with pytest.raises(SourceError, match=r"several formats \(1 \.jsonl, 1 \.parquet\)"):
+        load_source_dataset(str(folder), flag="--dataset")

@@ -122,6 +122,12 @@ CASES = {
                                  "size is 2 bytes, smaller than the minimum file footer (8 bytes))."),
     "empty folder": (["--dataset", "{tmp}/empty"], {"empty/": ""},
                      "--dataset {tmp}/empty: no data files in the folder (.parquet, .jsonl, .json, .csv, ...)."),
+    "folder of two formats": (["--dataset", "{tmp}/mixed"],
+                              {"mixed/": "", "mixed/a.jsonl": '{"question": "q", "answer": "a"}\n',
+                               "mixed/more/": "", "mixed/more/b.csv": "question,answer\nq,a\n"},
+                              "--dataset {tmp}/mixed: the folder holds data files of several formats (1 .csv, 1 .jsonl), "
+                              "and datasets reads only one of them, dropping the others' rows; keep one format in it, or "
+                              "pass a file."),
     "not utf-8": (["--dataset", "{tmp}/latin.jsonl"],
                   {"latin.jsonl": b'{"question": "q", "answer": "a"}\n{"question": "caf\xe9", "answer": "a"}\n'},
                   "--dataset {tmp}/latin.jsonl: line 2 is not UTF-8 text (byte 17: b'\\xe9'); JSON Lines are UTF-8."),

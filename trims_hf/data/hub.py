@@ -31,7 +31,11 @@ PAPER_CITATION = f"""@misc{{chen2026trims,
 METADATA_KEY = "trims"
 """YAML key of the card that holds the scoring facts (teacher, buckets, thresholds, formatting)."""
 MAX_SHARD_BYTES = 500 * 2**20
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv",
+                 ".tsv": "csv", ".arrow": "arrow"}
+"""The tabular files a data set folder may hold, by the ``datasets`` builder that reads them."""
+LOCAL_BUILDERS = {suffix: TABLE_FORMATS[suffix] for suffix in (".jsonl", ".json", ".parquet")}
+"""The single files a source may be."""
 
 
 def load_source_dataset(source: str, split: str = "train", limit: int | None = None, *, flag: str = "dataset") -> Dataset:
@@ -52,6 +56,8 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
         raise no_rows
     if local_file and Path(source).suffix == ".jsonl":
         check_jsonl_rows_are_objects(Path(source), flag)
+    if Path(source).is_dir() and not saved_with_datasets(source):
+        check_one_table_format(Path(source), flag)
     try:
         if local_file:
             dataset = load_dataset(builder, data_files=str(source), split="train")
@@ -81,6 +87,24 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
     if not len(dataset):
         raise no_rows
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
+
+
+def check_one_table_format(folder: Path, flag: str) -> None:
+    """A folder's data files are all read by one builder: ``datasets`` infers the folder's format from its most
+    common data file type and skips the rest, so rows in a second format would be dropped without a word. Hidden
+    files and folders are skipped, as ``datasets`` skips them."""
+    from ..sources import SourceError
+
+    counts: dict[str, dict[str, int]] = {}
+    for path in folder.rglob("*"):
+        parts = path.relative_to(folder).parts
+        if path.is_file() and path.suffix in TABLE_FORMATS and not any(p.startswith((".", "__")) for p in parts):
+            by_suffix = counts.setdefault(TABLE_FORMATS[path.suffix], {})
+            by_suffix[path.suffix] = by_suffix.get(path.suffix, 0) + 1
+    if len(counts) > 1:
+        found = ", ".join(f"{n} {suffix}" for _, formats in sorted(counts.items()) for suffix, n in sorted(formats.items()))
+        raise SourceError(f"{flag} {folder}: the folder holds data files of several formats ({found}), and datasets "
+                          "reads only one of them, dropping the others' rows; keep one format in it, or pass a file.")
 
 
 def saved_with_datasets(source: str) -> bool:
