@@ -10,6 +10,7 @@ from helpers_tokenizers import make_tokenizer
 
 from trims_hf import (
     BucketConfig,
+    SchemaError,
     StudentFormat,
     bucket_rows,
     equal_mass_buckets,
@@ -220,3 +221,17 @@ def test_thresholds_place_scores_as_the_quantile_set_does_and_projection_keeps_t
         assert threshold_buckets(scores, thresholds, ordering).tolist() == ids.tolist()
     projected = project_scores([0, 2], [2, 4], [1.0, 2.0], [(0, 1), (1, 4)], 4)
     assert projected.tolist() == [0.5, 2.5]
+
+
+def test_a_data_set_keeps_its_own_example_ids_or_is_told_why_not(tokenizer):
+    rows = [{"prompt": f"What is {i} + 1?", "completion": f"It is {i + 1}."} for i in range(4)]
+    assert prepare_dataset(Dataset.from_list(rows), tokenizer)["example_id"] == [0, 1, 2, 3]
+    own = [dict(row, example_id=id_) for row, id_ in zip(rows, [40, 7, -3, 12])]
+    prepared = prepare_dataset(Dataset.from_list(own).shuffle(seed=1), tokenizer)
+    by_prompt = {row["prompt"]: row["example_id"] for row in own}
+    assert prepared["example_id"] == [by_prompt[prompt] for prompt in prepared["prompt"]]
+    for ids, message in [(["a", "b", "c", "d"], r"row 0: column 'example_id' is 'a'; it is kept as the row's id"),
+                         ([1.0, 2.0, 3.0, 4.0], r"row 0: column 'example_id' is 1.0"),
+                         ([5, 6, 5, 7], r"rows 0 and 2: column 'example_id' is 5 in both")]:
+        with pytest.raises(SchemaError, match=message):
+            prepare_dataset(Dataset.from_list([dict(row, example_id=id_) for row, id_ in zip(rows, ids)]), tokenizer)

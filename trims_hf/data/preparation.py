@@ -117,7 +117,9 @@ def prepare_dataset(
 ) -> Dataset:
     """Tokenise a scored data set for one student and cut equal-mass buckets over its trained completion tokens.
 
-    Adds ``input_ids``, ``prompt_length`` and ``example_id``; when the rows hold teacher scores (spans and the
+    Adds ``input_ids``, ``prompt_length`` and ``example_id`` (the row's index, or the data set's own ``example_id``
+    column, kept when it holds unique whole numbers, so a subset or shuffle of the rows keeps each row's masks and
+    place in the fixed trajectory subset); when the rows hold teacher scores (spans and the
     ``buckets.metric`` column), also ``bucket_ids`` and ``student_score`` (NaN for tokens no teacher score
     reaches). Rows without scores (plain prompt/completion) serve the MDLM baseline. ``fmt`` and ``buckets``
     default to the paper's settings.
@@ -127,12 +129,14 @@ def prepare_dataset(
     scored = schema.has_teacher_scores(dataset.column_names, buckets.metric)
     schema.check_metric_column(dataset.column_names, buckets.metric)
     score_column = schema.METRIC_COLUMNS[buckets.metric] if scored else None
+    if schema.EXAMPLE_ID in dataset.column_names:
+        schema.check_example_ids(dataset[schema.EXAMPLE_ID])
 
     def tokenize(row: dict[str, Any], index: int) -> dict[str, Any]:
         prompt, completion = schema.split_prompt_completion(row, index)
         example = tokenize_example(tokenizer, prompt, completion, fmt, index)
         prepared = {schema.INPUT_IDS: example.input_ids, schema.PROMPT_LENGTH: example.prompt_length,
-                    schema.EXAMPLE_ID: index}
+                    schema.EXAMPLE_ID: row.get(schema.EXAMPLE_ID, index)}
         if score_column is not None:
             schema.validate_teacher_scores(row, completion, index,
                                            required=(schema.TEACHER_START, schema.TEACHER_END, score_column))

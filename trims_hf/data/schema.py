@@ -215,6 +215,22 @@ def _check_whole_numbers(values: Any, index: int | None, name: str, meaning: str
     return array
 
 
+def check_example_ids(ids: Sequence[Any]) -> None:
+    """A data set's own ``example_id`` column is kept as each row's id, so it must be one: whole numbers (the
+    fixed-subset selection hashes them, and each row's masks are seeded by them), and unique (two rows sharing an id
+    would share their masks and their place in the subset)."""
+    first: dict[int, int] = {}
+    for index, value in enumerate(ids):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise SchemaError(f"row {index}: column '{EXAMPLE_ID}' is {value!r}; it is kept as the row's id, a whole "
+                              "number (it seeds the row's masks and the fixed trajectory subset): make the column whole "
+                              "numbers, or drop it to number the rows 0, 1, ...")
+        if int(value) in first:
+            raise SchemaError(f"rows {first[int(value)]} and {index}: column '{EXAMPLE_ID}' is {value} in both; it is "
+                              "kept as each row's id and must be unique (drop it to number the rows 0, 1, ...).")
+        first[int(value)] = index
+
+
 def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buckets: int | None = None,
                       mask_token_id: int | None = None, vocab_size: int | None = None) -> None:
     """Check a prepared (already tokenised) row: ids (below ``vocab_size``, the mask id not among the completion's:
