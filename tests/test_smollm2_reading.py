@@ -124,6 +124,12 @@ def test_the_mean_ratio_over_seeds_is_the_geometric_mean_with_a_t_interval_on_th
     assert geometric_mean_interval(ratios[:1]) == f"{ratios[0]:.3f}x (-, -)"
 
 
+@pytest.mark.parametrize("ratios", [[], [1.0, 0.0], [1.0, -1.0], [1.0, float("nan")], [float("inf"), 1.0]])
+def test_the_mean_ratio_refuses_what_has_no_logarithm(ratios):
+    with pytest.raises(ValueError, match="positive, finite numbers"):
+        geometric_mean_interval(ratios)
+
+
 def test_the_reading_gives_each_row_its_mean_ratio_over_the_windows():
     text = read_windows(PROTOCOL_2)
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 0.9 | TRIMS hard-to-easy |")]
@@ -132,3 +138,20 @@ def test_the_reading_gives_each_row_its_mean_ratio_over_the_windows():
     mean = float(rows[0][-1].split("x")[0])
     assert mean == pytest.approx(np.exp(np.log(ratios).mean()), abs=2e-3)
     assert "(-, -)" not in text
+
+
+def test_a_model_a_window_lacks_gets_no_cell_there_and_no_mean(tmp_path):
+    partial = copy_window(PROTOCOL_2[1], tmp_path / "partial")
+    document = json.loads((partial / "results.json").read_text())
+    document["results"] = [row for row in document["results"] if row["model"] != "TRIMS easy-to-hard"]
+    (partial / "results.json").write_text(json.dumps(document))
+    with gzip.open(PROTOCOL_2[1] / "records.jsonl.gz", "rt") as source:
+        kept = [line for line in source if json.loads(line)["model"] != "TRIMS easy-to-hard"]
+    with gzip.open(partial / "records.jsonl.gz", "wt") as target:
+        target.writelines(kept)
+    lines = read_windows([PROTOCOL_2[0], partial]).splitlines()
+    lacking = [line.split(" | ") for line in lines if line.startswith("| 0.9 | TRIMS easy-to-hard |")]
+    assert len(lacking) == 1 and lacking[0][3] == "-" and lacking[0][-1] == "- |"
+    assert lacking[0][2].startswith("0.970x") and lacking[0][4] == "0 of 2"  # seed 0's ratio, below 1
+    present = [line.split(" | ") for line in lines if line.startswith("| 0.9 | TRIMS random |")]
+    assert present[0][-1] != "- |" and present[0][4] == "1 of 2"  # 0.999x and 1.037x

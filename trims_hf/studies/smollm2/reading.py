@@ -99,7 +99,10 @@ def protocol_differences(windows: Sequence[Window]) -> tuple[list[str], dict[str
 
 def geometric_mean_interval(ratios: Sequence[float]) -> str:
     """The geometric mean of per-seed ratios and its 95% t-interval over the seeds (taken on their logarithms, where a
-    ratio's noise is symmetric), as ``1.009x (0.974x, 1.045x)``; ``-`` ends for one seed."""
+    ratio's noise is symmetric), as ``1.009x (0.974x, 1.045x)``; ``-`` ends for one seed. A ratio that is not a
+    positive number has no logarithm: ValueError."""
+    if not ratios or not all(math.isfinite(ratio) and ratio > 0 for ratio in ratios):
+        raise ValueError(f"geometric_mean_interval: the ratios must be positive, finite numbers, got {list(ratios)}.")
     mean, low, high = (math.exp(value) for value in seed_interval([math.log(ratio) for ratio in ratios]))
     return f"{mean:.3f}x (-, -)" if math.isnan(low) else f"{mean:.3f}x ({low:.3f}x, {high:.3f}x)"
 
