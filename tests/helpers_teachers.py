@@ -17,8 +17,8 @@ def make_teacher(tokenizer: PreTrainedTokenizerBase, seed: int = 0, hidden: int 
     return LlamaForCausalLM(config).eval()
 
 
-def save_teacher(tokenizer: PreTrainedTokenizerBase, folder: Path) -> Path:
+def save_teacher(tokenizer: PreTrainedTokenizerBase, folder: Path, context: int = 2048) -> Path:
     """A teacher folder loadable with ``from_pretrained`` (what ``--teacher PATH`` takes)."""
-    make_teacher(tokenizer).save_pretrained(folder)
+    make_teacher(tokenizer, context=context).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

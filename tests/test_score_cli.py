@@ -427,3 +427,20 @@ def test_a_composite_teachers_text_model_is_checked_too():
     composite.text_config.is_causal = False
     with pytest.raises(ValueError, match="^teacher composite: its config says is_causal: false"):
         check_causal_teacher(composite, "composite")
+
+
+def test_a_row_past_the_teachers_positions_is_refused_and_rows_within_them_are_scored(tokenizer, data_file, tmp_path,
+                                                                                      capsys):
+    """A --teacher-max-length above the teacher's positions is allowed for the rows that fit in them."""
+    teacher = save_teacher(tokenizer, tmp_path / "short-teacher", context=160)
+    flags = ["score", "--teacher", str(teacher), "--prompt-column", "question", "--completion-column", "answer",
+             "--teacher-max-length", "4096"]
+    assert trims_main([*flags, "--dataset", str(data_file), "--output", str(tmp_path / "out")]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "error: row 0: 198 teacher tokens (108 prompt + 90 completion), past the teacher's 160 positions "
+        "(max_position_embeddings); pass a --teacher-max-length of at most 160 (--truncate cuts the completion to it), "
+        "or drop the row."]
+    assert not (tmp_path / "out").exists()
+    short = write_jsonl(tmp_path / "short.jsonl", [{"question": "What is 2 + 2?", "answer": "It is 4."}])
+    assert trims_main([*flags, "--dataset", str(short), "--output", str(tmp_path / "ok")]) == 0
+    assert len(load_dataset(str(tmp_path / "ok"), split="train")) == 1

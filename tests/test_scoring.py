@@ -349,3 +349,22 @@ def test_a_prompt_without_tokens_is_refused(teacher, tokenizer, prompt_format):
 def test_small_runs_are_cut_into_several_chunks(rows, expected):
     size = ScoringOptions().rows_per_chunk(rows)
     assert (size, -(-rows // size)) == expected
+
+
+@pytest.mark.parametrize("rope, expected", [
+    (None, 2048),
+    ({"rope_type": "default", "rope_theta": 1e4}, 2048),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),  # Qwen's long context
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 1024}, 8192),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 128}, 2048),  # already extended
+    ({"type": "linear", "factor": 2.0}, 4096),  # transformers 4's key, no original length
+    ({"full_attention": {"rope_type": "linear", "factor": 3.0}, "sliding_attention": {"rope_type": "default"}}, 6144),
+])
+def test_the_teachers_positions_count_what_its_rope_scaling_extends_them_to(rope, expected):
+    from types import SimpleNamespace
+
+    from trims_hf.data.teacher import position_limit
+
+    assert position_limit(SimpleNamespace(max_position_embeddings=2048, rope_parameters=rope)) == expected
+    assert position_limit(SimpleNamespace(max_position_embeddings=None, rope_parameters=None)) is None
+    assert position_limit(None) is None

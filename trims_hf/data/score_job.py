@@ -53,6 +53,7 @@ from .teacher import (
     encode_dataset,
     load_teacher,
     load_teacher_tokenizer,
+    position_limit,
     score_rows,
     teacher_identity,
     teacher_revision,
@@ -124,7 +125,8 @@ def score_dataset(
         state = process_state(model.device.type)
         process_index, num_processes, barrier = state.process_index, state.num_processes, state.wait_for_everyone
     if rows is None:
-        rows = encode_dataset(dataset, tokenizer, options, context_length(model.config, options.teacher_max_length))
+        rows = encode_dataset(dataset, tokenizer, options, context_length(model.config, options.teacher_max_length),
+                              position_limit(model.config))
     completions = [split_prompt_completion(row, i)[1] for i, row in enumerate(dataset)]
     size = options.rows_per_chunk(len(rows))
     num_chunks = math.ceil(len(rows) / size)
@@ -199,7 +201,8 @@ def encode_for_scoring(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, con
     ``quantile_tokens="kept"`` a completion token within ``train_max_length`` in some row. Returns the rows and, with
     ``kept``, each row's kept completion tokens (:func:`kept_completion_tokens`)."""
     check_system_prompt(tokenizer, options)
-    rows = encode_dataset(dataset, tokenizer, options, context_length(config, options.teacher_max_length))
+    rows = encode_dataset(dataset, tokenizer, options, context_length(config, options.teacher_max_length),
+                          position_limit(config))
     kept = kept_completion_tokens(rows, options) if buckets.quantile_tokens == "kept" else None
     if kept is not None and not any(kept):
         raise SchemaError(f"no row has a completion token within train_max_length={options.train_max_length} teacher "

@@ -147,11 +147,30 @@ def context_length(config: PretrainedConfig, max_length: int | None = None) -> i
     return int(length)
 
 
-def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int) -> EncodedRow:
+def position_limit(config: PretrainedConfig | None) -> int | None:
+    """How many positions the teacher tells apart: ``max_position_embeddings``, or what a RoPE scaling extends it to
+    (the original length, else ``max_position_embeddings``, times the factor: YaRN, LongRoPE, Llama 3, linear,
+    dynamic). None when the config says neither."""
+    if config is None:
+        return None
+    positions = getattr(config, "max_position_embeddings", None) or 0
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    per_layer_type = [rope] if "rope_type" in rope or "factor" in rope else [v for v in rope.values() if isinstance(v, dict)]
+    for parameters in per_layer_type:
+        if parameters.get("rope_type", parameters.get("type")) not in (None, "default") and parameters.get("factor"):
+            base = parameters.get("original_max_position_embeddings") or positions
+            positions = max(positions, int(base * parameters["factor"]))
+    return int(positions) or None
+
+
+def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int,
+               positions: int | None = None) -> EncodedRow:
     """Tokenise one row; the completion separately, with character offsets, so spans index the completion text.
 
     The prompt must give at least one token: the teacher predicts the first completion token from the last
-    prompt position, and without one there is nothing to predict it from.
+    prompt position, and without one there is nothing to predict it from. A row past the teacher's ``positions``
+    (:func:`position_limit`; a ``max_length`` above them is allowed for the rows within them) is refused: a teacher
+    with learned positions would fail on it, a RoPE one would score it silently out of distribution.
     """
     prompt, completion = split_prompt_completion(row, index)
     try:
@@ -177,11 +196,17 @@ def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, option
             + (")." if options.truncate else ", or truncate=True).")
         )
     completion_ids, offsets = completion_ids[:room], offsets[:room]
+    if positions is not None and len(prompt_ids) + len(completion_ids) > positions:
+        raise SchemaError(f"row {index}: {len(prompt_ids) + len(completion_ids)} teacher tokens ({len(prompt_ids)} prompt "
+                          f"+ {len(completion_ids)} completion), past the teacher's {positions} positions "
+                          f"(max_position_embeddings); pass a teacher_max_length of at most {positions} (truncate=True "
+                          "cuts the completion to it), or drop the row.")
     return EncodedRow(index, tuple(prompt_ids) + tuple(completion_ids), len(prompt_ids), disjoint_spans(offsets), truncated)
 
 
 def encode_dataset(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int,
+    positions: int | None = None,
 ) -> list[EncodedRow]:
     """Tokenise and validate every row before any scoring, so bad input fails before anything is written.
 
@@ -192,7 +217,7 @@ def encode_dataset(
     if scored := [name for name in TEACHER_LIST_COLUMNS if name in dataset.column_names]:
         raise SchemaError(f"the data set already has the scored column(s) {', '.join(scored)}: it was scored already; "
                           "pass the unscored rows (or drop those columns to score it again).")
-    return [encode_row(row, index, tokenizer, options, max_length) for index, row in enumerate(dataset)]
+    return [encode_row(row, index, tokenizer, options, max_length, positions) for index, row in enumerate(dataset)]
 
 
 def score_batch(model: PreTrainedModel, rows: Sequence[EncodedRow], options: ScoringOptions,
