@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -346,6 +347,27 @@ def test_interrupt_says_what_was_kept_and_the_rerun_resumes(teacher_dir, data_fi
     assert resumed["teacher_token_start"] == whole["teacher_token_start"]
     assert resumed["teacher_bucket"] == whole["teacher_bucket"]
     np.testing.assert_array_equal(np.concatenate(resumed["teacher_nll"]), np.concatenate(whole["teacher_nll"]))
+
+
+def test_a_crash_while_saving_a_chunk_leaves_the_saved_chunks_and_no_partial_file(teacher_dir, data_file, tmp_path,
+                                                                                   monkeypatch):
+    """An error between a chunk's write and its rename (a full disk, a lost mount) keeps the chunks saved before it
+    and no temporary file in the work folder."""
+    renames = []
+
+    def replace_failing_on_the_third(source, target):
+        renames.append(target)
+        if len(renames) == 3:
+            raise OSError(28, "No space left on device")
+        os.replace(source, target)
+
+    monkeypatch.setattr(job, "os", SimpleNamespace(replace=replace_failing_on_the_third, getpid=os.getpid,
+                                                   PathLike=os.PathLike))
+    out = tmp_path / "scored"
+    with pytest.raises(OSError, match="No space left"):
+        trims_main(score_args(teacher_dir, data_file, out))
+    (work,) = work_dir_for(out).iterdir()
+    assert len(list(work.glob("chunk-*.parquet"))) == 2 and not list(work.glob(".*"))
 
 
 def terminal_sigint() -> None:

@@ -153,8 +153,9 @@ def score_dataset(
                 Dataset.from_dict(columns).to_parquet(str(temporary))
                 os.replace(temporary, _chunk_path(work_dir, chunk))
     except KeyboardInterrupt:
-        temporary.unlink(missing_ok=True)
         raise ScoringInterrupted(_saved_chunks(work_dir, num_chunks), num_chunks, work_dir) from None
+    finally:  # whatever stopped the run, a chunk half-written is no chunk
+        temporary.unlink(missing_ok=True)
     barrier()
     if process_index != 0:
         return None
