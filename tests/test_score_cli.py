@@ -15,6 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from datasets import Dataset, load_dataset
 from helpers_teachers import save_teacher
@@ -90,8 +92,7 @@ CASES = {
     "csv data file": (["--dataset", "{tmp}/rows.csv"], {"rows.csv": "a,b\n"},
                       "--dataset {tmp}/rows.csv: unsupported file type '.csv' (use .jsonl, .json, .parquet)."),
     "broken jsonl": (["--dataset", "{tmp}/bad.jsonl"], {"bad.jsonl": '{"question": "q", "answer": "a"\n{broken\n'},
-                     "--dataset {tmp}/bad.jsonl: cannot be read as a .jsonl file (JSON parse error: Missing a comma or "
-                     "'}}' after an object member. in row 0)."),
+                     "--dataset {tmp}/bad.jsonl: line 1 is not valid JSON (Expecting ',' delimiter, column 32)."),
     "jsonl of arrays": (["--dataset", "{tmp}/arrays.jsonl"], {"arrays.jsonl": '\n[1, 2]\n[3, 4]\n'},
                         '--dataset {tmp}/arrays.jsonl: row 0 is an array, not an object of columns (e.g. {{"prompt": '
                         '..., "completion": ...}}).'),
@@ -129,6 +130,11 @@ CASES = {
                               "--dataset {tmp}/mixed: the folder holds data files of several formats (1 .csv, 1 .jsonl), "
                               "and datasets reads only one of them, dropping the others' rows; keep one format in it, or "
                               "pass a file."),
+    "no row groups in a parquet file": (["--dataset", "{tmp}/bare.parquet"], {"bare.parquet": "no row groups"},
+                                        "--dataset {tmp}/bare.parquet: no rows."),
+    "bad json past pyarrow's first block": (["--dataset", "{tmp}/long.jsonl"], {"long.jsonl": "bad line 20001"},
+                                            "--dataset {tmp}/long.jsonl: line 20001 is not valid JSON (Expecting value, "
+                                            "column 29)."),
     "not utf-8": (["--dataset", "{tmp}/latin.jsonl"],
                   {"latin.jsonl": b'{"question": "q", "answer": "a"}\n{"question": "caf\xe9", "answer": "a"}\n'},
                   "--dataset {tmp}/latin.jsonl: line 2 is not UTF-8 text (byte 17: b'\\xe9'); JSON Lines are UTF-8."),
@@ -269,6 +275,12 @@ def test_each_mistake_is_one_line_before_any_model_loads(case, teacher_dir, data
     for name, content in files.items():
         if content is None:  # a parquet file with the columns and no rows
             Dataset.from_dict({"question": [], "answer": []}).to_parquet(str(tmp_path / name))
+        elif isinstance(content, str) and content == "no row groups":  # as pyarrow writes an empty table
+            pq.write_table(pa.table({"question": pa.array([], pa.string()), "answer": pa.array([], pa.string())}),
+                           tmp_path / name)
+        elif isinstance(content, str) and content.startswith("bad line "):  # 300-byte rows: pyarrow reads blocks
+            good = json.dumps({"question": "q" * 130, "answer": "a" * 130}) + "\n"
+            (tmp_path / name).write_text(good * (int(content.split()[-1]) - 1) + '{"question": "q", "answer": }\n' + good)
         else:
             path = tmp_path / name
             path.mkdir() if name.endswith("/") else path.write_bytes(content) if isinstance(content, bytes) \

@@ -56,6 +56,8 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
         raise no_rows
     if local_file and Path(source).suffix == ".jsonl":
         check_jsonl_rows_are_objects(Path(source), flag)
+    if local_file and Path(source).suffix == ".parquet" and _parquet_rows(Path(source)) == 0:
+        raise no_rows  # datasets' reader fails on a file with no row groups ("BatchSize must be greater than 0")
     if Path(source).is_dir() and not saved_with_datasets(source):
         check_one_table_format(Path(source), flag)
     try:
@@ -76,6 +78,8 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
         if "corresponds to no data" in message:
             raise no_rows from None
         reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)
+        if "JSON parse error" in reason and (bad := _first_bad_json_line(Path(source))):
+            raise SourceError(f"{flag} {bad}") from None
         if local_file:  # a malformed file (pyarrow's ArrowInvalid is a ValueError too)
             raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
         if isinstance(error, ValueError) and "split" in message.lower():  # datasets lists the splits there are
@@ -105,6 +109,31 @@ def check_one_table_format(folder: Path, flag: str) -> None:
         found = ", ".join(f"{n} {suffix}" for _, formats in sorted(counts.items()) for suffix, n in sorted(formats.items()))
         raise SourceError(f"{flag} {folder}: the folder holds data files of several formats ({found}), and datasets "
                           "reads only one of them, dropping the others' rows; keep one format in it, or pass a file.")
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """The rows a parquet file's footer records; None when it cannot be read (the reader then says why)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # noqa: BLE001 - pyarrow's errors of a malformed file, reported by the load that follows
+        return None
+
+
+def _first_bad_json_line(source: Path) -> str | None:
+    """Where a JSON Lines file (or a folder's) pyarrow cannot parse has its first line that is not JSON, as
+    ``"PATH: line N is not valid JSON (...)."``: pyarrow counts rows within its block of a file, so the row it names
+    is not the file's past the first block. None where every line parses (the reader's own message stands)."""
+    files = sorted(source.rglob("*.jsonl")) if source.is_dir() else [source] if source.suffix == ".jsonl" else []
+    for path in files:
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for number, line in enumerate(lines, 1):
+                try:
+                    line.strip() and json.loads(line.rstrip("\r\n"))
+                except json.JSONDecodeError as error:
+                    return f"{path}: line {number} is not valid JSON ({error.msg}, column {error.colno})."
+    return None
 
 
 def saved_with_datasets(source: str) -> bool:
