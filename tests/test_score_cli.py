@@ -132,8 +132,8 @@ CASES = {
                               "pass a file."),
     "no row groups in a parquet file": (["--dataset", "{tmp}/bare.parquet"], {"bare.parquet": "no row groups"},
                                         "--dataset {tmp}/bare.parquet: no rows."),
-    "bad json past pyarrow's first block": (["--dataset", "{tmp}/long.jsonl"], {"long.jsonl": "bad line 20001"},
-                                            "--dataset {tmp}/long.jsonl: line 20001 is not valid JSON (Expecting value, "
+    "bad json past pyarrow's first block": (["--dataset", "{tmp}/long.jsonl"], {"long.jsonl": "bad line 40001"},
+                                            "--dataset {tmp}/long.jsonl: line 40001 is not valid JSON (Expecting value, "
                                             "column 29)."),
     "not utf-8": (["--dataset", "{tmp}/latin.jsonl"],
                   {"latin.jsonl": b'{"question": "q", "answer": "a"}\n{"question": "caf\xe9", "answer": "a"}\n'},
