@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -478,3 +479,19 @@ def test_a_row_past_the_teachers_positions_is_refused_and_rows_within_them_are_s
     short = write_jsonl(tmp_path / "short.jsonl", [{"question": "What is 2 + 2?", "answer": "It is 4."}])
     assert trims_main([*flags, "--dataset", str(short), "--output", str(tmp_path / "ok")]) == 0
     assert len(load_dataset(str(tmp_path / "ok"), split="train")) == 1
+
+
+def test_the_teachers_tokenizer_and_config_are_read_once(teacher_dir, data_file, tmp_path, monkeypatch):
+    """The rows are checked with the teacher's tokenizer and config before its weights load; the load reuses them (a
+    GGUF file's metadata, its whole vocabulary, takes seconds to parse on each read)."""
+    from trims_hf.data import teacher as teacher_module
+
+    reads = Counter()
+    for name in ("AutoTokenizer", "AutoConfig"):
+        def counted(*args, _load=getattr(teacher_module, name).from_pretrained, _name=name, **kwargs):
+            reads[_name] += 1
+            return _load(*args, **kwargs)
+
+        monkeypatch.setattr(teacher_module, name, SimpleNamespace(from_pretrained=counted))
+    assert trims_main(score_args(teacher_dir, data_file, tmp_path / "out")) == 0
+    assert reads == {"AutoTokenizer": 1, "AutoConfig": 1}

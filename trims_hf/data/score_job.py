@@ -281,7 +281,7 @@ def build_scored_dataset(
         teacher, gguf_file, revision)
     check_causal_teacher(config, teacher)
     rows, kept = encode_for_scoring(dataset, tokenizer, config, options, buckets)
-    model, tokenizer = loaded_teacher or load_teacher(teacher, gguf_file, revision)
+    model, tokenizer = loaded_teacher or load_teacher(teacher, gguf_file, revision, loaded=(tokenizer, config))
     work_dir = work_dir_for(output)
     teacher_id = json.dumps([str(Path(teacher).resolve()) if Path(teacher).exists() else teacher, gguf_file, revision])
     try:

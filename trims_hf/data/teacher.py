@@ -73,17 +73,22 @@ def load_teacher(
     revision: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
+    *,
+    loaded: tuple[PreTrainedTokenizerBase, PretrainedConfig] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM teacher and its tokenizer from a Hub id, a local folder, or a GGUF file.
 
     A path to a ``.gguf`` file may be given directly. bf16 on GPU, float32 on CPU unless ``dtype`` says otherwise.
+    ``loaded``: what :func:`load_teacher_tokenizer` returned for the same teacher, so that neither is read again (a
+    GGUF file's metadata, its whole vocabulary, takes seconds to parse on each read: SmolLM2's about 10).
     """
     name_or_path, kwargs = _pretrained_args(name_or_path, gguf_file, revision)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    check_causal_teacher(AutoConfig.from_pretrained(name_or_path, **kwargs), name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device).eval()
+    tokenizer, config = loaded or (None, AutoConfig.from_pretrained(name_or_path, **kwargs))
+    check_causal_teacher(config, name_or_path)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, config=config, dtype=dtype, **kwargs).to(device).eval()
     check_chunked_head(model)
     return model, tokenizer
 
