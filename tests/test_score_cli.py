@@ -3,6 +3,7 @@ model loads, with nothing written; Ctrl-C says what was kept (exit 130) and the 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from huggingface_hub import HfApi
 
 from trims_hf.cli import main as trims_main
 from trims_hf.data import score_job as job
+from trims_hf.data.hub import read_card_metadata
 from trims_hf.data.schema import SchemaError, as_prompt_completion
 from trims_hf.data.score_job import work_dir_for
 from trims_hf.data.teacher import load_teacher
@@ -495,3 +497,16 @@ def test_the_teachers_tokenizer_and_config_are_read_once(teacher_dir, data_file,
         monkeypatch.setattr(teacher_module, name, SimpleNamespace(from_pretrained=counted))
     assert trims_main(score_args(teacher_dir, data_file, tmp_path / "out")) == 0
     assert reads == {"AutoTokenizer": 1, "AutoConfig": 1}
+
+
+def test_a_teacher_without_a_chat_template_is_said_to_render_plain_text(tokenizer, data_file, tmp_path, capsys):
+    note = "note: the teacher's tokenizer has no chat template, so the prompts are rendered as plain text"
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    teacher = save_teacher(plain, tmp_path / "plain-teacher")
+    assert trims_main(score_args(teacher, data_file, tmp_path / "out")) == 0
+    assert note in capsys.readouterr().err
+    assert read_card_metadata(tmp_path / "out")["prompt_format"] == "plain"
+    assert trims_main(score_args(save_teacher(tokenizer, tmp_path / "chat-teacher"), data_file, tmp_path / "chat")) == 0
+    assert note not in capsys.readouterr().err
+    assert read_card_metadata(tmp_path / "chat")["prompt_format"] == "chat_template"

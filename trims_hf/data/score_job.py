@@ -202,6 +202,9 @@ def encode_for_scoring(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, con
     ``quantile_tokens="kept"`` a completion token within ``train_max_length`` in some row. Returns the rows and, with
     ``kept``, each row's kept completion tokens (:func:`kept_completion_tokens`)."""
     check_system_prompt(tokenizer, options)
+    if (rendered := resolved_format(tokenizer, options)) != options.prompt_format:
+        logger.info("note: the teacher's tokenizer has no chat template, so the prompts are rendered as %s text (the "
+                    "card's prompt_format says so).", rendered)
     rows = encode_dataset(dataset, tokenizer, options, context_length(config, options.teacher_max_length),
                           position_limit(config))
     kept = kept_completion_tokens(rows, options) if buckets.quantile_tokens == "kept" else None
