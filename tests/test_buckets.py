@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import synthetic_scored_rows
-from datasets import Dataset
+from datasets import Dataset, Value
 from helpers_tokenizers import make_tokenizer
 
 from trims_hf import (
@@ -230,8 +230,10 @@ def test_a_data_set_keeps_its_own_example_ids_or_is_told_why_not(tokenizer):
     prepared = prepare_dataset(Dataset.from_list(own).shuffle(seed=1), tokenizer)
     by_prompt = {row["prompt"]: row["example_id"] for row in own}
     assert prepared["example_id"] == [by_prompt[prompt] for prompt in prepared["prompt"]]
-    for ids, message in [(["a", "b", "c", "d"], r"row 0: column 'example_id' is 'a'; it is kept as the row's id"),
-                         ([1.0, 2.0, 3.0, 4.0], r"row 0: column 'example_id' is 1.0"),
-                         ([5, 6, 5, 7], r"rows 0 and 2: column 'example_id' is 5 in both")]:
+    for ids, kind, message in [
+            (["a", "b", "c", "d"], "string", r"row 0: column 'example_id' is 'a'; it is kept as the row's id"),
+            ([1.0, 2.0, 3.0, 4.0], "float64", r"row 0: column 'example_id' is 1.0"),
+            ([5, 6, 5, 7], "int64", r"rows 0 and 2: column 'example_id' is 5 in both"),
+            ([1, 2, 2**63, 3], "uint64", r"row 2: column 'example_id' is 9223372036854775808; .* fits 64 bits")]:
         with pytest.raises(SchemaError, match=message):
-            prepare_dataset(Dataset.from_list([dict(row, example_id=id_) for row, id_ in zip(rows, ids)]), tokenizer)
+            prepare_dataset(Dataset.from_list(rows).add_column("example_id", ids, feature=Value(kind)), tokenizer)

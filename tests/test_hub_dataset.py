@@ -145,3 +145,28 @@ def test_a_folder_is_read_whole_or_refused_when_its_formats_differ(tmp_path):
     Dataset.from_list(rows[:2]).to_parquet(str(folder / "more.parquet"))
     with pytest.raises(SourceError, match=r"several formats \(1 \.jsonl, 1 \.parquet\)"):
         load_source_dataset(str(folder), flag="--dataset")
+
+
+def test_a_folder_names_its_empty_parquet_file_and_its_bad_json_line(tmp_path):
+    """What datasets cannot read in a folder is named by file: an empty table as pyarrow writes it, and the first line
+    of a JSON Lines file (a .json one too) that is not JSON, never one in a hidden folder datasets skips."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trims_hf.data.hub import load_source_dataset
+    from trims_hf.sources import SourceError
+
+    shards = tmp_path / "shards" / "data"
+    shards.mkdir(parents=True)
+    Dataset.from_list([{"prompt": "p", "completion": "c"}]).to_parquet(str(shards / "train-00000-of-00002.parquet"))
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string()), "completion": pa.array([], pa.string())}),
+                   shards / "train-00001-of-00002.parquet")
+    with pytest.raises(SourceError, match=r"empty parquet file\(s\) in it \(data/train-00001-of-00002\.parquet\)"):
+        load_source_dataset(str(tmp_path / "shards"), flag="--dataset")
+    lines = tmp_path / "lines"
+    (lines / ".ipynb_checkpoints").mkdir(parents=True)
+    good = json.dumps({"prompt": "p" * 150, "completion": "c" * 150}) + "\n"
+    (lines / ".ipynb_checkpoints" / "rows-checkpoint.json").write_text('{"prompt": }\n')
+    (lines / "rows.json").write_text(good * 40000 + '{"prompt": "p", "completion": }\n')
+    with pytest.raises(SourceError, match=r"lines/rows\.json: line 40001 is not valid JSON \(Expecting value"):
+        load_source_dataset(str(lines), flag="--dataset")

@@ -474,9 +474,9 @@ def test_a_row_past_the_teachers_positions_is_refused_and_rows_within_them_are_s
              "--teacher-max-length", "4096"]
     assert trims_main([*flags, "--dataset", str(data_file), "--output", str(tmp_path / "out")]) == 2
     assert error_lines(capsys.readouterr().err) == [
-        "error: row 0: 198 teacher tokens (108 prompt + 90 completion), past the teacher's 160 positions "
-        "(max_position_embeddings); pass a --teacher-max-length of at most 160 (--truncate cuts the completion to it), "
-        "or drop the row."]
+        "error: row 0: 198 teacher tokens (108 prompt + 90 completion), past the 160 positions the teacher's config "
+        "gives (its max_position_embeddings and RoPE scaling); pass a --teacher-max-length of at most 160 (--truncate "
+        "cuts the completion to it), or drop the row."]
     assert not (tmp_path / "out").exists()
     short = write_jsonl(tmp_path / "short.jsonl", [{"question": "What is 2 + 2?", "answer": "It is 4."}])
     assert trims_main([*flags, "--dataset", str(short), "--output", str(tmp_path / "ok")]) == 0

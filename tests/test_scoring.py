@@ -357,8 +357,9 @@ def test_small_runs_are_cut_into_several_chunks(rows, expected):
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),  # Qwen's long context
     ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 1024}, 8192),
     ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 128}, 2048),  # already extended
-    ({"type": "linear", "factor": 2.0}, 4096),  # transformers 4's key, no original length
-    ({"full_attention": {"rope_type": "linear", "factor": 3.0}, "sliding_attention": {"rope_type": "default"}}, 6144),
+    ({"type": "linear", "factor": 2.0}, 2048),  # no original length: max_position_embeddings is the scaled one (Gemma 3)
+    ({"full_attention": {"rope_type": "yarn", "factor": 3.0, "original_max_position_embeddings": 1024},
+      "sliding_attention": {"rope_type": "default"}}, 3072),
 ])
 def test_the_teachers_positions_count_what_its_rope_scaling_extends_them_to(rope, expected):
     from types import SimpleNamespace
@@ -368,3 +369,14 @@ def test_the_teachers_positions_count_what_its_rope_scaling_extends_them_to(rope
     assert position_limit(SimpleNamespace(max_position_embeddings=2048, rope_parameters=rope)) == expected
     assert position_limit(SimpleNamespace(max_position_embeddings=None, rope_parameters=None)) is None
     assert position_limit(None) is None
+
+
+def test_a_composite_teachers_positions_are_its_text_models():
+    from transformers import Gemma3Config, Qwen2Config
+
+    from trims_hf.data.teacher import context_length, position_limit
+
+    assert position_limit(Gemma3Config()) == context_length(Gemma3Config()) == 131072  # no top-level positions
+    yarn = Qwen2Config(max_position_embeddings=32768, rope_parameters={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6})
+    assert position_limit(yarn) == 131072

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
     if local_file and Path(source).suffix == ".jsonl":
         check_jsonl_rows_are_objects(Path(source), flag)
     if local_file and Path(source).suffix == ".parquet" and _parquet_rows(Path(source)) == 0:
-        raise no_rows  # datasets' reader fails on a file with no row groups ("BatchSize must be greater than 0")
+        raise no_rows  # datasets' reader fails on an empty table as pyarrow writes it ("BatchSize must be greater than 0")
     if Path(source).is_dir() and not saved_with_datasets(source):
         check_one_table_format(Path(source), flag)
     try:
@@ -80,6 +80,9 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
         reason = next(iter(str(error.__cause__ or error).strip().splitlines()), type(error).__name__)
         if "JSON parse error" in reason and (bad := _first_bad_json_line(Path(source))):
             raise SourceError(f"{flag} {bad}") from None
+        if folder and "BatchSize must be greater than 0" in reason and (empty := _empty_parquet_files(Path(source))):
+            raise SourceError(f"{flag} {source}: empty parquet file(s) in it ({', '.join(empty)}), which datasets "
+                              "cannot read in a folder; remove them.") from None
         if local_file:  # a malformed file (pyarrow's ArrowInvalid is a ValueError too)
             raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
         if isinstance(error, ValueError) and "split" in message.lower():  # datasets lists the splits there are
@@ -93,18 +96,24 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
 
 
+def data_files(source: Path, suffixes: Collection[str]) -> list[Path]:
+    """The files ``datasets`` would read from ``source`` with one of ``suffixes``: the file itself, or a folder's
+    files at any depth, sorted, but those under a hidden or ``__`` name, which ``datasets`` skips."""
+    if not source.is_dir():
+        return [source] if source.suffix in suffixes else []
+    return sorted(path for path in source.rglob("*") if path.suffix in suffixes and path.is_file()
+                  and not any(part.startswith((".", "__")) for part in path.relative_to(source).parts))
+
+
 def check_one_table_format(folder: Path, flag: str) -> None:
     """A folder's data files are all read by one builder: ``datasets`` infers the folder's format from its most
-    common data file type and skips the rest, so rows in a second format would be dropped without a word. Hidden
-    files and folders are skipped, as ``datasets`` skips them."""
+    common data file type and skips the rest, so rows in a second format would be dropped without a word."""
     from ..sources import SourceError
 
     counts: dict[str, dict[str, int]] = {}
-    for path in folder.rglob("*"):
-        parts = path.relative_to(folder).parts
-        if path.is_file() and path.suffix in TABLE_FORMATS and not any(p.startswith((".", "__")) for p in parts):
-            by_suffix = counts.setdefault(TABLE_FORMATS[path.suffix], {})
-            by_suffix[path.suffix] = by_suffix.get(path.suffix, 0) + 1
+    for path in data_files(folder, TABLE_FORMATS):
+        by_suffix = counts.setdefault(TABLE_FORMATS[path.suffix], {})
+        by_suffix[path.suffix] = by_suffix.get(path.suffix, 0) + 1
     if len(counts) > 1:
         found = ", ".join(f"{n} {suffix}" for _, formats in sorted(counts.items()) for suffix, n in sorted(formats.items()))
         raise SourceError(f"{flag} {folder}: the folder holds data files of several formats ({found}), and datasets "
@@ -122,18 +131,30 @@ def _parquet_rows(path: Path) -> int | None:
 
 
 def _first_bad_json_line(source: Path) -> str | None:
-    """Where a JSON Lines file (or a folder's) pyarrow cannot parse has its first line that is not JSON, as
-    ``"PATH: line N is not valid JSON (...)."``: pyarrow counts rows within its block of a file, so the row it names
-    is not the file's past the first block. None where every line parses (the reader's own message stands)."""
-    files = sorted(source.rglob("*.jsonl")) if source.is_dir() else [source] if source.suffix == ".jsonl" else []
-    for path in files:
-        with path.open(encoding="utf-8", errors="replace") as lines:
+    """Where a JSON Lines file (or a folder's; a ``.json`` file counts when it starts with an object, not an array)
+    pyarrow cannot parse has its first line that is not JSON, as ``"PATH: line N is not valid JSON (...)."``: pyarrow
+    counts rows within its block of a file, so the row it names is not the file's past the first block. None where
+    every line parses (the reader's own message stands)."""
+    for path in data_files(source, (".jsonl", ".json", ".ndjson")):
+        with path.open(encoding="utf-8-sig", errors="replace") as lines:
+            first = True
             for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                if first and not line.lstrip().startswith("{"):
+                    break  # one JSON document (an array): its lines are not rows
+                first = False
                 try:
-                    line.strip() and json.loads(line.rstrip("\r\n"))
+                    json.loads(line.rstrip("\r\n"))
                 except json.JSONDecodeError as error:
                     return f"{path}: line {number} is not valid JSON ({error.msg}, column {error.colno})."
     return None
+
+
+def _empty_parquet_files(source: Path) -> list[str]:
+    """A folder's parquet files with no rows: ``datasets`` fails on one that pyarrow wrote from an empty table (one
+    empty row group: "BatchSize must be greater than 0")."""
+    return [str(path.relative_to(source)) for path in data_files(source, (".parquet",)) if _parquet_rows(path) == 0]
 
 
 def saved_with_datasets(source: str) -> bool:

@@ -221,10 +221,10 @@ def check_example_ids(ids: Sequence[Any]) -> None:
     would share their masks and their place in the subset)."""
     first: dict[int, int] = {}
     for index, value in enumerate(ids):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -(2**63) <= value < 2**63:
             raise SchemaError(f"row {index}: column '{EXAMPLE_ID}' is {value!r}; it is kept as the row's id, a whole "
-                              "number (it seeds the row's masks and the fixed trajectory subset): make the column whole "
-                              "numbers, or drop it to number the rows 0, 1, ...")
+                              "number that fits 64 bits (it seeds the row's masks and the fixed trajectory subset): make "
+                              "the column such numbers, or drop it to number the rows 0, 1, ...")
         if int(value) in first:
             raise SchemaError(f"rows {first[int(value)]} and {index}: column '{EXAMPLE_ID}' is {value} in both; it is "
                               "kept as each row's id and must be unique (drop it to number the rows 0, 1, ...).")

@@ -145,26 +145,27 @@ def _head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def context_length(config: PretrainedConfig, max_length: int | None = None) -> int:
-    """The explicit ``max_length`` or the teacher config's ``max_position_embeddings``."""
-    length = max_length or getattr(config, "max_position_embeddings", None)
+    """The explicit ``max_length`` or the teacher's positions (:func:`position_limit`)."""
+    length = max_length or position_limit(config)
     if not length:
         raise ValueError("The teacher config has no max_position_embeddings; pass max_length.")
     return int(length)
 
 
 def position_limit(config: PretrainedConfig | None) -> int | None:
-    """How many positions the teacher tells apart: ``max_position_embeddings``, or what a RoPE scaling extends it to
-    (the original length, else ``max_position_embeddings``, times the factor: YaRN, LongRoPE, Llama 3, linear,
-    dynamic). None when the config says neither."""
+    """How many positions the teacher tells apart: ``max_position_embeddings`` of its text config, or what a RoPE
+    scaling that records its original length extends it to (``original_max_position_embeddings`` x ``factor``: YaRN,
+    LongRoPE, Llama 3); a scaling without one (linear) already counts in ``max_position_embeddings``. None when the
+    config says neither."""
     if config is None:
         return None
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     positions = getattr(config, "max_position_embeddings", None) or 0
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     per_layer_type = [rope] if "rope_type" in rope or "factor" in rope else [v for v in rope.values() if isinstance(v, dict)]
     for parameters in per_layer_type:
-        if parameters.get("rope_type", parameters.get("type")) not in (None, "default") and parameters.get("factor"):
-            base = parameters.get("original_max_position_embeddings") or positions
-            positions = max(positions, int(base * parameters["factor"]))
+        if parameters.get("original_max_position_embeddings") and parameters.get("factor"):
+            positions = max(positions, int(parameters["original_max_position_embeddings"] * parameters["factor"]))
     return int(positions) or None
 
 
@@ -203,8 +204,9 @@ def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, option
     completion_ids, offsets = completion_ids[:room], offsets[:room]
     if positions is not None and len(prompt_ids) + len(completion_ids) > positions:
         raise SchemaError(f"row {index}: {len(prompt_ids) + len(completion_ids)} teacher tokens ({len(prompt_ids)} prompt "
-                          f"+ {len(completion_ids)} completion), past the teacher's {positions} positions "
-                          f"(max_position_embeddings); pass a teacher_max_length of at most {positions} (truncate=True "
+                          f"+ {len(completion_ids)} completion), past the {positions} positions the teacher's config "
+                          f"gives (its max_position_embeddings and RoPE scaling); pass a teacher_max_length of at most "
+                          f"{positions} (truncate=True "
                           "cuts the completion to it), or drop the row.")
     return EncodedRow(index, tuple(prompt_ids) + tuple(completion_ids), len(prompt_ids), disjoint_spans(offsets), truncated)
 
