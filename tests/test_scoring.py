@@ -380,3 +380,25 @@ def test_a_composite_teachers_positions_are_its_text_models():
     yarn = Qwen2Config(max_position_embeddings=32768, rope_parameters={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6})
     assert position_limit(yarn) == 131072
+
+
+def test_a_hub_teachers_revision_is_the_commit_its_files_were_read_from(tmp_path, monkeypatch):
+    """transformers 5 keeps no commit on the config: the card's revision comes from the Hub cache's snapshot."""
+    from huggingface_hub import constants
+
+    from trims_hf.data.teacher import teacher_revision
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--teacher"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    (repo / "snapshots" / commit / "teacher.Q4.gguf").write_text("")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert teacher_revision("org/teacher") == commit
+    assert teacher_revision("org/teacher", revision="main") == commit
+    assert teacher_revision("org/teacher", gguf_file="teacher.Q4.gguf") == commit
+    assert teacher_revision("org/uncached", revision="v1") == "v1"
+    assert teacher_revision("a name, not a Hub id") is None
+    assert teacher_revision(str(tmp_path), revision=None) is None  # a local folder

@@ -297,7 +297,7 @@ def build_scored_dataset(
     scored, thresholds = add_teacher_buckets(scored, buckets, kept)
     metadata = {
         **teacher_identity(teacher, gguf_file, loaded=loaded_teacher is not None),
-        "teacher_revision": teacher_revision(model, revision),
+        "teacher_revision": teacher_revision(teacher, gguf_file, revision),
         "teacher_dtype": str(model.dtype).removeprefix("torch."),
         "source_dataset": source,
         "num_rows": len(scored),
