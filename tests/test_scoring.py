@@ -382,11 +382,12 @@ def test_a_composite_teachers_positions_are_its_text_models():
     assert position_limit(yarn) == 131072
 
 
-def test_a_hub_teachers_revision_is_the_commit_its_files_were_read_from(tmp_path, monkeypatch):
-    """transformers 5 keeps no commit on the config: the card's revision comes from the Hub cache's snapshot."""
+def test_a_hub_models_revision_is_the_commit_its_files_were_read_from(tmp_path, monkeypatch):
+    """transformers 5 keeps no commit on the config: a card's revision (teacher, adapter base) comes from the Hub
+    cache's snapshot."""
     from huggingface_hub import constants
 
-    from trims_hf.data.teacher import teacher_revision
+    from trims_hf.sources import hub_commit
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / "models--org--teacher"
@@ -396,9 +397,9 @@ def test_a_hub_teachers_revision_is_the_commit_its_files_were_read_from(tmp_path
     (repo / "snapshots" / commit / "config.json").write_text("{}")
     (repo / "snapshots" / commit / "teacher.Q4.gguf").write_text("")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert teacher_revision("org/teacher") == commit
-    assert teacher_revision("org/teacher", revision="main") == commit
-    assert teacher_revision("org/teacher", gguf_file="teacher.Q4.gguf") == commit
-    assert teacher_revision("org/uncached", revision="v1") == "v1"
-    assert teacher_revision("a name, not a Hub id") is None
-    assert teacher_revision(str(tmp_path), revision=None) is None  # a local folder
+    assert hub_commit("org/teacher") == commit
+    assert hub_commit("org/teacher", revision="main") == commit
+    assert hub_commit("org/teacher", filename="teacher.Q4.gguf") == commit
+    assert hub_commit("org/uncached", revision="v1") == "v1"
+    assert hub_commit("a name, not a Hub id") is None
+    assert hub_commit(str(tmp_path), revision=None) is None  # a local folder

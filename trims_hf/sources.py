@@ -28,6 +28,22 @@ def smollm2_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
+def hub_commit(name_or_path: str, filename: str | None = None, revision: str | None = None) -> str | None:
+    """The commit a Hub model was read from: the snapshot of the Hub cache holding its ``filename`` (default
+    ``config.json``; transformers 5 keeps no commit on the config), found offline; else the requested ``revision``. A
+    local model, or a name that is no Hub id, has none but the one given."""
+    if Path(name_or_path).expanduser().exists():
+        return revision
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name_or_path, filename or "config.json", revision=revision)
+    except ValueError:  # not a Hub id (a name given with a model loaded in-process)
+        return revision
+    parts = Path(cached).parts if isinstance(cached, str) else ()
+    return parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else revision
+
+
 class SourceError(InputError):
     """A model or data set the user named cannot be found or reached; the message names the flag."""
 

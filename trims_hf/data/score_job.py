@@ -29,6 +29,7 @@ from ..errors import check_output_folder
 from ..prompts import check_system_prompt, prompt_template, resolved_format
 from ..reports import weights_fingerprint
 from ..settings import DEFAULT_TEACHER, BucketConfig, ScoringOptions
+from ..sources import hub_commit
 from .buckets import bucket_rows, bucket_statistics
 from .hub import (
     check_push_access,
@@ -56,7 +57,6 @@ from .teacher import (
     position_limit,
     score_rows,
     teacher_identity,
-    teacher_revision,
 )
 
 logger = logging.getLogger(__name__)
@@ -297,7 +297,7 @@ def build_scored_dataset(
     scored, thresholds = add_teacher_buckets(scored, buckets, kept)
     metadata = {
         **teacher_identity(teacher, gguf_file, loaded=loaded_teacher is not None),
-        "teacher_revision": teacher_revision(teacher, gguf_file, revision),
+        "teacher_revision": hub_commit(teacher, gguf_file, revision),
         "teacher_dtype": str(model.dtype).removeprefix("torch."),
         "source_dataset": source,
         "num_rows": len(scored),

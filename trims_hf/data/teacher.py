@@ -122,21 +122,6 @@ def teacher_identity(name_or_path: str, gguf_file: str | None = None, loaded: bo
     return {"teacher": str(name_or_path), "teacher_source": source, "teacher_gguf_file": gguf_file}
 
 
-def teacher_revision(name_or_path: str, gguf_file: str | None = None, revision: str | None = None) -> str | None:
-    """The commit a Hub teacher was loaded from: the snapshot of the Hub cache its file was read from (transformers 5
-    keeps no commit on the config); else the requested revision. A local teacher has none but the one given."""
-    if Path(name_or_path).expanduser().exists():
-        return revision
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        cached = try_to_load_from_cache(name_or_path, gguf_file or "config.json", revision=revision)
-    except ValueError:  # not a Hub id (a name given with a model loaded in-process)
-        return revision
-    parts = Path(cached).parts if isinstance(cached, str) else ()
-    return parts[parts.index("snapshots") + 1] if "snapshots" in parts[:-1] else revision
-
-
 def check_chunked_head(model: PreTrainedModel) -> None:
     """Fail early when an architecture post-processes logits in a way :func:`token_scores` does not reproduce."""
     ids = torch.arange(8, device=model.device).remainder(model.config.vocab_size)[None]

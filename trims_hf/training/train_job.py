@@ -52,7 +52,7 @@ from ..model_config import (
 from ..prompts import check_end_of_response
 from ..reports import write_atomic
 from ..settings import DecodingConfig, check_field_types, check_masking_read
-from ..sources import SourceError, check_dataset_source
+from ..sources import SourceError, check_dataset_source, hub_commit
 from ..students import STUDENTS, check_sequence_length, get_lora_model, prepare_student, student_config, student_positions
 from .batch_search import rows_per_process
 from .callbacks import DecodeEvalCallback
@@ -574,7 +574,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     trainer.save_state()
     if trainer.is_world_process_zero():
         card = trims_model_card(
-            base_model=model_args.model_name_or_path, base_model_revision=model_args.model_revision,
+            base_model=model_args.model_name_or_path,
+            base_model_revision=hub_commit(model_args.model_name_or_path, revision=model_args.model_revision),
             dataset=data_args.dataset_name, hyperparameters=hyperparameters(model_args, data_args, args),
             log_history=trainer.state.log_history, model_kind=model_args.model_kind,
             mask_token_id=model_args.mask_token_id, model_name=trainer.hub_model_id or args.output_dir,
