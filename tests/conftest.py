@@ -77,6 +77,27 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return min(CPUS, MAX_WORKERS)
 
 
+LONGEST_FILES = ("test_cuda_correctness.py", "test_real_size.py", "test_data_parallel.py", "test_distributed.py",
+                 "test_demo.py", "test_trainer.py", "test_smollm2_recipe.py", "test_regime.py", "test_scoring.py")
+"""The test files that take longest, longest first (the suite's ``--durations``, 2026-11-30: 300 s to 70 s of a
+worker's time each; the rest under 60 s)."""
+
+
+def pytest_configure(config) -> None:
+    """pytest-xdist's ``--dist loadfile`` hands whole files to whichever worker is free, in the queue's order; by
+    default it queues the files with the most tests first, which left the few-but-long files (the bench's, the
+    compiled decoders') for the end, one worker running them while the other idled. The queue follows the
+    collection's order instead (:func:`pytest_collection_modifyitems`)."""
+    if getattr(config.option, "loadscopereorder", False):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (:data:`LONGEST_FILES`), the others after them in their usual order."""
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(autouse=True)
 def no_global_state_left():
     """Undo what a test leaves process-wide, so no later test depends on the order: transformers' DeepSpeed config
