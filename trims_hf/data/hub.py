@@ -20,6 +20,7 @@ from huggingface_hub import DatasetCard, DatasetCardData, HfApi, constants, get_
 from huggingface_hub.errors import HfHubHTTPError
 
 from ..reports import markdown_table
+from ..sources import LOCAL_DATA_SUFFIXES
 
 PAPER_TITLE = "TRIMS: Trajectory-Ranked Instruction Masked Supervision for Diffusion Language Models"
 PAPER_AUTHORS = ("Lingjie Chen", "Ruizhong Qiu", "Yuyu Fan", "Yanjun Zhao", "Hanghang Tong")
@@ -34,8 +35,8 @@ MAX_SHARD_BYTES = 500 * 2**20
 TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv",
                  ".tsv": "csv", ".arrow": "arrow"}
 """The tabular files a data set folder may hold, by the ``datasets`` builder that reads them."""
-LOCAL_BUILDERS = {suffix: TABLE_FORMATS[suffix] for suffix in (".jsonl", ".json", ".parquet")}
-"""The single files a source may be."""
+LOCAL_BUILDERS = {suffix: TABLE_FORMATS[suffix] for suffix in LOCAL_DATA_SUFFIXES}
+"""The single files a source may be, by their builder."""
 
 
 def load_source_dataset(source: str, split: str = "train", limit: int | None = None, *, flag: str = "dataset") -> Dataset:

@@ -201,8 +201,7 @@ def encode_row(row: dict, index: int, tokenizer: PreTrainedTokenizerBase, option
         raise SchemaError(f"row {index}: {len(prompt_ids) + len(completion_ids)} teacher tokens ({len(prompt_ids)} prompt "
                           f"+ {len(completion_ids)} completion), past the {positions} positions the teacher's config "
                           f"gives (its max_position_embeddings and RoPE scaling); pass a teacher_max_length of at most "
-                          f"{positions} (truncate=True "
-                          "cuts the completion to it), or drop the row.")
+                          f"{positions} (truncate=True cuts the completion to it), or drop the row.")
     return EncodedRow(index, tuple(prompt_ids) + tuple(completion_ids), len(prompt_ids), disjoint_spans(offsets), truncated)
 
 
