@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 
 import pytest
@@ -144,6 +145,33 @@ def test_a_folder_is_read_whole_or_refused_when_its_formats_differ(tmp_path):
     assert load_source_dataset(str(folder))["prompt"] == ["p0", "p1", "p2"]
     Dataset.from_list(rows[:2]).to_parquet(str(folder / "more.parquet"))
     with pytest.raises(SourceError, match=r"several formats \(1 \.jsonl, 1 \.parquet\)"):
+        load_source_dataset(str(folder), flag="--dataset")
+
+
+@pytest.mark.parametrize("data, others, reader", [
+    ("data.jsonl", {"notes.txt": 2}, "text"), ("data.jsonl", {"notes.md": 2}, "harbor"),
+    ("data.jsonl", {"notes.txt": 1}, None), ("data.jsonl", {"notes.yaml": 3}, None), ("train.jsonl", {"notes.txt": 2}, None)])
+def test_a_folder_that_datasets_reads_with_another_reader_is_refused_by_its_files(tmp_path, data, others, reader):
+    """datasets picks a folder's reader by its most common type of file: notes that outnumber the data make it read
+    text (or fail in another reader) instead of the rows; said with the files counted. A tie goes to the table; files
+    no reader takes are skipped, and so are those a split's name leaves out (train.jsonl is the train split alone)."""
+    from trims_hf.data.hub import load_source_dataset
+    from trims_hf.sources import SourceError
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / data).write_text('{"prompt": "p", "completion": "c"}\n')
+    (folder / "README.md").write_text("# data\n")
+    for name, count in others.items():
+        for i in range(count):
+            (folder / f"{i}-{name}").write_text("a note\n")
+    if reader is None:
+        assert load_source_dataset(str(folder))["completion"] == ["c"]
+        return
+    (suffix, count), = ((name[name.index("."):], n) for name, n in others.items())
+    with pytest.raises(SourceError, match=rf"^--dataset {re.escape(str(folder))}: datasets reads it as '{reader}' files, "
+                                          rf"the reader of its most common type of file \(1 \.jsonl, {count} "
+                                          rf"\{suffix}\), not as a table;"):
         load_source_dataset(str(folder), flag="--dataset")
 
 

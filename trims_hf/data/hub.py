@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ MAX_SHARD_BYTES = 500 * 2**20
 TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv",
                  ".tsv": "csv", ".arrow": "arrow"}
 """The tabular files a data set folder may hold, by the ``datasets`` builder that reads them."""
+TABLE_BUILDERS = frozenset(TABLE_FORMATS.values())
 LOCAL_BUILDERS = {suffix: TABLE_FORMATS[suffix] for suffix in LOCAL_DATA_SUFFIXES}
 """The single files a source may be, by their builder."""
 
@@ -59,7 +61,8 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
         check_jsonl_rows_are_objects(Path(source), flag)
     if local_file and Path(source).suffix == ".parquet" and _parquet_rows(Path(source)) == 0:
         raise no_rows  # datasets' reader fails on an empty table as pyarrow writes it ("BatchSize must be greater than 0")
-    if Path(source).is_dir() and not saved_with_datasets(source):
+    table_folder = Path(source).is_dir() and not saved_with_datasets(source)  # not one save_to_disk wrote
+    if table_folder:
         check_one_table_format(Path(source), flag)
     try:
         if local_file:
@@ -88,10 +91,14 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
             raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
         if isinstance(error, ValueError) and "split" in message.lower():  # datasets lists the splits there are
             raise SourceError(f"{flag} {source} has no split={split!r} ({message.splitlines()[0]}).") from None
+        if table_folder and (misread := _not_a_table(Path(source), split)):
+            raise SourceError(f"{flag} {source}: {misread}") from None
         if folder:  # a malformed file in it, or a saved split without rows
             raise SourceError(f"{flag} {source}: cannot be read as a data set folder ({type(error).__name__}: "
                               f"{reason}).") from None
         raise
+    if table_folder and (misread := _not_a_table(Path(source), split, dataset.info.builder_name)):
+        raise SourceError(f"{flag} {source}: {misread}")
     if not len(dataset):
         raise no_rows
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
@@ -104,6 +111,27 @@ def data_files(source: Path, suffixes: Collection[str]) -> list[Path]:
         return [source] if source.suffix in suffixes else []
     return sorted(path for path in source.rglob("*") if path.suffix in suffixes and path.is_file()
                   and not any(part.startswith((".", "__")) for part in path.relative_to(source).parts))
+
+
+def _not_a_table(folder: Path, split: str, builder: str | None = None) -> str | None:
+    """Why a folder is not read as a table, when ``datasets`` reads it with another reader (``builder``; None: the
+    reader it chooses for the split's files). It picks a folder's reader by its most common type of file, so three
+    .txt notes beside one .jsonl make a text data set of one ``text`` column, and the user would otherwise be told of a
+    missing column. None when the reader is a table's."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+    from datasets.load import infer_module_for_data_files_list
+
+    try:  # the files datasets takes for the split (by their names, README.md left out)
+        by_split = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+    except Exception:  # noqa: BLE001 - no files for any split: the reader's own error stands
+        return None
+    files = next((list(paths) for name, paths in by_split.items() if str(name) == split), [])
+    builder = builder or infer_module_for_data_files_list(files)[0]
+    if builder is None or builder in TABLE_BUILDERS:
+        return None
+    found = ", ".join(f"{n} {suffix}" for suffix, n in sorted(Counter(Path(path).suffix for path in files).items()))
+    return (f"datasets reads it as {builder!r} files, the reader of its most common type of file ({found}), not as a "
+            "table; keep only the data's files (.jsonl, .json, .parquet, .csv) in it, or pass a file.")
 
 
 def check_one_table_format(folder: Path, flag: str) -> None:
