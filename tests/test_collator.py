@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -72,6 +74,23 @@ def test_end_of_response_and_padding_are_revealed_last_under_every_ordering(scor
             assert any(torch.equal(masked, buckets > k) for k in range(-1, 8)), (ordering, seed, b)
             tails.append(bool(masked[len(row["bucket_ids"]) - 1:].all()))
     assert 0 < sum(tails) < len(tails)  # the tail is masked unless k = K - 1
+
+
+@pytest.mark.parametrize("prepared_k, collator_k, refused", [
+    (4, 8, r"row 3: its end-of-response tokens are in bucket 3, the last of rows prepared with num_buckets=4, but the "
+           r"masking has num_buckets=8"),
+    (8, 4, r"row 0: 'bucket_ids' must lie in \[0, 4\)"), (4, 4, None), (2, 2, None)])
+def test_rows_cut_into_another_k_are_refused_by_the_collator(scored, tokenizer, prepared_k, collator_k, refused):
+    """A plain Trainer hands the collator rows alone: rows cut into fewer buckets than its masking's have ids that all
+    fit, and are told by their end-of-response tokens (the last bucket of their own K, past the scored tokens)."""
+    rows = list(prepare_dataset(Dataset.from_list(scored[:4]), tokenizer, buckets=BucketConfig(num_buckets=prepared_k)))
+    masking = MaskingConfig(num_buckets=collator_k, trajectory_ratio=0.5)
+    if refused is None:
+        assert TrimsDataCollator(tokenizer, masking=masking)(rows)["input_ids"].shape[0] == 4
+        return
+    with pytest.raises(SchemaError, match=refused):
+        TrimsDataCollator(tokenizer, masking=masking)(rows[::-1] if collator_k > prepared_k else rows)
+    assert TrimsDataCollator(tokenizer, masking=dataclasses.replace(masking, trajectory_ratio=0.0))(rows)["t"].shape == (4,)
 
 
 def test_truncation_keeps_buckets_aligned_and_equal_mass_over_kept_tokens(scored, prepared, tokenizer):

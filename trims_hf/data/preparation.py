@@ -29,7 +29,6 @@ from .buckets import bucket_rows, project_scores, teacher_coverage
 logger = logging.getLogger(__name__)
 
 KEPT, END_TOKENS = "_kept_tokens", "_end_tokens"  # working columns of prepare_dataset
-STUDENT_SCORE = "student_score"  # the projected teacher metric per kept completion token; NaN: no teacher score
 
 
 @dataclass
@@ -143,7 +142,7 @@ def prepare_dataset(
             spans = (row[schema.TEACHER_START], row[schema.TEACHER_END])
             scores = project_scores(*spans, row[score_column], example.completion_spans, len(completion))
             covered = teacher_coverage(*spans, example.completion_spans, len(completion))
-            prepared[STUDENT_SCORE] = np.where(covered, scores, np.nan).astype(np.float32)  # every completion token
+            prepared[schema.STUDENT_SCORE] = np.where(covered, scores, np.nan).astype(np.float32)  # every completion token
             prepared[KEPT] = example.num_completion_tokens
             prepared[END_TOKENS] = example.num_end_tokens
         return prepared
@@ -151,12 +150,12 @@ def prepare_dataset(
     tokenized = dataset.map(tokenize, with_indices=True, num_proc=num_proc, desc="Tokenising for the student")
     if not scored:
         return tokenized
-    scores, kept = tokenized[STUDENT_SCORE], tokenized[KEPT]
+    scores, kept = tokenized[schema.STUDENT_SCORE], tokenized[KEPT]
     per_row, thresholds = bucket_rows(scores, buckets, kept)
     logger.info("Student-token bucket thresholds (%s, %s, over %s tokens): %s", buckets.metric, buckets.bucket_ordering,
                 buckets.quantile_tokens, thresholds.tolist())
     column = [np.concatenate([ids[:n], np.full(n_end, buckets.end_bucket, dtype=np.int8)]).tolist()
               for ids, n, n_end in zip(per_row, kept, tokenized[END_TOKENS])]
     kept_scores = [np.asarray(s[:n], dtype=np.float32) for s, n in zip(scores, kept)]
-    tokenized = tokenized.remove_columns([STUDENT_SCORE, KEPT, END_TOKENS])
-    return tokenized.add_column(STUDENT_SCORE, kept_scores).add_column(schema.BUCKET_IDS, column)
+    tokenized = tokenized.remove_columns([schema.STUDENT_SCORE, KEPT, END_TOKENS])
+    return tokenized.add_column(schema.STUDENT_SCORE, kept_scores).add_column(schema.BUCKET_IDS, column)

@@ -35,6 +35,7 @@ INPUT_IDS = "input_ids"
 PROMPT_LENGTH = "prompt_length"
 BUCKET_IDS = "bucket_ids"  # one per completion token (input_ids[prompt_length:])
 EXAMPLE_ID = "example_id"  # stable row id, used by the fixed-subset trajectory selection
+STUDENT_SCORE = "student_score"  # the teacher metric per kept completion token (NaN: no score); end tokens follow
 
 # A collated batch (TrimsDataCollator writes it; the loss, MDLMTrainer and the plain-Trainer hooks read it).
 IGNORE_INDEX = -100
@@ -235,7 +236,7 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
                       mask_token_id: int | None = None, vocab_size: int | None = None) -> None:
     """Check a prepared (already tokenised) row: ids (below ``vocab_size``, the mask id not among the completion's:
     a target of the mask would teach the student to leave positions masked), prompt length and, given K, bucket ids
-    aligned and in range."""
+    aligned and in range, the end-of-response tokens in the last bucket (rows cut into fewer buckets pass the range)."""
     if row.get(INPUT_IDS) is None:
         raise SchemaError(f"{_where(index)}: missing field '{INPUT_IDS}'.")
     if row.get(PROMPT_LENGTH) is None:
@@ -272,3 +273,10 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
         if values.size and values.max() >= num_buckets:
             raise SchemaError(
                 f"{_where(index)}: '{BUCKET_IDS}' must lie in [0, {num_buckets}), got {sorted(set(values.tolist()))}.")
+        scored = row.get(STUDENT_SCORE)
+        if scored is not None and len(scored) < len(values) and (end := values[len(scored):])[0] != num_buckets - 1:
+            # prepare_dataset puts the end-of-response tokens, past the scored ones, in the last bucket
+            raise SchemaError(
+                f"{_where(index)}: its end-of-response tokens are in bucket {int(end[0])}, the last of rows prepared with "
+                f"num_buckets={int(end[0]) + 1}, but the masking has num_buckets={num_buckets}; prepare the rows with "
+                "the masking's K, or mask with theirs.")

@@ -109,7 +109,7 @@ def measure_future_gain(model: Any, rows: Sequence[Mapping[str, Any]], num_bucke
         if schema.BUCKET_IDS not in row:
             raise schema.SchemaError(f"row {index}: no '{schema.BUCKET_IDS}': prepare scored rows for the student first.")
         ids = torch.as_tensor(row[schema.INPUT_IDS])
-        start, kept = int(row[schema.PROMPT_LENGTH]), len(row["student_score"])
+        start, kept = int(row[schema.PROMPT_LENGTH]), len(row[schema.STUDENT_SCORE])
         response_buckets = torch.as_tensor(row[schema.BUCKET_IDS], dtype=ids.dtype)  # completion, then end tokens
         buckets = torch.full_like(ids, -1)
         buckets[start:start + len(response_buckets)] = response_buckets

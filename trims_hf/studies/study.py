@@ -30,6 +30,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from ..data import schema
 from ..data.buckets import bucket_statistics
 from ..distributed import name_cpu_accelerator
 from ..evaluation.evaluate import EvaluationInterrupted, evaluate_task
@@ -329,7 +330,7 @@ class Study:
         model, tokenizer = AutoModelForCausalLM.from_pretrained(pretrained), AutoTokenizer.from_pretrained(pretrained)
         model = prepare_student(model, "dream", add_mask_token(model, tokenizer))
         data = self.prepared("hard_to_easy", tokenizer)
-        buckets = bucket_statistics(data["student_score"], data["bucket_ids"], p.masking.num_buckets)
+        buckets = bucket_statistics(data[schema.STUDENT_SCORE], data[schema.BUCKET_IDS], p.masking.num_buckets)
         args = p.student_args(self.output / "work" / "base", BASE, p.base_seed(), self.device)
         record = {**self.training_record(args, p.base_steps, model), **self.before_base_training(model)}
         train_student(model, tokenizer, data, args, record)

@@ -35,7 +35,7 @@ def seed_mechanism(folder: Path, protocol: RegimeProtocol, rows: int = MECHANISM
     from datasets import Dataset, load_dataset
 
     from ...data.buckets import bucket_rows
-    from ...data.schema import as_prompt_completion
+    from ...data.schema import STUDENT_SCORE, as_prompt_completion
     from ...evaluation.tasks.base import read_json_rows
     from ..arith import ArithTask
     from ..mechanism import decode_commit_profile, measure_future_gain
@@ -70,7 +70,7 @@ def seed_mechanism(folder: Path, protocol: RegimeProtocol, rows: int = MECHANISM
             gain[ordering] = {model: measure_future_gain(models[model], prepared, protocol.masking.num_buckets)
                               .as_dict() for model in ("MDLM", name)}
     hard_first = prepared_rows(protocol, scored, tokenizer, "hard_to_easy")
-    _, thresholds = bucket_rows(hard_first["student_score"], protocol.bucket_config("hard_to_easy"))
+    _, thresholds = bucket_rows(hard_first[STUDENT_SCORE], protocol.bucket_config("hard_to_easy"))
     traced = ArithTask(test[: protocol.trace_samples], name=f"chain-L{protocol.test_level}")
     decoding = protocol.decoding_at(protocol.trace_threshold())
     commits = {name: decode_commit_profile(model, tokenizer, traced, decoding, teacher, protocol.teacher_context,
