@@ -93,6 +93,22 @@ def test_rows_cut_into_another_k_are_refused_by_the_collator(scored, tokenizer, 
     assert TrimsDataCollator(tokenizer, masking=dataclasses.replace(masking, trajectory_ratio=0.0))(rows)["t"].shape == (4,)
 
 
+def test_a_student_score_not_of_the_rows_preparation_is_named_or_left_alone(scored, tokenizer):
+    """The end-token check reads ``student_score`` as one entry per scored token: a list of another length is named
+    as not of the rows' preparation (no K is guessed from a mid-completion bucket); a column of that name holding
+    one number per row is the user's own, and left alone."""
+    row = next(iter(prepare_dataset(Dataset.from_list(scored[:1]), tokenizer)))
+    collate = TrimsDataCollator(tokenizer, masking=MaskingConfig(trajectory_ratio=1.0))
+    kept = len(row["student_score"])
+    assert len(set(row["bucket_ids"][kept - 4:kept])) > 1  # the scored tokens' buckets differ near the end
+    with pytest.raises(SchemaError, match=rf"^row 0: 'bucket_ids' past its {kept - 4} 'student_score' entries \(the "
+                                          r"end-of-response tokens, in bucket 7\) hold \[.*\]: the two columns are not "
+                                          r"of one preparation"):
+        collate([{**row, "student_score": row["student_score"][:-4]}])
+    for grade in (0.5, torch.tensor(0.5), np.float32(0.5)):
+        assert collate([{**row, "student_score": grade}])["input_ids"].shape[0] == 1
+
+
 def test_truncation_keeps_buckets_aligned_and_equal_mass_over_kept_tokens(scored, prepared, tokenizer):
     cut = max(row["prompt_length"] for row in prepared) + 40
     rows = list(prepare_dataset(Dataset.from_list(scored), tokenizer, StudentFormat(max_length=cut)))

@@ -148,30 +148,60 @@ def test_a_folder_is_read_whole_or_refused_when_its_formats_differ(tmp_path):
         load_source_dataset(str(folder), flag="--dataset")
 
 
-@pytest.mark.parametrize("data, others, reader", [
-    ("data.jsonl", {"notes.txt": 2}, "text"), ("data.jsonl", {"notes.md": 2}, "harbor"),
-    ("data.jsonl", {"notes.txt": 1}, None), ("data.jsonl", {"notes.yaml": 3}, None), ("train.jsonl", {"notes.txt": 2}, None)])
-def test_a_folder_that_datasets_reads_with_another_reader_is_refused_by_its_files(tmp_path, data, others, reader):
+ROW = '{"prompt": "p", "completion": "c"}\n'
+NOTE = "a note\n"
+FOLDERS_READ_OR_NOT = {  # files -> the reader datasets takes instead of a table's and the files counted, or None
+    "notes outnumber the data": ({"data.jsonl": ROW, "a.txt": NOTE, "b.txt": NOTE}, "'text' files, not as a table "
+                                 r"\(its files: 1 \.jsonl, 2 \.txt\)"),
+    "markdown notes": ({"data.jsonl": ROW, "a.md": NOTE, "b.md": NOTE}, r"'harbor' files, not as a table \(its files: "
+                       r"1 \.jsonl, 2 \.md\)"),
+    "notes named like a split": ({"train.jsonl": ROW, "eval_notes.txt": NOTE}, r"'text' files, not as a table \(its "
+                                 r"files: 1 \.jsonl, 1 \.txt\)"),
+    "compressed notes": ({"data.jsonl": ROW, "a.txt.gz": None, "b.txt.gz": None}, r"'text' files, not as a table "
+                         r"\(its files: 1 \.jsonl, 2 \.txt\.gz\)"),
+    "a tie": ({"data.jsonl": ROW, "a.txt": NOTE}, None),
+    "files no reader takes": ({"data.jsonl": ROW, "a.yaml": NOTE, "b.yaml": NOTE, "c.yaml": NOTE}, None),
+    "the train split's own file": ({"train.jsonl": ROW, "a.txt": NOTE, "b.txt": NOTE}, None),
+}
+
+
+@pytest.mark.parametrize("case", FOLDERS_READ_OR_NOT)
+def test_a_folder_that_datasets_reads_with_another_reader_is_refused_by_its_files(tmp_path, case):
     """datasets picks a folder's reader by its most common type of file: notes that outnumber the data make it read
-    text (or fail in another reader) instead of the rows; said with the files counted. A tie goes to the table; files
-    no reader takes are skipped, and so are those a split's name leaves out (train.jsonl is the train split alone)."""
+    text (or fail in another reader) instead of the rows, and notes named like a split get a reader of their own (it
+    said the split was missing); refused with the files counted. A tie goes to the table; files no reader takes are
+    skipped, and so are those a split's name leaves out (train.jsonl is the train split alone)."""
+    import gzip
+
+    from trims_hf.data.hub import load_source_dataset
+    from trims_hf.sources import SourceError
+
+    files, refused = FOLDERS_READ_OR_NOT[case]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "README.md").write_text("# data\n")
+    for name, text in files.items():
+        (folder / name).write_bytes(gzip.compress(NOTE.encode()) if text is None else text.encode())
+    if refused is None:
+        assert load_source_dataset(str(folder))["completion"] == ["c"]
+        return
+    with pytest.raises(SourceError, match=rf"^--dataset {re.escape(str(folder))}: datasets reads it as {refused}: it "
+                                          r"reads a folder with the reader of its most common type of file;"):
+        load_source_dataset(str(folder), flag="--dataset")
+
+
+def test_an_archive_datasets_cannot_open_in_a_folder_is_one_line(tmp_path):
+    """Telling a folder's reader opens its archives: one that is no archive leaves the reader's own error, one line."""
     from trims_hf.data.hub import load_source_dataset
     from trims_hf.sources import SourceError
 
     folder = tmp_path / "data"
     folder.mkdir()
-    (folder / data).write_text('{"prompt": "p", "completion": "c"}\n')
-    (folder / "README.md").write_text("# data\n")
-    for name, count in others.items():
-        for i in range(count):
-            (folder / f"{i}-{name}").write_text("a note\n")
-    if reader is None:
-        assert load_source_dataset(str(folder))["completion"] == ["c"]
-        return
-    (suffix, count), = ((name[name.index("."):], n) for name, n in others.items())
-    with pytest.raises(SourceError, match=rf"^--dataset {re.escape(str(folder))}: datasets reads it as '{reader}' files, "
-                                          rf"the reader of its most common type of file \(1 \.jsonl, {count} "
-                                          rf"\{suffix}\), not as a table;"):
+    (folder / "data.jsonl").write_text(ROW)
+    for name in ("x.zip", "y.zip"):
+        (folder / name).write_bytes(b"")
+    with pytest.raises(SourceError, match=rf"^--dataset {re.escape(str(folder))}: cannot be read as a data set folder "
+                                          r"\(BadZipFile"):
         load_source_dataset(str(folder), flag="--dataset")
 
 

@@ -89,15 +89,15 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
                               "cannot read in a folder; remove them.") from None
         if local_file:  # a malformed file (pyarrow's ArrowInvalid is a ValueError too)
             raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
+        if table_folder and (misread := _not_a_table(Path(source))):
+            raise SourceError(f"{flag} {source}: {misread}") from None
         if isinstance(error, ValueError) and "split" in message.lower():  # datasets lists the splits there are
             raise SourceError(f"{flag} {source} has no split={split!r} ({message.splitlines()[0]}).") from None
-        if table_folder and (misread := _not_a_table(Path(source), split)):
-            raise SourceError(f"{flag} {source}: {misread}") from None
         if folder:  # a malformed file in it, or a saved split without rows
             raise SourceError(f"{flag} {source}: cannot be read as a data set folder ({type(error).__name__}: "
                               f"{reason}).") from None
         raise
-    if table_folder and (misread := _not_a_table(Path(source), split, dataset.info.builder_name)):
+    if table_folder and (misread := _not_a_table(Path(source), dataset.info.builder_name)):
         raise SourceError(f"{flag} {source}: {misread}")
     if not len(dataset):
         raise no_rows
@@ -113,25 +113,40 @@ def data_files(source: Path, suffixes: Collection[str]) -> list[Path]:
                   and not any(part.startswith((".", "__")) for part in path.relative_to(source).parts))
 
 
-def _not_a_table(folder: Path, split: str, builder: str | None = None) -> str | None:
-    """Why a folder is not read as a table, when ``datasets`` reads it with another reader (``builder``; None: the
-    reader it chooses for the split's files). It picks a folder's reader by its most common type of file, so three
-    .txt notes beside one .jsonl make a text data set of one ``text`` column, and the user would otherwise be told of a
-    missing column. None when the reader is a table's."""
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+
+
+def _not_a_table(folder: Path, builder: str | None = None) -> str | None:
+    """Why a folder is not read as a table, when ``datasets`` reads it (``builder``), or would read one of its splits
+    (None: inferred from the files), with another reader. It picks a folder's reader by its most common type of file,
+    so two .txt notes beside one .jsonl make a text data set of one ``text`` column, and the user would otherwise be
+    told of a missing column, or of a missing split where notes named like a split get a reader of their own. None
+    when the reader is a table's."""
+    if builder in TABLE_BUILDERS:
+        return None
     from datasets.data_files import DataFilesDict, get_data_patterns
     from datasets.load import infer_module_for_data_files_list
 
-    try:  # the files datasets takes for the split (by their names, README.md left out)
-        by_split = DataFilesDict.from_patterns(get_data_patterns(str(folder)), base_path=str(folder))
+    try:  # the files datasets takes for each split (by their names, README.md left out)
+        splits = [list(paths) for paths in DataFilesDict.from_patterns(get_data_patterns(str(folder)),
+                                                                       base_path=str(folder)).values()]
     except Exception:  # noqa: BLE001 - no files for any split: the reader's own error stands
         return None
-    files = next((list(paths) for name, paths in by_split.items() if str(name) == split), [])
-    builder = builder or infer_module_for_data_files_list(files)[0]
+    for files in splits if builder is None else ():
+        try:
+            builder = infer_module_for_data_files_list(files)[0]
+        except Exception:  # noqa: BLE001 - an archive it cannot open: the reader's own error stands
+            builder = None
+        if builder is not None and builder not in TABLE_BUILDERS:
+            break
     if builder is None or builder in TABLE_BUILDERS:
         return None
-    found = ", ".join(f"{n} {suffix}" for suffix, n in sorted(Counter(Path(path).suffix for path in files).items()))
-    return (f"datasets reads it as {builder!r} files, the reader of its most common type of file ({found}), not as a "
-            "table; keep only the data's files (.jsonl, .json, .parquet, .csv) in it, or pass a file.")
+    kinds = Counter("".join(Path(path).suffixes[-2:]) if Path(path).suffix in COMPRESSIONS else Path(path).suffix
+                    for files in splits for path in files)
+    found = ", ".join(f"{n} {kind or '(no suffix)'}" for kind, n in sorted(kinds.items()))
+    return (f"datasets reads it as {builder!r} files, not as a table (its files: {found}): it reads a folder with the "
+            "reader of its most common type of file; keep only the data's files (.jsonl, .json, .parquet, .csv) in "
+            "it, or pass a file.")
 
 
 def check_one_table_format(folder: Path, flag: str) -> None:

@@ -273,10 +273,16 @@ def validate_prepared(row: Mapping[str, Any], index: int | None = None, num_buck
         if values.size and values.max() >= num_buckets:
             raise SchemaError(
                 f"{_where(index)}: '{BUCKET_IDS}' must lie in [0, {num_buckets}), got {sorted(set(values.tolist()))}.")
+        # prepare_dataset puts the end-of-response tokens, past the scored ones, in the last bucket
         scored = row.get(STUDENT_SCORE)
-        if scored is not None and len(scored) < len(values) and (end := values[len(scored):])[0] != num_buckets - 1:
-            # prepare_dataset puts the end-of-response tokens, past the scored ones, in the last bucket
+        kept = len(scored) if np.ndim(scored) == 1 else None  # a per-token list; another column of that name is not
+        if kept is not None and kept < len(values) and ((end := values[kept:]) != num_buckets - 1).any():
+            if (end == end[0]).all():
+                raise SchemaError(
+                    f"{_where(index)}: its end-of-response tokens are in bucket {int(end[0])}, the last of rows prepared "
+                    f"with num_buckets={int(end[0]) + 1}, but the masking has num_buckets={num_buckets}; prepare the "
+                    "rows with the masking's K, or mask with theirs.")
             raise SchemaError(
-                f"{_where(index)}: its end-of-response tokens are in bucket {int(end[0])}, the last of rows prepared with "
-                f"num_buckets={int(end[0]) + 1}, but the masking has num_buckets={num_buckets}; prepare the rows with "
-                "the masking's K, or mask with theirs.")
+                f"{_where(index)}: '{BUCKET_IDS}' past its {kept} '{STUDENT_SCORE}' entries (the end-of-response tokens, "
+                f"in bucket {num_buckets - 1}) hold {sorted(set(end.tolist()))}: the two columns are not of one "
+                "preparation; prepare the rows again with trims_hf.prepare_dataset.")
