@@ -37,6 +37,8 @@ TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet
                  ".tsv": "csv", ".arrow": "arrow"}
 """The tabular files a data set folder may hold, by the ``datasets`` builder that reads them."""
 TABLE_BUILDERS = frozenset(TABLE_FORMATS.values())
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+"""Suffixes of a compressed file, which ``datasets`` reads by the suffix before (``rows.jsonl.gz``)."""
 LOCAL_BUILDERS = {suffix: TABLE_FORMATS[suffix] for suffix in LOCAL_DATA_SUFFIXES}
 """The single files a source may be, by their builder."""
 
@@ -111,9 +113,6 @@ def data_files(source: Path, suffixes: Collection[str]) -> list[Path]:
         return [source] if source.suffix in suffixes else []
     return sorted(path for path in source.rglob("*") if path.suffix in suffixes and path.is_file()
                   and not any(part.startswith((".", "__")) for part in path.relative_to(source).parts))
-
-
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst", ".lz4")
 
 
 def _not_a_table(folder: Path, builder: str | None = None) -> str | None:
