@@ -255,7 +255,9 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--data-file", "{w}/few.jsonl"], r"--data-file .*few\.jsonl has 3 rows; the demo needs more than 8\.$"),
     (["--output", "{w}/a-file"], r"--output .*a-file: a file, not a folder\.$"),
     (["--data-file", "{w}/a-model"], r"--data-file .*a-model: a folder, not a file\.$"),
-    (["--output", "{w}/a-model"], r"--output .*a-model is not empty and holds no demo run \(no data/ folder\): "),
+    (["--output", "{w}/a-model"], r"--output .*a-model is not empty \(config\.json\) and holds no study's run, whose "
+                                  r"folders a study would replace: choose a new folder, or an earlier run's to continue it\.$"),
+    (["--output", "{w}/a-project"], r"--output .*a-project is not empty \(data, table\.md\) and holds no study's run"),
 ])
 def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path, capsys):
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "1 + 1?", "completion": "2"}) + "\n")
@@ -264,11 +266,50 @@ def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path,
     (tmp_path / "a-file").write_text("")
     (tmp_path / "a-model").mkdir()
     (tmp_path / "a-model" / "config.json").write_text("{}")
+    (tmp_path / "a-project" / "data").mkdir(parents=True)  # a user's folder with a folder of a stage's name
+    (tmp_path / "a-project" / "data" / "thesis.csv").write_text("x\n1\n")
+    (tmp_path / "a-project" / "table.md").write_text("mine")
     output = tmp_path / "out"
     assert main(["demo", "--fast", "--output", str(output), *(flag.format(w=tmp_path) for flag in flags)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and re.match(rf"error: {expected}", err), err
     assert not output.exists()
+    assert (tmp_path / "a-project" / "data" / "thesis.csv").read_text() == "x\n1\n"
+    assert sorted(path.name for path in (tmp_path / "a-project").rglob("*")) == ["data", "table.md", "thesis.csv"]
+
+
+def test_a_study_runs_only_in_a_new_or_empty_folder_or_a_studys(tmp_path):
+    """A study rebuilds its units' folders in place: a folder of a user's files is refused before anything is written
+    (its data/ folder is not a study's first unit), whoever starts the study, the Python API and the regime's seeds
+    too; a study's run, marked or made before the mark (a finished data/ unit, a protocol.json), continues."""
+    from trims_hf.errors import InputError
+    from trims_hf.studies.demo.pipeline import DemoStudy
+    from trims_hf.studies.demo.presets import DemoSettings
+    from trims_hf.studies.protocol import PROTOCOL_FILE
+    from trims_hf.studies.regime.protocol import RegimeProtocol
+    from trims_hf.studies.regime.seeds import run_seeds
+    from trims_hf.studies.units import KEY_FILE, STUDY_MARK, check_study_folder, claim_study_folder
+
+    user = tmp_path / "project"
+    (user / "data").mkdir(parents=True)
+    (user / "data" / "thesis.csv").write_text("x")
+    with pytest.raises(InputError, match=r"^the study folder .*project is not empty \(data\) and holds no study's run"):
+        DemoStudy(user, DemoSettings(), []).run()
+    seeds = tmp_path / "regime"
+    (seeds / "seed-3").mkdir(parents=True)
+    (seeds / "seed-3" / "notes.txt").write_text("x")
+    with pytest.raises(InputError, match=r"^--output .*regime \(seed 3: .*seed-3\) is not empty \(notes\.txt\)"):
+        run_seeds(seeds, RegimeProtocol(), [2, 3])
+    assert sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*")) == [
+        "project", "project/data", "project/data/thesis.csv", "regime", "regime/seed-3", "regime/seed-3/notes.txt"]
+    for made_by_a_study in (f"data/{KEY_FILE}", PROTOCOL_FILE, STUDY_MARK):
+        folder = tmp_path / made_by_a_study.replace("/", "-")
+        (folder / made_by_a_study).parent.mkdir(parents=True)
+        (folder / made_by_a_study).write_text("{}")
+        check_study_folder(folder, "--output")
+    claim_study_folder(tmp_path / "new", "--output")
+    assert (tmp_path / "new" / STUDY_MARK).is_file()
+    check_study_folder(tmp_path / "new", "--output")
 
 
 @pytest.mark.parametrize(("repeats", "system", "binds"), [

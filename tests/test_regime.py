@@ -440,7 +440,7 @@ def test_the_study_takes_up_the_settings_the_curve_ran_with(tmp_path, capsys):
 def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings(tmp_path, monkeypatch, capsys):
     """A study at another trajectory ratio takes the other study's bases; one at another base learning rate takes only
     what comes before the base. A seed the other study does not have takes only the shared stages, from the first."""
-    from trims_hf.studies.units import KEY_FILE, Units
+    from trims_hf.studies.units import KEY_FILE, STUDY_MARK, Units
 
     old = tmp_path / "old"
     made = regime.RegimeProtocol(seed=0)
@@ -448,6 +448,7 @@ def test_a_study_reuses_another_studys_stages_only_where_made_under_its_settings
         (old / "seed-0" / stage).mkdir(parents=True)
         (old / "seed-0" / stage / KEY_FILE).write_text(json.dumps(Units(made, "cpu").key(stage, stage), indent=2))
     (tmp_path / "ratio" / "seed-0" / "base").mkdir(parents=True)  # a base cut short in an earlier run: replaced
+    (tmp_path / "ratio" / "seed-0" / STUDY_MARK).write_text("{}")  # that run's study folder
     ran = []
     monkeypatch.setattr(regime_study, "RegimeStudy", lambda folder, p, deadline: type(
         "Stub", (), {"run": lambda self: ran.append(folder) or True})())

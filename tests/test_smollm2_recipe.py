@@ -413,6 +413,12 @@ def test_an_output_that_is_a_file_is_refused(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert recipe.main(["--size", "smoke", "--output", str(tmp_path / "file")]) == 2
     assert capsys.readouterr().err.startswith("error: --output")
+    (tmp_path / "mine" / "score").mkdir(parents=True)  # a user's folder, one of a stage's name in it
+    (tmp_path / "mine" / "score" / "grades.csv").write_text("x")
+    assert recipe.main(["--size", "smoke", "--output", str(tmp_path / "mine")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --output {tmp_path / 'mine'} is not empty (score) and holds no "
+                                              "study's run")
+    assert [path.name for path in (tmp_path / "mine").rglob("*")] == ["score", "grades.csv"]
 
 
 def test_the_time_budget_stops_between_units(tmp_path):

@@ -20,6 +20,7 @@ from trims_hf.errors import InputError, check_output_path
 from trims_hf.sources import smollm2_gguf
 from trims_hf.studies.protocol import changed_sources, check_protocol, describe_fields, record_protocol, with_overrides
 from trims_hf.studies.smollm2 import PRESETS, STAGES, Protocol
+from trims_hf.studies.units import check_study_folder
 
 sleep_while_waiting()  # before torch loads
 
@@ -83,6 +84,7 @@ def checked(args: argparse.Namespace) -> tuple[Protocol, Path | None, dict[str, 
         raise InputError(f"--threads {args.threads}: must be at least 1.")
     if args.budget_minutes is not None and args.budget_minutes <= 0:
         raise InputError(f"--budget-minutes {args.budget_minutes}: must be positive.")
+    check_study_folder(args.output, f"--output {args.output}")
     try:
         check_protocol(args.output, protocol)
     except ValueError as error:

@@ -54,7 +54,7 @@ from .stages import (
     trace_metrics,
     train_student,
 )
-from .units import KEY_FILE, OutOfBudget, StudyInterrupted, Units
+from .units import KEY_FILE, OutOfBudget, StudyInterrupted, Units, claim_study_folder
 
 
 def slug(name: str) -> str:
@@ -507,6 +507,7 @@ class Study:
         """The stages up to ``until``, skipping finished units; False when the time budget stopped it (the finished
         models' report is then written, marked partial, and running it again continues). Ctrl-C raises
         :class:`StudyInterrupted`, which says what was kept."""
+        claim_study_folder(self.output, f"the study folder {self.output}")
         start = self.started = time.monotonic()
         stages = self.stages[: self.stages.index(until) + 1]
         try:

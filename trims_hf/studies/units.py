@@ -12,13 +12,39 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..reports import write_atomic
-from .protocol import StudyProtocol
+from .protocol import PROTOCOL_FILE, StudyProtocol
 
 KEY_FILE = "cache-key.json"
+STUDY_MARK = "trims-study.json"
+"""Written at the top of a study's folder when its run starts: the folder is a study's, whose units it may rebuild."""
 UNIT_FORMAT = 2
 """The shape of what units write (2: ``data/train.jsonl`` holds prompt/completion rows); part of every unit's key, so
 a folder made by code that wrote another shape is rebuilt, never misread."""
+
+
+def check_study_folder(folder: Path, label: str) -> None:
+    """A study rebuilds its units' folders in place (``data/``, ``score/``, ``report/``...), so it runs in a new or
+    empty folder, or one a study made (its mark, its ``protocol.json``, or a finished ``data/`` unit of a run made
+    before the mark), never over a user's folders of the same names. ``label``: the flag and path as the user gave
+    them."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    if any((folder / name).is_file() for name in (STUDY_MARK, PROTOCOL_FILE, f"data/{KEY_FILE}")):
+        return
+    content = sorted(path.name for path in folder.iterdir())
+    raise InputError(f"{label} is not empty ({', '.join(content[:3])}{', ...' if len(content) > 3 else ''}) and holds "
+                     "no study's run, whose folders a study would replace: choose a new folder, or an earlier run's to "
+                     "continue it.")
+
+
+def claim_study_folder(folder: Path, label: str) -> None:
+    """Check ``folder`` (:func:`check_study_folder`), create it and mark it as a study's."""
+    check_study_folder(folder, label)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / STUDY_MARK).is_file():
+        write_atomic(folder / STUDY_MARK, json.dumps({"made_by": "trims_hf.studies"}))
 
 
 class OutOfBudget(Exception):

