@@ -103,13 +103,16 @@ def requested_processes() -> int | None:
 
 
 def announce(command: str, state: PartialState) -> None:
-    """Say (on the main process, on stderr) how many processes ``command`` runs on, and how to get the count a
-    launch asked for when it got fewer."""
+    """Say (on the main process, on stderr) how many processes ``command`` runs on, under a launcher or on several,
+    and how to get the count a launch asked for when it got fewer. A plain run on one process says nothing: its
+    output stays the command's own (a mistake in the data one ``error:`` line)."""
     if not state.is_main_process:
+        return
+    asked = requested_processes()
+    if state.num_processes == 1 and asked is None:
         return
     how = f"es ({state.distributed_type.value.lower()}, {state.backend})" if state.num_processes > 1 else ""
     print(f"{command}: running on {state.num_processes} process{how}", file=sys.stderr)
-    asked = requested_processes()
     if asked is not None and asked > state.num_processes:
         print(f"warning: the launch asked for {asked} processes and {command} got {state.num_processes}; "
               f"{CPU_LAUNCH_ADVICE}.", file=sys.stderr)
