@@ -190,6 +190,27 @@ def test_a_folder_that_datasets_reads_with_another_reader_is_refused_by_its_file
         load_source_dataset(str(folder), flag="--dataset")
 
 
+@pytest.mark.parametrize("extra, named", [
+    ({"meta.json": '{"foo": 1}\n'}, r"meta\.json: foo; the other file: prompt, completion"),
+    ({"meta.json": '{\n  "foo": 1\n}\n'}, r"meta\.json: foo; the other file: prompt, completion"),
+    ({"sub/more.jsonl": '{"prompt": "p", "extra": 1}\n', "zz.jsonl": ROW}, r"sub/more\.jsonl: prompt, extra; the other "
+                                                                         r"2 files: prompt, completion")])
+def test_a_folder_whose_files_hold_other_columns_names_them(tmp_path, extra, named):
+    """datasets reads a folder's table files as one table and says only "Couldn't cast" of a file with other columns
+    (a metadata .json beside the rows): the file is named with its columns."""
+    from trims_hf.data.hub import load_source_dataset
+    from trims_hf.sources import SourceError
+
+    folder = tmp_path / "data"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "data.jsonl").write_text(ROW)
+    for name, text in extra.items():
+        (folder / name).write_text(text)
+    with pytest.raises(SourceError, match=rf"^--dataset {re.escape(str(folder))}: its files hold different columns "
+                                          rf"\({named}\), and datasets reads a folder's files as one table;"):
+        load_source_dataset(str(folder), flag="--dataset")
+
+
 def test_an_archive_datasets_cannot_open_in_a_folder_is_one_line(tmp_path):
     """Telling a folder's reader opens its archives: one that is no archive leaves the reader's own error, one line."""
     from trims_hf.data.hub import load_source_dataset

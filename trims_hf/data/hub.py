@@ -93,6 +93,9 @@ def load_source_dataset(source: str, split: str = "train", limit: int | None = N
             raise SourceError(f"{flag} {source}: cannot be read as a {Path(source).suffix} file ({reason}).") from None
         if table_folder and (misread := _not_a_table(Path(source))):
             raise SourceError(f"{flag} {source}: {misread}") from None
+        if table_folder and "column names don't match" in str(error.__cause__ or error) and (
+                odd := _files_of_other_columns(Path(source))):
+            raise SourceError(f"{flag} {source}: {odd}") from None
         if isinstance(error, ValueError) and "split" in message.lower():  # datasets lists the splits there are
             raise SourceError(f"{flag} {source} has no split={split!r} ({message.splitlines()[0]}).") from None
         if folder:  # a malformed file in it, or a saved split without rows
@@ -146,6 +149,50 @@ def _not_a_table(folder: Path, builder: str | None = None) -> str | None:
     return (f"datasets reads it as {builder!r} files, not as a table (its files: {found}): it reads a folder with the "
             "reader of its most common type of file; keep only the data's files (.jsonl, .json, .parquet, .csv) in "
             "it, or pass a file.")
+
+
+def _first_columns(path: Path) -> tuple[str, ...] | None:
+    """The columns of a table file's first row (a parquet file's schema, a CSV header); None where it cannot be told
+    cheaply (a .json document past 64 MiB, a file that does not parse)."""
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix == ".parquet":
+            return tuple(pq.read_schema(path).names)
+        with path.open(encoding="utf-8-sig") as lines:
+            if path.suffix in (".csv", ".tsv"):
+                return tuple(next(lines).rstrip("\r\n").split("\t" if path.suffix == ".tsv" else ","))
+            first = next((line for line in lines if line.strip()), "")
+            if first.lstrip().startswith("{"):
+                try:
+                    return tuple(json.loads(first))  # JSON Lines, or a one-line document
+                except ValueError:
+                    pass  # a document over several lines
+        if path.suffix == ".json" and path.stat().st_size <= 64 * 2**20:
+            document = json.loads(path.read_text(encoding="utf-8-sig"))
+            row = document[0] if isinstance(document, list) and document else document
+            return tuple(row) if isinstance(row, dict) else None
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+    return None
+
+
+def _files_of_other_columns(folder: Path) -> str | None:
+    """Which of a folder's table files hold other columns than most (``datasets`` reads its files as one table, and
+    says only "Couldn't cast"): a notes or metadata .json beside the data. None when it cannot be told."""
+    files = data_files(folder, TABLE_FORMATS)
+    columns = {path: found for path in files if (found := _first_columns(path)) is not None}
+    kinds = Counter(frozenset(found) for found in columns.values())  # datasets matches columns by name
+    if len(kinds) < 2:
+        return None
+    common = kinds.most_common(1)[0][0]
+    odd = [path for path, found in columns.items() if frozenset(found) != common]
+    named = "; ".join(f"{path.relative_to(folder)}: {', '.join(columns[path]) or 'none'}" for path in odd[:3])
+    rest = next(found for found in columns.values() if frozenset(found) == common)
+    others = len(columns) - len(odd)
+    return (f"its files hold different columns ({named}{'; ...' if len(odd) > 3 else ''}; the other "
+            f"{'file' if others == 1 else f'{others} files'}: {', '.join(rest)}), and datasets reads a folder's files "
+            "as one table; keep only the data's files in it, or pass a file.")
 
 
 def check_one_table_format(folder: Path, flag: str) -> None:
