@@ -35,7 +35,8 @@ class DemoArguments:
                                 "256 generated tokens."})
     threads: int = field(
         default=DEFAULT_THREADS,
-        metadata={"help": "CPU threads (at most the machine's cores). Like the vector instruction set and MKL's and oneDNN's "
+        metadata={"help": "CPU threads (at most the CPUs this process may use, or the default, which the docs' numbers "
+                  "were made with, on fewer CPUs too, slower). Like the vector instruction set and MKL's and oneDNN's "
                   "code paths (pinned to AVX2 before torch loads), they decide the float results: the same count "
                   "reproduces them on the same CPU model."},
     )
