@@ -41,6 +41,12 @@ def check_input_file(path: str | os.PathLike, label: str) -> None:
         raise InputError(f"{label}: no such file.")
 
 
+def folder_contents(path: Path) -> str:
+    """What a folder holds, for a message: its first three names, sorted, then ``...`` (empty for an empty folder)."""
+    names = sorted(entry.name for entry in path.iterdir())
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
 def check_output_path(path: str | os.PathLike, label: str, *, folder: bool = True, existing: Existing = "reuse",
                       advice: str = "") -> Path:
     """``path`` can be written: a folder (or with ``folder=False`` a file) that can be created where it is.
@@ -57,8 +63,8 @@ def check_output_path(path: str | os.PathLike, label: str, *, folder: bool = Tru
         raise InputError(f"{label}: {what}{advice if path.is_dir() else ''}.")
     if folder and path.is_dir() and existing == "refuse":
         raise InputError(f"{label}: already exists; choose another folder{advice}.")
-    if folder and path.is_dir() and existing == "empty" and (content := sorted(p.name for p in path.iterdir())):
-        raise InputError(f"{label} is not empty ({', '.join(content[:3])}{', ...' if len(content) > 3 else ''}); "
+    if folder and path.is_dir() and existing == "empty" and (content := folder_contents(path)):
+        raise InputError(f"{label} is not empty ({content}); "
                          f"choose a new folder, delete it{advice}.")
     start = path.absolute() if folder else path.absolute().parent  # a file is written into its folder
     nearest = next(parent for parent in (start, *start.parents) if parent.exists())

@@ -134,14 +134,14 @@ def _not_a_table(folder: Path, builder: str | None = None) -> str | None:
                                                                        base_path=str(folder)).values()]
     except Exception:  # noqa: BLE001 - no files for any split: the reader's own error stands
         return None
-    for files in splits if builder is None else ():
+    def reader(files: list[str]) -> str | None:
         try:
-            builder = infer_module_for_data_files_list(files)[0]
+            return infer_module_for_data_files_list(files)[0]
         except Exception:  # noqa: BLE001 - an archive it cannot open: the reader's own error stands
-            builder = None
-        if builder is not None and builder not in TABLE_BUILDERS:
-            break
-    if builder is None or builder in TABLE_BUILDERS:
+            return None
+
+    builder = builder or next((found for found in map(reader, splits) if found not in (None, *TABLE_BUILDERS)), None)
+    if builder is None:
         return None
     kinds = Counter("".join(Path(path).suffixes[-2:]) if Path(path).suffix in COMPRESSIONS else Path(path).suffix
                     for files in splits for path in files)

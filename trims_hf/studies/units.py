@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, folder_contents
 from ..reports import write_atomic
 from .protocol import PROTOCOL_FILE, StudyProtocol
 
@@ -29,12 +29,11 @@ def check_study_folder(folder: Path, label: str) -> None:
     empty folder, or one a study made (its mark, its ``protocol.json``, or a finished ``data/`` unit of a run made
     before the mark), never over a user's folders of the same names. ``label``: the flag and path as the user gave
     them."""
-    if not folder.is_dir() or not any(folder.iterdir()):
+    if not folder.is_dir() or not (content := folder_contents(folder)):
         return
     if any((folder / name).is_file() for name in (STUDY_MARK, PROTOCOL_FILE, f"data/{KEY_FILE}")):
         return
-    content = sorted(path.name for path in folder.iterdir())
-    raise InputError(f"{label} is not empty ({', '.join(content[:3])}{', ...' if len(content) > 3 else ''}) and holds "
+    raise InputError(f"{label} is not empty ({content}) and holds "
                      "no study's run, whose folders a study would replace: choose a new folder, or an earlier run's to "
                      "continue it.")
 
