@@ -66,6 +66,27 @@ def test_projection_rules():
     np.testing.assert_allclose(project_scores([0, 3], [3, 3], [1.0, 5.0], [(0, 1), (1, 3)], 3), [1 / 3, 2 / 3 + 5.0])
 
 
+def test_projected_scores_are_never_negative_and_keep_the_total():
+    """Teacher NLLs of exactly 0 beside larger ones (a float32 softmax that rounds to 1) project onto another
+    tokenizer's tokens as scores >= 0 that bucketing takes, their sum the teacher's."""
+    one = project_scores([0, 4, 5, 6], [4, 5, 6, 8], [0.0, 0.4, 1.8, 0.0], [(0, 2), (2, 3), (3, 6), (6, 8)], 8)
+    assert (one >= 0).all() and one.sum() == pytest.approx(2.2)
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(300):
+        n_chars = int(rng.integers(1, 60))
+        cuts = np.unique(np.concatenate([[0, n_chars], rng.integers(0, n_chars, size=int(rng.integers(1, 12)))]))
+        scores = np.where(rng.random(len(cuts) - 1) < 0.5, 0.0, rng.exponential(2.0, len(cuts) - 1))
+        starts = np.unique(np.concatenate([[0], rng.integers(0, n_chars, size=int(rng.integers(1, 12)))]))
+        spans = list(zip(starts.tolist(), [*starts[1:].tolist(), n_chars]))
+        projected = project_scores(cuts[:-1].tolist(), cuts[1:].tolist(), scores.tolist(), spans, n_chars)
+        assert (projected >= 0).all()
+        assert projected.sum() == pytest.approx(scores.sum(), abs=1e-9)
+        rows.append(projected.tolist())
+    ids, _ = bucket_rows(rows, BucketConfig(num_buckets=4))
+    assert [len(row) for row in ids] == [len(row) for row in rows]
+
+
 def test_different_student_tokenizer_on_gsm8k(gsm8k_rows, tokenizer):
     """Teacher and student tokenizers differ: totals preserved per row, equal mass over the scored student tokens."""
     texts = [r["prompt"] + "\n" + r["completion"] for r in gsm8k_rows]

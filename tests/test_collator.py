@@ -179,6 +179,21 @@ def test_reproducible_and_trajectory_share(prepared, tokenizer):
     assert abs(flags.float().mean().item() - 0.1) < 5 * (0.09 / len(flags)) ** 0.5
 
 
+@pytest.mark.parametrize("width", [1, 40, 64, 200])
+def test_every_example_id_draws_anew_each_epoch_and_seed(prepared, tokenizer, width):
+    """Ids of any length (string hashes of rows prepared elsewhere included) keep the seed and the epoch in the draw,
+    and two ids that differ anywhere draw apart."""
+    rows = [{**row, "example_id": f"{index}".rjust(width, "x") + "-" + "z" * width} for index, row in enumerate(prepared[:8])]
+    draws = {}
+    for seed, epoch in [(0, 0), (0, 1), (1, 0)]:
+        batch = collator(tokenizer, seed=seed, trajectory_ratio=0.0)
+        batch.epoch = epoch
+        draws[seed, epoch] = batch(rows)["t"]
+    assert len({tuple(t.tolist()) for t in draws.values()}) == 3
+    apart = collator(tokenizer)([{**prepared[0], "example_id": prefix + "z" * width} for prefix in "ab"])
+    assert apart["t"][0] != apart["t"][1]
+
+
 def test_a_rows_noise_does_not_depend_on_its_batch_mates(prepared, tokenizer):
     fixed = TrimsDataCollator(tokenizer, masking=MaskingConfig(padding="max_length"), max_length=1024, seed=3)
     whole = fixed(prepared[:8])

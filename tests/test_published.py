@@ -39,7 +39,9 @@ def test_aup_leaves_out_points_more_than_five_below_the_first_and_weights_by_the
     ([], None, "at least one"), ([(0.0, 50.0)], None, "parallelism must be"),
     ([(1.0, 0.5), (2.0, 150.0)], None, r"accuracy is a percentage in \[0, 100\], got 150\.0"),
     ([(1.0, 50.0)], float("nan"), r"y_max is a percentage in \[0, 100\], got nan"),
-    ([(1.0, 50.0)], 150.0, r"y_max is a percentage")])
+    ([(1.0, 50.0)], 150.0, r"y_max is a percentage"),
+    ([(1.0, 50.0), (2.0, 40.0)], 0.0, r"y_max=0.0 is below this curve's best accuracy 50.0"),
+    ([(1.0, 50.0), (2.0, 60.0)], 55.0, r"y_max=55.0 is below this curve's best accuracy 60.0")])
 def test_aup_refuses_what_it_cannot_score(points, y_max, message):
     with pytest.raises(ValueError, match=message):
         accuracy_under_parallelism(points, y_max=y_max)

@@ -52,6 +52,9 @@ def accuracy_under_parallelism(points: Sequence[tuple[float, float]], y_max: flo
             raise ValueError(f"AUP: accuracy is a percentage in [0, 100], got {accuracy}.")
     if y_max is not None and not 0 <= y_max <= 100:  # NaN fails too
         raise ValueError(f"AUP: y_max is a percentage in [0, 100], got {y_max}.")
+    if y_max is not None and y_max < (top := max(accuracy for _, accuracy in points)):
+        raise ValueError(f"AUP: y_max={y_max} is below this curve's best accuracy {top}; it is the best accuracy over "
+                         "every curve compared, this one's included.")
     ordered = sorted(points, key=lambda point: point[0])
     y_min = ordered[0][1] - y_min_offset
     kept = [(rho, accuracy) for rho, accuracy in ordered if accuracy >= y_min]

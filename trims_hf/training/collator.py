@@ -23,6 +23,7 @@ from .masking import noise_batch, select_fixed_subset, select_per_draw
 
 # Columns the collator reads; the trainer keeps them when it drops unused dataset columns.
 INPUT_COLUMNS = (schema.INPUT_IDS, schema.PROMPT_LENGTH, schema.BUCKET_IDS, schema.EXAMPLE_ID)
+_KEY_BYTES = 64  # blake2b's longest key
 
 
 @dataclass
@@ -98,7 +99,9 @@ class TrimsDataCollator:
 
     def _generator(self, ids: np.ndarray, example_id: Any) -> torch.Generator:
         """A row's own generator: its masks do not depend on which rows share its batch."""
-        key = f"{self.seed}/{self.epoch}/{example_id}".encode()[-64:]
+        key = f"{self.seed}/{self.epoch}/{example_id}".encode()
+        if len(key) > _KEY_BYTES:  # a long id (a string hash) enters as its digest, after the seed and the epoch
+            key = f"{self.seed}/{self.epoch}/#".encode() + hashlib.blake2b(str(example_id).encode(), digest_size=32).digest()
         digest = hashlib.blake2b(ids.tobytes(), digest_size=8, key=key).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
