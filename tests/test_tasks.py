@@ -175,6 +175,18 @@ def test_gsm8k_loads_the_test_split_and_its_references() -> None:
         ("\\boxed{(+2)^2}", "4"),
         ("\\boxed{1.000000000000001^{300}}", None),  # 4,500 digits written out: no number, and no crash
         ("\\boxed{" + "1" * 5000 + "/3}", None),
+        ("\\boxed{\\text{18}}", "18"),  # a number set as text is the answer, not the reasoning's last number
+        ("Step: 5+3=8. \\boxed{\\text{18 cups}}", "18"),
+        ("\\boxed{\\mathrm{18}}", "18"),
+        ("#### \\text{18}", "18"),
+        ("\\boxed{5 \\text{ per 100 g}}", "5"),  # a number beside the text: the text stays a unit
+        ("\\boxed{\\frac{10}{2} dollars}", "5"),  # words beside a fraction leave it whole
+        ("The answer is \\frac{3}{4}.", "0.75"),
+        ("\\boxed{\\frac12}", "0.5"),
+        ("\\boxed{-\\dfrac34}", "-0.75"),
+        ("\\boxed{1\\frac{1}{2} cups}", "1.5"),
+        ("\\boxed{\\frac{1}{2} + 3}", "3"),  # another digit beside it: the last number, as before
+        ("\\boxed{\\frac{1}{0} cups}", None),
     ],
 )
 def test_gsm8k_extraction(completion: str, expected: str | None) -> None:

@@ -13,8 +13,11 @@ from .extraction import last_boxed_span
 
 # A number, optionally negative, with optional thousands separators and decimals ("-1,234.50").
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])-?\.\d+")
-_FRACTION = re.compile(r"(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}|(-?\d+)\s*/\s*(\d+)")
-_UNITS = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}")
+# \frac{1}{2}, its shorthand \frac12, or 1/2
+_FRACTION = re.compile(r"(?P<sign>-?)\\[dt]?frac(?:\{(?P<num>-?\d+)\}\{(?P<den>-?\d+)\}|(?P<digit>\d)(?P<under>\d))"
+                       r"|(?P<over>-?\d+)\s*/\s*(?P<below>\d+)")
+_UNITS = re.compile(r"\\(?:text|mbox|mathrm)\{([^{}]*)\}")
+_DIGIT = re.compile(r"\d")
 _NOISE = re.compile(r"\\[$%!,;]|[$%]|\{,\}|\\left|\\right")
 _HASHES = re.compile(r"####\s*(.*)")
 _MINUS = str.maketrans({"\u2212": "-"})  # the minus sign of math fonts and some tokenizers
@@ -77,10 +80,11 @@ def parse_number(text: str) -> str | None:
     more digits than Python reads into an int (4,300), which a looping model can write.
 
     Currency signs, percent signs, thousands separators (commas, LaTeX spaces, or plain spaces in a lone number),
-    ``\\text{...}`` units and their powers are dropped; the minus sign (U+2212) reads as "-"; powers (``10^6``,
-    ``3 \\times 10^{6}``) are written out, one undefined or past :data:`_MAX_DIGITS` digits being no number; a
-    lone fraction (``\\frac{1}{2}``, ``3/4``) or mixed number (``1\\frac{1}{2}``) is kept exact, and one over zero
-    states no number; otherwise the last number counts.
+    ``\\text{...}`` units and their powers are dropped (a number set as text, ``\\text{18 cups}``, is read when
+    nothing else states one); the minus sign (U+2212) reads as "-"; powers (``10^6``, ``3 \\times 10^{6}``) are
+    written out, one undefined or past :data:`_MAX_DIGITS` digits being no number; a fraction (``\\frac{1}{2}``,
+    ``\\frac12``, ``3/4``) or mixed number (``1\\frac{1}{2}``) with no other digit beside it is kept exact, words
+    around it aside, and one over zero states no number; otherwise the last number counts.
     """
     try:
         return _parse_number(text)
@@ -89,20 +93,38 @@ def parse_number(text: str) -> str | None:
 
 
 def _parse_number(text: str) -> str | None:
-    cleaned = _UNITS.sub(" ", _UNIT_POWER.sub(r"\1", text.translate(_MINUS)))
+    text = _UNIT_POWER.sub(r"\1", text.translate(_MINUS))
+    number = _read(_UNITS.sub(" ", text))
+    if number is None and _UNITS.search(text):  # the number itself set as text: \text{18 cups}, \mathrm{18}
+        number = _read(_UNITS.sub(lambda unit: f" {unit[1]} ", text))
+    return number
+
+
+def _alone(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The one match of ``pattern`` in ``text`` when no other digit is written beside it ("\\frac{10}{2} dollars")."""
+    matches = list(pattern.finditer(text))
+    if len(matches) != 1:
+        return None
+    match = matches[0]
+    return None if _DIGIT.search(text[: match.start()] + " " + text[match.end() :]) else match
+
+
+def _read(cleaned: str) -> str | None:
+    """The number of a text whose units are gone: powers written out, a lone fraction or mixed number exact, else
+    the last number."""
     cleaned = _NOISE.sub("", cleaned)
     for _ in range(_MAX_NESTING):  # a power in an exponent first: 2^{3^{2}}
         if (powered := _POWER.sub(_power, cleaned)) == cleaned:
             break
         cleaned = powered
     cleaned = cleaned.replace(_NO_NUMBER, " ").strip().rstrip(".")
-    fraction = _FRACTION.fullmatch(cleaned)
-    if fraction:
-        sign, num, den = (fraction[1], fraction[2], fraction[3]) if fraction[2] else ("", fraction[4], fraction[5])
+    if fraction := _alone(_FRACTION, cleaned):
+        num, den = ((fraction["num"], fraction["den"]) if fraction["num"] else (fraction["digit"], fraction["under"])
+                    if fraction["digit"] else (fraction["over"], fraction["below"]))
         if int(den) == 0:
             return None
-        return _format(Fraction(int(num), int(den)) * (-1 if sign else 1))
-    if mixed := _MIXED.fullmatch(cleaned):
+        return _format(Fraction(int(num), int(den)) * (-1 if fraction["sign"] else 1))
+    if mixed := _alone(_MIXED, cleaned):
         if int(mixed[4]) == 0:
             return None
         return _format((int(mixed[2]) + Fraction(int(mixed[3]), int(mixed[4]))) * (-1 if mixed[1] else 1))
