@@ -260,6 +260,9 @@ def test_math500_loads_and_grades_every_reference_solution() -> None:
         ("\\boxed{\\text{(C)}}", "\\text{(C)}", True),
         ("\\boxed{3}", "-3", False),
         ("so the answer is $\\boxed 6 - 5i$.", "6 - 5i", True),
+        ("\\boxed{3.}", "3", True),  # a full stop inside the box ends the sentence, not the number
+        ("\\boxed{\\text{(C)} .}", "\\text{(C)}", True),
+        ("\\boxed{4.}", "3", False),
     ],
 )
 def test_math500_grading_uses_math_verify(completion: str, reference: str, correct: bool) -> None:

@@ -55,10 +55,12 @@ class Math500Task(Task):
         return example.fields["answer"]
 
     def extract(self, completion_text: str) -> str | None:
-        """The last ``\\boxed{}``/``\\fbox{}``, else minerva's "final answer is X"."""
+        """The last ``\\boxed{}``/``\\fbox{}`` without a full stop that ends its sentence (math-verify reads ``3.``
+        as no number), else minerva's "final answer is X"."""
         boxed = last_boxed(completion_text)
         if boxed is not None:
-            return boxed
+            stripped = boxed.rstrip()
+            return stripped[:-1].rstrip() if stripped.endswith(".") and not stripped.endswith("..") else boxed
         stated = _FINAL_ANSWER.findall(completion_text)
         return stated[-1].strip() if stated else None
 
