@@ -253,6 +253,7 @@ GSM8K_ROW = {"question": "Tom has 2 apples and buys 3 more. How many?", "answer"
     (["--data-file", "{w}/prompts.jsonl"], r"--data-file .*prompts\.jsonl: row 0 has no field 'question'"),
     (["--data-file", "{w}/no-answer.jsonl"], r"--data-file .*no-answer\.jsonl: row 0 field 'answer' ends with no '#### N'"),
     (["--data-file", "{w}/few.jsonl"], r"--data-file .*few\.jsonl has 3 rows; the demo needs more than 8\.$"),
+    (["--data-file", "{w}/rows.csv"], r"--data-file .*rows\.csv: unsupported file type '\.csv' \(use \.jsonl, \.json\)\.$"),
     (["--output", "{w}/a-file"], r"--output .*a-file: a file, not a folder\.$"),
     (["--data-file", "{w}/a-model"], r"--data-file .*a-model: a folder, not a file\.$"),
     (["--output", "{w}/a-model"], r"--output .*a-model is not empty \(config\.json\) and holds no study's run, whose "
@@ -263,6 +264,7 @@ def test_demo_mistakes_are_one_line_and_write_nothing(flags, expected, tmp_path,
     (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "1 + 1?", "completion": "2"}) + "\n")
     (tmp_path / "no-answer.jsonl").write_text(json.dumps({**GSM8K_ROW, "answer": "five"}) + "\n")
     (tmp_path / "few.jsonl").write_text((json.dumps(GSM8K_ROW) + "\n") * 3)
+    (tmp_path / "rows.csv").write_text("question,answer\n1 + 1?,#### 2\n")
     (tmp_path / "a-file").write_text("")
     (tmp_path / "a-model").mkdir()
     (tmp_path / "a-model" / "config.json").write_text("{}")

@@ -242,6 +242,11 @@ ERRORS = {
                                      "--allow-code-execution to run it in the sandbox.", None),
     "missing data file": (["--task", "gsm8k", "--data-file", "missing.jsonl"], "--data-file missing.jsonl: no such file.",
                           None),
+    "data file of another type": (["--task", "gsm8k", "--data-file", "{tmp}/rows.csv"],
+                                  "--data-file {tmp}/rows.csv: unsupported file type '.csv' (use .jsonl, .json).", None),
+    "code data file of another type": (["--task", "humaneval", "--allow-code-execution", "--data-file", "{tmp}/rows.csv"],
+                                       "--data-file {tmp}/rows.csv: unsupported file type '.csv' (use .jsonl, "
+                                       ".jsonl.gz).", None),
     "data file that is a folder": (["--task", "gsm8k", "--data-file", str(DATA)], f"--data-file {DATA}: a folder, not a "
                                    "file.", None),
     "data file with other columns": (["--task", "gsm8k", "--data-file", MBPP],
@@ -360,6 +365,7 @@ def test_input_errors_are_one_line_before_any_model_loads(case, saved_student, p
     if environment is not None:
         environment(monkeypatch)
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "rows.csv").write_text("question,answer\n1 + 1?,#### 2\n")
     (tmp_path / "r.progress.jsonl").write_text(Path(GSM8K_TEST).read_text())
     (tmp_path / "plot.png").mkdir()
     no_mask = tokenizer.__class__.from_pretrained(plain_llama)

