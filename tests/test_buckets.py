@@ -85,6 +85,8 @@ def test_projected_scores_are_never_negative_and_keep_the_total():
         rows.append(projected.tolist())
     ids, _ = bucket_rows(rows, BucketConfig(num_buckets=4))
     assert [len(row) for row in ids] == [len(row) for row in rows]
+    given = project_scores([0, 2], [2, 4], [-1.0, 3.0], [(0, 1), (1, 3), (3, 4)], 4)  # a negative score given stays
+    np.testing.assert_allclose(given, [-0.5, 1.0, 1.5])  # for bucketing to refuse
 
 
 def test_different_student_tokenizer_on_gsm8k(gsm8k_rows, tokenizer):

@@ -194,6 +194,23 @@ def test_an_output_file_may_exist_and_is_checked_in_its_folder(tmp_path):
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch
+def test_an_input_file_of_another_format_is_named_and_any_other_name_is_read(tmp_path):
+    """Readers of text rows read content, not names: a file is refused only when its type is a known other format
+    that none of the reader's suffixes names."""
+    from trims_hf.errors import InputError, check_input_file
+
+    for name in ("rows.jsonl", "rows.ndjson", "ROWS.JSONL", "rows", "rows.txt", "HumanEval.jsonl.gz"):
+        (tmp_path / name).write_text("")
+    for name in ("rows.jsonl", "rows.ndjson", "ROWS.JSONL", "rows", "rows.txt"):
+        check_input_file(tmp_path / name, "--data-file x", (".jsonl", ".json"))
+    check_input_file(tmp_path / "HumanEval.jsonl.gz", "--data-file x", (".jsonl", ".jsonl.gz"))
+    for name in ("rows.csv", "ROWS.PARQUET", "HumanEval.jsonl.gz"):
+        (tmp_path / name).write_text("")
+        with pytest.raises(InputError, match=rf"^--data-file x: unsupported file type '{re.escape(Path(name).suffix)}' "
+                                             r"\(use \.jsonl, \.json\)\.$"):
+            check_input_file(tmp_path / name, "--data-file x", (".jsonl", ".json"))
+
+
 def test_every_public_name_is_what_it_names_whatever_was_imported_first():
     """Each name in ``trims_hf.__all__`` resolves to the object its module defines, in a fresh interpreter where every
     submodule was imported first: no submodule shares a public name and replaces it (``trims_hf.export`` the

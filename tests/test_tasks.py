@@ -187,6 +187,11 @@ def test_gsm8k_loads_the_test_split_and_its_references() -> None:
         ("\\boxed{1\\frac{1}{2} cups}", "1.5"),
         ("\\boxed{\\frac{1}{2} + 3}", "3"),  # another digit beside it: the last number, as before
         ("\\boxed{\\frac{1}{0} cups}", None),
+        ("so 18 total. \\boxed{\\text{see step 3}}", "18"),  # a text that starts with no number states none
+        ("It took 6 hours. \\boxed{\\text{6 hours, i.e. 1/4 day}}", "6"),  # a text's own number is its first
+        ("\\boxed{1\\frac12}", "1.5"),
+        ("\\boxed{.50/2}", "2"),  # no fraction of a number's fragment (.50 is no whole numerator)
+        ("\\boxed{-.5/2}", "2"),
     ],
 )
 def test_gsm8k_extraction(completion: str, expected: str | None) -> None:

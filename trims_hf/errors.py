@@ -32,15 +32,22 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
+OTHER_FORMATS = (".csv", ".tsv", ".parquet", ".arrow", ".feather", ".xlsx", ".xls", ".pkl", ".pickle", ".zip", ".tar",
+                 ".gz", ".bz2", ".xz", ".zst")
+"""Files that hold rows in a format other than text lines: named by their type when a reader of text takes none."""
+
+
 def check_input_file(path: str | os.PathLike, label: str, suffixes: Sequence[str] = ()) -> None:
-    """One line when the file a flag names is missing, a folder, or (given ``suffixes``) of a type the reader does not
-    read (``label``: the flag and the path as given)."""
+    """One line when the file a flag names is missing, a folder, or (given ``suffixes``, what its reader reads) of one
+    of the :data:`OTHER_FORMATS` that none of ``suffixes`` names (``label``: the flag and the path as given). Other
+    names pass (rows.ndjson, ROWS.JSONL, a file without a suffix): the reader reads content, not names."""
     path = Path(path).expanduser()
     if path.is_dir():
         raise InputError(f"{label}: a folder, not a file.")
     if not path.is_file():
         raise InputError(f"{label}: no such file.")
-    if suffixes and not path.name.endswith(tuple(suffixes)):
+    name = path.name.lower()
+    if suffixes and path.suffix.lower() in OTHER_FORMATS and not name.endswith(tuple(suffixes)):
         raise InputError(f"{label}: unsupported file type '{path.suffix}' (use {', '.join(suffixes)}).")
 
 

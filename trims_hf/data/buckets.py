@@ -181,9 +181,11 @@ def project_scores(
     point = np.zeros(n_chars + 1, dtype=np.float64)
     np.add.at(point, np.minimum(starts[~wide], max(n_chars - 1, 0)), values[~wide])
     per_char = per_char + point[:n_chars] if n_chars else point[:1]
+    owned = _owned_sums(per_char, student_spans, n_chars)
     # Differences of running sums leave -1e-16 where a token's characters carry a score of 0 (a teacher NLL of exactly
-    # 0 beside larger ones); scores are >= 0, and bucketing refuses a negative one.
-    return np.maximum(_owned_sums(per_char, student_spans, n_chars), 0.0)
+    # 0 beside larger ones): such rounding is 0; a negative score given (bucketing refuses it) stays as it came.
+    rounding = 16 * np.finfo(np.float64).eps * float(np.abs(values).sum())
+    return np.where((owned < 0) & (owned >= -rounding), 0.0, owned)
 
 
 def _owned_sums(per_char: np.ndarray, student_spans: Sequence[tuple[int, int]], n_chars: int) -> np.ndarray:

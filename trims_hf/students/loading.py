@@ -91,18 +91,30 @@ def prepare_student(model: nn.Module, kind: str, mask_token_id: int | None = Non
 
 
 def add_mask_token(model: nn.Module, tokenizer: Any, token: str = "<|mask|>") -> int:
-    """The tokenizer's mask token id, adding ``token`` as the mask token (and an embedding row for it) when the
-    tokenizer has none, as a causal LM such as SmolLM2 needs before :func:`prepare_student`; in place. The id is
-    also set on the model's config, where :func:`prepare_student` reads it.
+    """The mask token id of ``model`` and ``tokenizer``, in place. A mask id the model's config holds already (a
+    trained one, such as LLaDA's, whose tokenizer may declare no mask token) is kept, and named the tokenizer's mask
+    token where the tokenizer has that id; otherwise ``token`` is added as the mask token, with an embedding row, as a
+    causal LM such as SmolLM2 needs before :func:`prepare_student`, and its id set on the config, where
+    :func:`prepare_student` reads it. A config and a tokenizer naming two different mask ids are refused.
 
-    The new row is transformers' default resize (mean of the existing embeddings), so the pretrained
+    A new row is transformers' default resize (mean of the existing embeddings), so the pretrained
     predictions are unchanged until training teaches the model what a masked position means.
     """
+    config = config_of(model)
+    held = getattr(config, "mask_token_id", None)
+    if held is not None:
+        if tokenizer.mask_token_id is None and 0 <= held < len(tokenizer):
+            tokenizer.mask_token = tokenizer.convert_ids_to_tokens(held)
+        if tokenizer.mask_token_id not in (None, held):
+            raise MaskTokenError(f"the model's config has mask_token_id {held}, its tokenizer's mask token "
+                                 f"{tokenizer.mask_token!r} is id {tokenizer.mask_token_id}: pass a tokenizer and a "
+                                 "model that agree")
+        return int(held)
     if tokenizer.mask_token_id is None:
         tokenizer.add_special_tokens({"mask_token": token})
-    if len(tokenizer) > config_of(model).get_text_config().vocab_size:
+    if len(tokenizer) > config.get_text_config().vocab_size:
         model.resize_token_embeddings(len(tokenizer))
-    config_of(model).mask_token_id = int(tokenizer.mask_token_id)
+    config.mask_token_id = int(tokenizer.mask_token_id)
     return int(tokenizer.mask_token_id)
 
 

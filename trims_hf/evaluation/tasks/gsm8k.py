@@ -14,8 +14,8 @@ from .extraction import last_boxed_span
 # A number, optionally negative, with optional thousands separators and decimals ("-1,234.50").
 _NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.])-?\.\d+")
 # \frac{1}{2}, its shorthand \frac12, or 1/2
-_FRACTION = re.compile(r"(?P<sign>-?)\\[dt]?frac(?:\{(?P<num>-?\d+)\}\{(?P<den>-?\d+)\}|(?P<digit>\d)(?P<under>\d))"
-                       r"|(?P<over>-?\d+)\s*/\s*(?P<below>\d+)")
+_FRAC = r"\\[dt]?frac(?:\{(?P<num>-?\d+)\}\{(?P<den>-?\d+)\}|(?P<digit>\d)(?P<under>\d))"
+_FRACTION = re.compile(rf"(?P<sign>-?){_FRAC}|(?<![\w.])(?P<over>-?\d+)\s*/\s*(?P<below>\d+)")
 _UNITS = re.compile(r"\\(?:text|mbox|mathrm)\{([^{}]*)\}")
 _DIGIT = re.compile(r"\d")
 _NOISE = re.compile(r"\\[$%!,;]|[$%]|\{,\}|\\left|\\right")
@@ -32,7 +32,8 @@ _POWER = re.compile(r"(?<![\d.])(?:(?P<factor>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot
                     rf"(?P<exponents>(?:\s*\^\s*{_EXPONENT})+)")
 _MAX_NESTING = 8  # powers inside exponents read, one level a pass: 2^{3^{2}} takes two
 _MAX_DIGITS = 300  # a power written out past this many digits states no answer (and Python prints ints to 4,300)
-_MIXED = re.compile(r"(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}")
+_MIXED = re.compile(rf"(?P<sign>-?)(?P<whole>\d+)\s*{_FRAC}")
+_LEADING = re.compile(r"\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)")  # a text's first number: \text{18 cups}
 _SPACED = re.compile(r"-?\d{1,3}(?: \d{3})+")  # "1 000 000", thousands apart by spaces
 
 
@@ -80,8 +81,8 @@ def parse_number(text: str) -> str | None:
     more digits than Python reads into an int (4,300), which a looping model can write.
 
     Currency signs, percent signs, thousands separators (commas, LaTeX spaces, or plain spaces in a lone number),
-    ``\\text{...}`` units and their powers are dropped (a number set as text, ``\\text{18 cups}``, is read when
-    nothing else states one); the minus sign (U+2212) reads as "-"; powers (``10^6``, ``3 \\times 10^{6}``) are
+    ``\\text{...}`` units and their powers are dropped (a number that starts a text, ``\\text{18 cups}``, is read
+    when nothing else states one); the minus sign (U+2212) reads as "-"; powers (``10^6``, ``3 \\times 10^{6}``) are
     written out, one undefined or past :data:`_MAX_DIGITS` digits being no number; a fraction (``\\frac{1}{2}``,
     ``\\frac12``, ``3/4``) or mixed number (``1\\frac{1}{2}``) with no other digit beside it is kept exact, words
     around it aside, and one over zero states no number; otherwise the last number counts.
@@ -96,8 +97,17 @@ def _parse_number(text: str) -> str | None:
     text = _UNIT_POWER.sub(r"\1", text.translate(_MINUS))
     number = _read(_UNITS.sub(" ", text))
     if number is None and _UNITS.search(text):  # the number itself set as text: \text{18 cups}, \mathrm{18}
-        number = _read(_UNITS.sub(lambda unit: f" {unit[1]} ", text))
+        number = _read(_UNITS.sub(lambda unit: f" {leading[1]} " if (leading := _LEADING.match(unit[1])) else " ", text))
     return number
+
+
+def _fraction(match: re.Match[str], whole: int = 0) -> str | None:
+    """The exact value of a fraction match (``\\frac{a}{b}``, ``\\frac12``, ``a/b``) plus ``whole``; None over zero."""
+    num, den = ((match["num"], match["den"]) if match["num"] else (match["digit"], match["under"]) if match["digit"]
+                else (match["over"], match["below"]))
+    if int(den) == 0:
+        return None
+    return _format((whole + Fraction(int(num), int(den))) * (-1 if match["sign"] else 1))
 
 
 def _alone(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
@@ -119,15 +129,9 @@ def _read(cleaned: str) -> str | None:
         cleaned = powered
     cleaned = cleaned.replace(_NO_NUMBER, " ").strip().rstrip(".")
     if fraction := _alone(_FRACTION, cleaned):
-        num, den = ((fraction["num"], fraction["den"]) if fraction["num"] else (fraction["digit"], fraction["under"])
-                    if fraction["digit"] else (fraction["over"], fraction["below"]))
-        if int(den) == 0:
-            return None
-        return _format(Fraction(int(num), int(den)) * (-1 if fraction["sign"] else 1))
+        return _fraction(fraction)
     if mixed := _alone(_MIXED, cleaned):
-        if int(mixed[4]) == 0:
-            return None
-        return _format((int(mixed[2]) + Fraction(int(mixed[3]), int(mixed[4]))) * (-1 if mixed[1] else 1))
+        return _fraction(mixed, int(mixed["whole"]))
     numbers = [cleaned.replace(" ", "")] if _SPACED.fullmatch(cleaned) else _NUMBER.findall(cleaned)
     value = _exact(numbers[-1].replace(",", "")) if numbers else None
     return None if value is None else _format(value)
