@@ -32,7 +32,7 @@ _POWER = re.compile(r"(?<![\d.])(?:(?P<factor>\d+(?:\.\d+)?)\s*(?:\\times|\\cdot
                     rf"(?P<exponents>(?:\s*\^\s*{_EXPONENT})+)")
 _MAX_NESTING = 8  # powers inside exponents read, one level a pass: 2^{3^{2}} takes two
 _MAX_DIGITS = 300  # a power written out past this many digits states no answer (and Python prints ints to 4,300)
-_MIXED = re.compile(rf"(?P<sign>-?)(?P<whole>\d+)\s*{_FRAC}")
+_MIXED = re.compile(rf"(?P<sign>-?)(?<![\d.])(?P<whole>\d+)\s*{_FRAC}")  # from a digit run's start: one pass
 _LEADING = re.compile(r"\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)")  # a text's first number: \text{18 cups}
 _SPACED = re.compile(r"-?\d{1,3}(?: \d{3})+")  # "1 000 000", thousands apart by spaces
 
