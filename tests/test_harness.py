@@ -156,7 +156,7 @@ def test_gsm8k_cot_through_harness_counts_and_stop_strings(gsm8k_cot_run):
 
 @pytest.mark.slow
 def test_harness_and_trims_extraction_agree_on_hidden_answers(gsm8k_cot_run):
-    """Documented in docs/evaluation.md: strict-match reads only "The answer is N" (not "#### N", boxed or "$N");
+    """Documented in docs/evaluation.md: gsm8k_cot's strict-match reads only "The answer is N" (not "#### N", boxed or "$N");
     flexible-extract and ours take the last number, so a check written after the answer fools both."""
     ours = GSM8KTask()
     by_filter = {(s["doc_id"], s["filter"]): s["exact_match"] for s in gsm8k_cot_run.results["samples"]["gsm8k_cot"]}
