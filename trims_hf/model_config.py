@@ -145,22 +145,29 @@ TOKENIZER_FILES = ("tokenizer*", "vocab*", "*.model", "*.tiktoken")
 """What a folder holding a tokenizer has one of: tokenizers' and transformers' files, sentencepiece, tiktoken."""
 
 
+def _tokenizer_source(model: ModelConfig, name: FieldName) -> tuple[str, str]:
+    """Where the tokenizer comes from, as messages name it (``tokenizer_name_or_path X``, else ``model_name_or_path
+    X``), and the advice to set ``tokenizer_name_or_path`` when it was not given."""
+    if model.tokenizer_name_or_path:
+        return f"{name('tokenizer_name_or_path')} {model.tokenizer_name_or_path}", ""
+    return f"{name('model_name_or_path')} {model.model_name_or_path}", f"; set {name('tokenizer_name_or_path')}"
+
+
 def load_tokenizer(model: ModelConfig, name: FieldName = field_name) -> Any:
     """The student's tokenizer: ``tokenizer_name_or_path``'s, else the student folder's."""
     from .students import load_student_tokenizer
 
-    key, source = (("tokenizer_name_or_path", model.tokenizer_name_or_path) if model.tokenizer_name_or_path
-                   else ("model_name_or_path", model.model_name_or_path))
-    hint = "" if model.tokenizer_name_or_path else f"; set {name('tokenizer_name_or_path')}"
+    source = model.tokenizer_name_or_path or model.model_name_or_path
+    where, hint = _tokenizer_source(model, name)
     folder = Path(source).expanduser()
     if folder.is_dir() and not any(any(folder.glob(pattern)) for pattern in TOKENIZER_FILES):
-        raise InputError(f"{name(key)} {source}: the folder holds no tokenizer (tokenizer.json, tokenizer_config.json, a "
+        raise InputError(f"{where}: the folder holds no tokenizer (tokenizer.json, tokenizer_config.json, a "
                          f"vocabulary){hint}.")
     try:
         return load_student_tokenizer(source, revision=None if model.tokenizer_name_or_path else model.model_revision)
     except (OSError, ValueError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise InputError(f"{name(key)} {source}: cannot load a tokenizer ({reason}){hint}.") from None
+        raise InputError(f"{where}: cannot load a tokenizer ({reason}){hint}.") from None
 
 
 def student_kind(model: ModelConfig, config: dict[str, Any], name: FieldName = field_name) -> str:
@@ -200,10 +207,8 @@ def check_tokenizer_is_the_students(student: ResolvedStudent, model: ModelConfig
     belongs to another model: refused before the weights load (it would fail on the first batch, or train on ids that
     mean other tokens)."""
     path = f"{name('model_name_or_path')} {model.model_name_or_path}"
-    if model.tokenizer_name_or_path:
-        whose, hint = f"{name('tokenizer_name_or_path')} {model.tokenizer_name_or_path}", ""
-    else:
-        whose, hint = f"the tokenizer of {path}", f"; set {name('tokenizer_name_or_path')}"
+    whose, hint = _tokenizer_source(model, name)
+    whose = whose if model.tokenizer_name_or_path else f"the tokenizer of {whose}"
     tokens = len(student.tokenizer) if hasattr(student.tokenizer, "__len__") else None
     if tokens is not None and student.vocab_size is not None and tokens > student.vocab_size:
         raise InputError(f"{whose}: {tokens:,} tokens, more than the {student.vocab_size:,} of the student's vocabulary "
@@ -236,7 +241,6 @@ __all__ = [
     "ModelConfig",
     "ResolvedStudent",
     "check_model_sources",
-    "check_tokenizer_is_the_students",
     "field_name",
     "flag_name",
     "load_model",
